@@ -1,0 +1,47 @@
+"""The torch binding of the GIoU family: built once per torch/CUDA version with cpp_extension."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+
+from tuner import paths, toolkit
+from tuner.build import torch_version
+from tuner.render import header_text, templates_dir
+
+
+def _key() -> str:
+    import torch
+
+    source = (templates_dir() / "giou_binding.cpp").read_text() + header_text("giou")
+    h = hashlib.sha256(f"{source}\0{torch_version()}\0{torch.version.cuda}\0{toolkit.nvcc_version()}".encode())
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def load(verbose: bool = False):
+    """Build (first time only) and load the binding; returns `torch.ops.tuner_giou`.
+
+    The build includes torch/extension.h and so takes about a minute; it is shared
+    by every variant and cached under variants/_binding/<hash>/.
+    """
+    import torch
+
+    toolkit.export_cuda_home()
+    from torch.utils import cpp_extension
+
+    cpp_extension.CUDA_HOME = str(toolkit.cuda_home())  # in case it was imported before we set it
+    key = _key()
+    build_dir = paths.variants_dir() / "_binding" / key
+    build_dir.mkdir(parents=True, exist_ok=True)
+    cpp_extension.load(
+        name=f"tuner_giou_binding_{key}",
+        sources=[str(templates_dir() / "giou_binding.cpp")],
+        extra_include_paths=[str(templates_dir())],
+        extra_cflags=["-O2"],
+        build_directory=str(build_dir),
+        with_cuda=True,
+        is_python_module=False,
+        verbose=verbose,
+    )
+    return torch.ops.tuner_giou

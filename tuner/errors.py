@@ -1,0 +1,32 @@
+"""One exception hierarchy for the project: errors in the user's request or setup."""
+
+from __future__ import annotations
+
+
+class TunerError(Exception):
+    """Base class: the CLI prints these as a message and exits non-zero."""
+
+
+class ToolchainError(TunerError):
+    """The CUDA toolkit or a compiler is missing or unusable."""
+
+
+class GpuError(TunerError):
+    """Unknown GPU name, no GPU attached, or the attached GPU is not the one asked for."""
+
+
+class SpaceError(TunerError):
+    """A variant or parameter value outside the family's search space."""
+
+
+class BuildError(TunerError):
+    """Rendering or compiling a variant failed; carries the variant and the compiler's message."""
+
+    def __init__(self, variant_name: str, message: str):
+        super().__init__(f"{variant_name}: {message}")
+        self.variant_name = variant_name
+        self.message = message
+
+
+class KernelInputError(TunerError, ValueError):
+    """A kernel's device-side validation flagged the inputs (num_boxes out of range, non-finite targets)."""

@@ -1,0 +1,272 @@
+"""The GIoU loss family: search space, rendering context, float64 reference and inputs.
+
+The op: `pred` [B, S, 4] and `target` [B, S, 4] boxes (x1, y1, x2, y2). Slot j of
+image b is valid iff j < num_boxes[b] when `num_boxes` is given, else iff
+target[b, j, 3] > 0 (padding targets are zero). Per valid box the loss is
+1 - GIoU exactly as `torchvision.ops.generalized_box_iou_loss` (same eps);
+`mean` averages over valid boxes (0, with zero gradient, when there are none),
+`sum` adds them, `none` returns [B, S] with 0 at padding. Math is float32 whatever
+the storage dtype; the loss is float32, the gradient has pred's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.space import Constraint, Dim, Space, covering
+from tuner.variant import Variant
+
+FAMILY = "giou"
+TEMPLATE = "giou.cu.j2"
+BINDING = "giou_binding.cpp"
+HEADERS = ("giou_abi.h",)
+
+PRED_DTYPES = ("float32", "float16", "bfloat16")
+TARGET_DTYPES = ("uint8", "float16", "bfloat16", "float32")
+REDUCTIONS = ("none", "mean", "sum")
+DEFAULT_EPS = 1e-7
+
+DIMS = (
+    Dim("boxes_per_thread", (1, 2, 4, 8), "boxes each thread handles"),
+    Dim("padding", ("branch", "predicate"), "skip padding slots with a branch, or compute and select"),
+    Dim("validation", ("none", "inline", "hoisted", "kernel"), "where num_boxes/target checks sit"),
+    Dim("block_size", (64, 128, 256, 512, 1024), "threads per block"),
+    Dim("loads", ("scalar", "vector"), "four element loads per box, or one vector load"),
+    Dim("reduction", ("atomic", "two_pass"), "fused reduction: float atomics, or deterministic partials"),
+    Dim("backward", ("recompute", "fused"), "backward recomputes, or forward saves d loss / d pred"),
+)
+
+CONSTRAINTS = (
+    Constraint(
+        "hoisted validation needs a loop to hoist out of (boxes_per_thread >= 2)",
+        lambda p: p["validation"] != "hoisted" or p["boxes_per_thread"] >= 2,
+    ),
+    Constraint(
+        "a block covers at most 4096 boxes (block_size * boxes_per_thread <= 4096)",
+        lambda p: p["block_size"] * p["boxes_per_thread"] <= 4096,
+    ),
+)
+
+_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "uint8": "uint8_t"}
+_TORCH_NAME = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "uint8": "Byte"}
+_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
+            "f16": "float16", "bf16": "bfloat16", "u8": "uint8"}
+
+
+def dtype_name(name: str) -> str:
+    """Canonical dtype name ('bf16' -> 'bfloat16')."""
+    return _ALIASES.get(name.lower(), name.lower())
+
+
+def space(pred: str = "bfloat16", target: str = "uint8", device_assert: bool = False) -> Space:
+    """The variants for one dtype pair; the dtypes are the problem, not tuned."""
+    pred, target = dtype_name(pred), dtype_name(target)
+    if pred not in PRED_DTYPES:
+        from tuner.errors import SpaceError
+
+        raise SpaceError(f"pred dtype {pred!r} is not one of {list(PRED_DTYPES)}")
+    if target not in TARGET_DTYPES:
+        from tuner.errors import SpaceError
+
+        raise SpaceError(f"target dtype {target!r} is not one of {list(TARGET_DTYPES)}")
+    return Space(
+        FAMILY, {"pred": pred, "target": target}, DIMS, CONSTRAINTS,
+        flags={"device_assert": device_assert},
+    )
+
+
+def all_spaces() -> list[Space]:
+    return [space(p, t) for p in PRED_DTYPES for t in TARGET_DTYPES]
+
+
+def covering_set() -> list[Variant]:
+    """Every value of every dimension at least once, and every dtype pair."""
+    return covering(all_spaces())
+
+
+def render_context(variant: Variant) -> dict[str, Any]:
+    ctx = variant.as_dict()
+    pred, target = ctx["pred"], ctx["target"]
+    ctx.update(
+        name=variant.name,
+        pred_ctype=_CTYPE[pred],
+        target_ctype=_CTYPE[target],
+        pred_torch=_TORCH_NAME[pred],
+        target_torch=_TORCH_NAME[target],
+        uses_half="float16" in (pred, target),
+        uses_bf16="bfloat16" in (pred, target),
+    )
+    return ctx
+
+
+# ---------------------------------------------------------------- reference
+
+def valid_mask(target, num_boxes=None):
+    """[B, S] bool: which slots hold a real box."""
+    import torch
+
+    B, S = target.shape[:2]
+    if num_boxes is not None:
+        counts = num_boxes.to(device=target.device, dtype=torch.int64).clamp(0, S)
+        return torch.arange(S, device=target.device)[None, :] < counts[:, None]
+    return target[..., 3] > 0
+
+
+def giou_loss_elementwise(p, t, eps: float = DEFAULT_EPS):
+    """1 - GIoU per box, written as torchvision writes it (so ties split gradients alike)."""
+    import torch
+
+    x1, y1, x2, y2 = p.unbind(-1)
+    x1g, y1g, x2g, y2g = t.unbind(-1)
+    xkis1, ykis1 = torch.max(x1, x1g), torch.max(y1, y1g)
+    xkis2, ykis2 = torch.min(x2, x2g), torch.min(y2, y2g)
+    mask = (ykis2 > ykis1) & (xkis2 > xkis1)
+    inter = torch.where(mask, (xkis2 - xkis1) * (ykis2 - ykis1), torch.zeros_like(x1))
+    union = (x2 - x1) * (y2 - y1) + (x2g - x1g) * (y2g - y1g) - inter
+    iou = inter / (union + eps)
+    area_c = (torch.max(x2, x2g) - torch.min(x1, x1g)) * (torch.max(y2, y2g) - torch.min(y1, y1g))
+    return 1 - (iou - (area_c - union) / (area_c + eps))
+
+
+def reference(pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS):
+    """The op's meaning in float64 PyTorch; differentiable with respect to `pred`.
+
+    Padding slots are replaced by a unit box before the math, so that whatever they
+    hold (NaN included) reaches neither the loss nor the gradient.
+    """
+    import torch
+
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    valid = valid_mask(target, num_boxes)
+    p = pred.to(torch.float64)
+    t = target.to(torch.float64)
+    unit = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64, device=p.device)
+    p = torch.where(valid[..., None], p, unit)
+    t = torch.where(valid[..., None], t, unit)
+    loss = torch.where(valid, giou_loss_elementwise(p, t, eps), torch.zeros((), dtype=torch.float64, device=p.device))
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    if reduction == "sum":
+        return total
+    return total / valid.sum().clamp(min=1)
+
+
+def reference_with_grad(pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS,
+                        grad_out=None):
+    """(loss, d loss / d pred) in float64; grad_out defaults to ones."""
+    import torch
+
+    leaf = pred.detach().to(torch.float64).requires_grad_(True)
+    loss = reference(leaf, target, num_boxes, reduction, eps)
+    if grad_out is None:
+        grad_out = torch.ones_like(loss)
+    (grad,) = torch.autograd.grad(loss, leaf, grad_out.to(torch.float64))
+    return loss.detach(), grad
+
+
+# ------------------------------------------------------------------- inputs
+
+DISTRIBUTIONS = ("article", "uniform", "full")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a kernel is tuned for: sizes, dtypes and how many boxes images hold."""
+
+    batch: int = 1024
+    slots: int = 256
+    pred: str = "bfloat16"
+    target: str = "uint8"
+    distribution: str = "article"
+    reduction: str = "mean"
+
+    def key(self) -> str:
+        return f"B{self.batch}-S{self.slots}-{self.pred}-{self.target}-{self.distribution}-{self.reduction}"
+
+
+def box_counts(batch: int, slots: int, distribution: str, generator):
+    """Boxes per image: the article's floor(|N(0, 3)|) clipped to the slots, uniform, or full."""
+    import torch
+
+    if distribution == "article":
+        n = torch.randn(batch, generator=generator).mul_(3).abs_().floor_()
+        return n.clamp_(0, slots).to(torch.int64)
+    if distribution == "uniform":
+        return torch.randint(0, slots + 1, (batch,), generator=generator)
+    if distribution == "full":
+        return torch.full((batch,), slots, dtype=torch.int64)
+    raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
+
+
+def make_inputs(batch: int, slots: int, pred: str = "bfloat16", target: str = "uint8",
+                distribution: str = "article", device="cpu", seed: int | None = None, counts=None):
+    """Fresh random (pred, target, num_boxes) in the article's 256x256 image frame.
+
+    Targets are the article's boxes (integer corners in [0, 255], sides >= 1) and
+    zero at padding, so both validity conventions agree; preds are the targets
+    moved and resized by noise (overlapping or not), with random values at
+    padding, since a model writes something there too.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**63)
+    counts = box_counts(batch, slots, distribution, g) if counts is None else counts.to(torch.int64)
+    valid = torch.arange(slots)[None, :] < counts[:, None]
+    size = torch.randint(1, 256, (batch, slots, 2), generator=g).float()
+    top_left = torch.randint(0, 255, (batch, slots, 2), generator=g).float()
+    bottom_right = (top_left + size).clamp(0, 255)
+    if dtype_name(target) != "uint8":  # float targets need not sit on the pixel grid; sides stay > 0
+        top_left = top_left + torch.rand(batch, slots, 2, generator=g) * 0.5
+        bottom_right = bottom_right - torch.rand(batch, slots, 2, generator=g) * 0.4
+    tgt = torch.cat([top_left, bottom_right], -1)
+    tgt = torch.where(valid[..., None], tgt, torch.zeros(()))
+
+    centre = (tgt[..., :2] + tgt[..., 2:]) / 2 + torch.randn(batch, slots, 2, generator=g) * 30
+    half = (tgt[..., 2:] - tgt[..., :2]).clamp(min=1) / 2 * torch.exp(torch.randn(batch, slots, 2, generator=g) * 0.5)
+    prd = torch.cat([centre - half, centre + half], -1)
+    noise = torch.rand(batch, slots, 4, generator=g) * 256
+    prd = torch.where(valid[..., None], prd, noise)
+
+    pred_t = prd.to(_torch_dtype(pred)).to(device)
+    target_t = tgt.round().to(torch.uint8) if dtype_name(target) == "uint8" else tgt.to(_torch_dtype(target))
+    return pred_t, target_t.to(device), counts.to(device)
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, dtype_name(name))
+
+
+# ------------------------------------------------------------ verification
+
+# Relative error ||got - want|| / ||want|| allowed per output: the loss is float32
+# math on exactly the reference's inputs; the gradient is rounded to pred's dtype.
+LOSS_TOL = 2e-5
+GRAD_TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}
+
+
+def relative_error(got, want) -> float:
+    """||got - want|| / ||want||, inf when got has NaN/inf where want is finite."""
+    import torch
+
+    got = got.detach().to(torch.float64).cpu()
+    want = want.detach().to(torch.float64).cpu()
+    if got.shape != want.shape:
+        return math.inf
+    if not torch.isfinite(got).all():
+        return math.inf
+    scale = want.norm().item()
+    diff = (got - want).norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+def check(name: str, got, want, tol: float) -> tuple[bool, float, str]:
+    err = relative_error(got, want)
+    ok = err <= tol
+    msg = f"{name}: relative error {err:.3g} (tolerance {tol:g})"
+    return ok, err, msg

@@ -1,0 +1,115 @@
+"""GPU names to CUDA architectures, and what is attached."""
+
+from __future__ import annotations
+
+import re
+
+from tuner.errors import GpuError
+
+# Marketing name -> compute capability. Matching is on the normalised name
+# (lower case, no spaces or dashes), so "RTX 4090", "rtx4090" and "A10G" all work.
+ARCHS: dict[str, str] = {
+    "T4": "sm_75",
+    "A100": "sm_80",
+    "A10": "sm_86",
+    "A10G": "sm_86",
+    "L4": "sm_89",
+    "RTX4090": "sm_89",
+    "H100": "sm_90",
+    "H200": "sm_90",
+    "H20": "sm_90",
+    "B200": "sm_100",
+}
+
+_ARCH = re.compile(r"^sm_(\d{2,3})[a-z]?$")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_\-]", "", name).upper()
+
+
+def arch_of(gpu: str) -> str:
+    """Architecture for a GPU name (`L4` -> `sm_89`); `auto` asks the attached GPU."""
+    if gpu.lower() == "auto":
+        return attached().arch
+    arch = ARCHS.get(_norm(gpu))
+    if arch is None:
+        known = ", ".join(sorted(ARCHS))
+        raise GpuError(f"unknown GPU {gpu!r}: known names are {known}, or 'auto'; or pass --arch sm_XX")
+    return arch
+
+
+def check_arch(arch: str) -> str:
+    if not _ARCH.match(arch):
+        raise GpuError(f"bad architecture {arch!r}: expected the form sm_90")
+    return arch
+
+
+def resolve(gpu: str | None, arch: str | None) -> str:
+    """The target architecture from the CLI's --gpu / --arch pair (--arch wins)."""
+    if arch:
+        return check_arch(arch)
+    if not gpu:
+        raise GpuError("name a GPU with --gpu (e.g. --gpu L4, --gpu auto) or an architecture with --arch")
+    return arch_of(gpu)
+
+
+class Attached:
+    """The GPU this process sees: name, arch, and what a study records about it."""
+
+    def __init__(self, index: int = 0):
+        import torch
+
+        props = torch.cuda.get_device_properties(index)
+        self.index = index
+        self.name: str = props.name
+        self.capability = (props.major, props.minor)
+        self.arch = f"sm_{props.major}{props.minor}"
+        self.sm_count: int = props.multi_processor_count
+        self.l2_bytes: int = getattr(props, "L2_cache_size", 0)
+        self.torch = torch.__version__
+        self.cuda = torch.version.cuda or ""
+
+    def matches(self, gpu: str) -> bool:
+        """Does a requested name such as `H100` or `auto` describe this GPU?"""
+        if gpu.lower() == "auto":
+            return True
+        # Compare whole words of the device name ("NVIDIA H100 80GB HBM3"), and
+        # pairs of them for names like "RTX 4090", so that H20 never matches H200.
+        words = [_norm(w) for w in re.split(r"[\s\-]+", self.name) if w]
+        names = set(words) | {a + b for a, b in zip(words, words[1:])}
+        return _norm(gpu) in names
+
+    def describe(self) -> dict:
+        return {
+            "gpu_name": self.name,
+            "capability": f"{self.capability[0]}.{self.capability[1]}",
+            "arch": self.arch,
+            "sm_count": self.sm_count,
+            "l2_bytes": self.l2_bytes,
+            "torch": self.torch,
+            "cuda": self.cuda,
+            "driver": driver_version(),
+        }
+
+
+def attached(index: int = 0) -> Attached:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise GpuError("no CUDA GPU is attached: '--gpu auto' needs one; name the target with --gpu or --arch")
+    return Attached(index)
+
+
+def driver_version() -> str:
+    """The NVIDIA driver version, or '' when it cannot be read."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return ""

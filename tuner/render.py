@@ -1,0 +1,48 @@
+"""Jinja2 rendering of a variant into CUDA source."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jinja2
+
+from tuner import families
+from tuner.errors import BuildError
+from tuner.variant import Variant
+
+
+def templates_dir() -> Path:
+    """`templates/` of a source checkout, or the copy installed inside the package."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "templates", here / "templates"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("tuner's templates folder is missing from this installation")
+
+
+@functools.lru_cache(maxsize=None)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def render(variant: Variant) -> str:
+    """The variant's CUDA source; a template error names the variant."""
+    family = families.get(variant.family)
+    try:
+        return _environment().get_template(family.TEMPLATE).render(**family.render_context(variant))
+    except jinja2.TemplateError as exc:
+        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        raise BuildError(variant.name, f"template {family.TEMPLATE}{where}: {exc}") from exc
+
+
+def header_text(family_name: str) -> str:
+    """The headers a family's sources include, concatenated (part of every content hash)."""
+    family = families.get(family_name)
+    return "".join((templates_dir() / h).read_text() for h in family.HEADERS)

@@ -1,0 +1,124 @@
+"""Search spaces: dimensions, hard constraints, enumeration and covering sets.
+
+Constraints are hard and applied before anything is rendered or sampled:
+Optuna's own constraints are soft, so invalid points never enter a study.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from tuner.errors import SpaceError
+from tuner.variant import Variant
+
+
+@dataclass(frozen=True)
+class Dim:
+    name: str
+    values: tuple[Any, ...]
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    description: str
+    check: Callable[[Mapping[str, Any]], bool]
+
+
+class Space:
+    """The variants of one family for one problem (its fixed parameters, e.g. dtypes)."""
+
+    def __init__(
+        self,
+        family: str,
+        fixed: Mapping[str, Any],
+        dims: Sequence[Dim],
+        constraints: Sequence[Constraint] = (),
+        flags: Mapping[str, Any] | None = None,
+    ):
+        self.family = family
+        self.fixed = dict(fixed)
+        self.flags = dict(flags or {})
+        self.dims = list(dims)
+        self.constraints = list(constraints)
+
+    def violations(self, params: Mapping[str, Any]) -> list[str]:
+        """Reasons `params` is not a point of this space (empty when it is)."""
+        problems = []
+        for dim in self.dims:
+            if dim.name not in params:
+                problems.append(f"missing parameter {dim.name!r}")
+            elif params[dim.name] not in dim.values:
+                problems.append(f"{dim.name}={params[dim.name]!r} is not one of {list(dim.values)}")
+        if problems:
+            return problems
+        return [c.description for c in self.constraints if not c.check(params)]
+
+    def variant(self, **params: Any) -> Variant:
+        """The variant for tuned parameter values, checked against dims and constraints."""
+        wrong = self.violations(params)
+        if wrong:
+            raise SpaceError(f"not a valid {self.family} variant: " + "; ".join(wrong))
+        return self._variant(params)
+
+    def _variant(self, params: Mapping[str, Any]) -> Variant:
+        # Order: problem (fixed), tuned dims, then flags; the name follows it.
+        tuned = {d.name: params[d.name] for d in self.dims}
+        return Variant.of(self.family, {**self.fixed, **tuned, **self.flags})
+
+    def __iter__(self) -> Iterator[Variant]:
+        names = [d.name for d in self.dims]
+        for values in itertools.product(*(d.values for d in self.dims)):
+            params = dict(zip(names, values))
+            if all(c.check(params) for c in self.constraints):
+                yield self._variant(params)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, variant: Variant) -> bool:
+        params = variant.as_dict()
+        if any(params.get(k) != v for k, v in {**self.fixed, **self.flags}.items()):
+            return False
+        return not self.violations(params)
+
+    def tuned(self, variant: Variant) -> dict[str, Any]:
+        """The tuned parameters of a variant (without the fixed problem ones)."""
+        return {d.name: variant[d.name] for d in self.dims}
+
+
+def covering(spaces: Sequence[Space]) -> list[Variant]:
+    """A few variants that together use every value of every dimension, one or more per space.
+
+    Greedy: each pick is the valid point that covers the most (dimension, value)
+    pairs not yet covered. Used by the compile tests so that every code path of a
+    template is built without building the whole space.
+    """
+    uncovered = {(d.name, v) for s in spaces for d in s.dims for v in d.values}
+    used: dict[tuple[str, Any], int] = {}
+    picks: list[Variant] = []
+    pending = list(spaces)
+    while pending or uncovered:
+        extra = not pending  # every space has a pick; this one only adds coverage
+        space = pending.pop(0) if pending else spaces[len(picks) % len(spaces)]
+        best, best_score = None, None
+        for variant in space:
+            pairs = [(d.name, variant[d.name]) for d in space.dims]
+            # Most new coverage first; among equals, the least used values, so that
+            # picks beyond the cover still spread over the space.
+            score = (sum(p in uncovered for p in pairs), -sum(used.get(p, 0) for p in pairs))
+            if best_score is None or score > best_score:
+                best, best_score = variant, score
+        if best is None:
+            raise SpaceError(f"the {space.family} space for {space.fixed} is empty")
+        if extra and best_score[0] == 0:
+            leftover = sorted(uncovered, key=str)
+            raise SpaceError(f"no valid variant covers {leftover}")
+        picks.append(best)
+        for d in space.dims:
+            pair = (d.name, best[d.name])
+            uncovered.discard(pair)
+            used[pair] = used.get(pair, 0) + 1
+    return picks

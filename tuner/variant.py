@@ -1,0 +1,82 @@
+"""A variant: one point of a kernel family's space, as a frozen, hashable value."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Parameter values of one kernel variant, in the family's dimension order.
+
+    `name` is stable and readable (`giou.bfloat16.uint8.k4.branch.hoisted.b256.vector.atomic.recompute`);
+    the content hash of what gets compiled (see `tuner.build`) names the files.
+    """
+
+    family: str
+    params: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, family: str, params: Mapping[str, Any]) -> "Variant":
+        return cls(family, tuple(params.items()))
+
+    def __getitem__(self, key: str) -> Any:
+        for name, value in self.params:
+            if name == key:
+                return value
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(self.params)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def replace(self, **changes: Any) -> "Variant":
+        params = self.as_dict()
+        unknown = set(changes) - set(params)
+        if unknown:
+            raise KeyError(f"{self.family} variants have no parameter(s) {sorted(unknown)}")
+        params.update(changes)
+        return Variant.of(self.family, params)
+
+    @property
+    def name(self) -> str:
+        parts = [self.family]
+        for key, value in self.params:
+            if value is not False:  # flags show only when set
+                parts.append(_short(key, value))
+        return ".".join(parts)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def to_json(self) -> str:
+        return json.dumps({"family": self.family, "params": self.as_dict()}, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Variant":
+        data = json.loads(text)
+        return cls.of(data["family"], data["params"])
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+
+# Short forms that keep names readable; any other value prints as itself.
+_PREFIX = {"boxes_per_thread": "k", "block_size": "b"}
+
+
+def _short(key: str, value: Any) -> str:
+    if value is True:
+        return key
+    return f"{_PREFIX.get(key, '')}{value}"
