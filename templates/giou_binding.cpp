@@ -3,7 +3,7 @@
 // through the C table the variant exports (giou_abi.h). Variants themselves are
 // CUDA-headers-only translation units, which keeps their builds at ~2 s.
 #include <torch/extension.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <climits>
@@ -116,7 +116,7 @@ void forward(int64_t variant, const at::Tensor& pred, const at::Tensor& target,
   if (save) check_float_out("saved_grad", saved_grad, pred, pred.numel());
 
   c10::cuda::CUDAGuard guard(pred.device());
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (c.B * c.S == 0) {  // nothing to launch: an empty mean or sum is 0
     out.zero_();
     count.zero_();
@@ -158,7 +158,7 @@ void backward(int64_t variant, const at::Tensor& grad_out, const at::Tensor& pre
               "giou_loss: grad_pred must match pred");
 
   c10::cuda::CUDAGuard guard(pred.device());
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (c.B * c.S == 0) return;
   TunerGiouBackwardArgs a;
   a.pred = pred.data_ptr();

@@ -25,9 +25,15 @@ def load(verbose: bool = False):
     The build includes torch/extension.h and so takes about a minute; it is shared
     by every variant and cached under variants/_binding/<hash>/.
     """
+    import os
+
     import torch
 
     toolkit.export_cuda_home()
+    if not torch.cuda.is_available():
+        # The binding holds no device code, but cpp_extension insists on an arch
+        # list when it cannot read one off a GPU (e.g. building on a CPU machine).
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
     from torch.utils import cpp_extension
 
     cpp_extension.CUDA_HOME = str(toolkit.cuda_home())  # in case it was imported before we set it

@@ -1,0 +1,36 @@
+import os
+
+import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a machine with one)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def tuner_home(tmp_path, monkeypatch):
+    """A private TUNER_HOME, so tests never touch the user's variants/ and studies/."""
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def shared_home(tmp_path_factory):
+    """One TUNER_HOME for a whole run, so compiled variants are reused across tests."""
+    path = os.environ.get("TUNER_TEST_HOME") or str(tmp_path_factory.mktemp("tuner-home"))
+    os.environ["TUNER_HOME"] = path
+    return path

@@ -1,0 +1,121 @@
+"""Compiling variants with nvcc: runs on any machine with the CUDA toolkit, no GPU needed."""
+
+import json
+import os
+import stat
+
+import pytest
+
+from tuner import build, render, toolkit
+from tuner.errors import BuildError
+from tuner.families import giou
+
+
+def test_every_variant_renders_with_its_own_source():
+    sources = {}
+    for space in giou.all_spaces():
+        for v in space:
+            src = render.render(v)
+            assert v.name in src
+            sources[v.name] = hash(src)
+    assert len(set(sources.values())) == len(sources)  # no two variants render alike
+
+
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
+def test_covering_set_compiles_and_is_never_rebuilt(arch, tuner_home):
+    cover = giou.covering_set()
+    first = build.build(cover, arch)
+    failed = [f"{b.variant.name}: {b.error}" for b in first if not b.ok]
+    assert not failed, "\n".join(failed)
+    assert not any(b.cached for b in first)
+    for b in first:
+        assert b.so.exists() and b.registers.get("forward_mean", 0) > 0 and b.registers.get("backward_mean", 0) > 0
+        assert b.compile_s > 0
+        meta = json.loads(b.so.with_suffix(".json").read_text())
+        assert meta["name"] == b.variant.name and meta["arch"] == arch
+        assert (b.so.with_suffix(".cu")).read_text() == render.render(b.variant)
+    second = build.build(cover, arch)
+    assert all(b.cached and b.ok for b in second)
+    assert [b.key for b in second] == [b.key for b in first]
+
+
+def test_kernel_validation_placement_changes_the_code(tuner_home):
+    base = giou.space().variant(boxes_per_thread=4, padding="branch", validation="none", block_size=256,
+                                loads="vector", reduction="atomic", backward="recompute")
+    placements = [base.replace(validation=v) for v in ("none", "inline", "hoisted", "kernel")]
+    results = build.build(placements, "sm_90")
+    assert all(b.ok for b in results)
+    assert "validate" in results[3].registers  # its own launch
+    assert len({b.key for b in results}) == 4
+
+
+def test_compile_error_is_data_naming_the_variant(tuner_home, monkeypatch):
+    v = giou.covering_set()[0]
+    monkeypatch.setattr(build, "render", lambda variant: render.render(variant) + "\nthis is not C++;\n")
+    (b,) = build.build([v], "sm_90")
+    assert not b.ok and b.so is None
+    assert "error" in b.error and "this is not C++" in b.error
+    # The failure is remembered: the same source is not compiled again.
+    (again,) = build.build([v], "sm_90")
+    assert again.cached and not again.ok
+
+
+def test_template_error_names_the_variant(monkeypatch):
+    v = giou.covering_set()[0]
+    monkeypatch.setattr(giou, "render_context", lambda variant: {})
+    with pytest.raises(BuildError, match=v.name.replace(".", r"\.")):
+        render.render(v)
+    (b,) = build.build([v], "sm_90")
+    assert not b.ok and "template" in b.error
+
+
+def test_content_key_covers_arch_and_source():
+    v = giou.covering_set()[0]
+    src = render.render(v)
+    assert build.content_key(v, src, "sm_89") != build.content_key(v, src, "sm_90")
+    assert build.content_key(v, src + " ", "sm_90") != build.content_key(v, src, "sm_90")
+
+
+PTXAS = """\
+ptxas info    : Compiling entry function '_ZN12_GLOBAL__N_119giou_forward_kernelILi1EEEv13TunerGiouArgs' for 'sm_90'
+ptxas info    : Function properties for _ZN12_GLOBAL__N_119giou_forward_kernelILi1EEEv13TunerGiouArgs
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 33 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function '_ZN12_GLOBAL__N_120giou_backward_kernelILi1EEEv21TunerGiouBackwardArgs' for 'sm_90'
+ptxas info    : Function properties for _ZN12_GLOBAL__N_120giou_backward_kernelILi1EEEv21TunerGiouBackwardArgs
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers
+"""
+
+
+def test_parse_ptxas():
+    info = build.parse_ptxas(PTXAS)
+    assert info["registers"] == {"forward_mean": 40, "backward_mean": 32}
+    assert info["spill_bytes"] == 8 and info["smem_bytes"] == 33 and info["stack_bytes"] == 8
+
+
+def test_toolkit_found_through_a_wrapper_script(tmp_path, monkeypatch):
+    real = toolkit.cuda_home()
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {real}/bin/nvcc "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    toolkit.cuda_home.cache_clear()
+    try:
+        assert toolkit.cuda_home() == real
+        assert (toolkit.cuda_home() / "include" / "cuda_runtime.h").exists()
+    finally:
+        toolkit.cuda_home.cache_clear()
+
+
+def test_cuda_home_is_honoured(monkeypatch):
+    real = toolkit.cuda_home()
+    monkeypatch.setenv("CUDA_HOME", str(real))
+    toolkit.cuda_home.cache_clear()
+    try:
+        assert toolkit.cuda_home() == real
+    finally:
+        toolkit.cuda_home.cache_clear()

@@ -1,0 +1,160 @@
+"""Forward and backward of compiled variants against the float64 reference, on the GPU.
+
+Run on a machine with a CUDA GPU: `pytest -m gpu`. Outputs are poisoned with NaN
+before every launch, so an unwritten element fails the check.
+"""
+
+import pytest
+
+from tuner.families import giou
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 1), (1, 7), (3, 256), (3, 300), (1024, 7), (1024, 256), (3, 1), (1024, 300)]
+
+
+@pytest.fixture(scope="module")
+def kernels(shared_home):
+    import torch
+
+    from tuner import build, gpus
+    from tuner.kernel import GiouKernel
+
+    arch = gpus.attached().arch
+    cover = giou.covering_set()
+    # The default problem (bf16 pred, uint8 target) gets a second, different variant.
+    cover.append(giou.space().variant(boxes_per_thread=4, padding="predicate", validation="hoisted",
+                                      block_size=256, loads="vector", reduction="two_pass", backward="fused"))
+    built = build.build(cover, arch)
+    failed = [f"{b.variant.name}: {b.error}" for b in built if not b.ok]
+    assert not failed, "\n".join(failed)
+    torch.manual_seed(0)
+    return [(b.variant, GiouKernel(b.so, b.variant.name)) for b in built]
+
+
+def _counts(B, S, kind, device):
+    import torch
+
+    if kind == "empty":
+        return torch.zeros(B, dtype=torch.int64, device=device)
+    if kind == "full":
+        return torch.full((B,), S, dtype=torch.int64, device=device)
+    counts = torch.randint(0, S + 1, (B,), device=device)
+    counts[0] = 0  # one all-padding image
+    if B > 1:
+        counts[-1] = S  # one full image
+    return counts
+
+
+def _run(kernel, variant, B, S, reduction, counts_kind, use_counts):
+    import torch
+
+    dev = torch.device("cuda")
+    counts = _counts(B, S, counts_kind, "cpu")
+    pred, target, num_boxes = giou.make_inputs(B, S, variant["pred"], variant["target"], device=dev, counts=counts)
+    nb = num_boxes if use_counts else None
+    poison = float("nan")
+    out = torch.full((B, S) if reduction == "none" else (), poison, device=dev)
+    count = torch.full((), poison, device=dev)
+    saved = torch.full(pred.shape, poison, device=dev) if kernel.saves_grad else torch.empty(0, device=dev)
+    loss, count, saved = kernel.forward(pred, target, nb, reduction, out=out, count=count, saved_grad=saved)
+    grad_out = torch.rand(loss.shape, device=dev) + 0.5
+    grad = torch.full_like(pred, poison)
+    grad = kernel.backward(grad_out, pred, target, nb, count, saved, reduction, grad_pred=grad)
+    torch.cuda.synchronize()
+
+    want_loss, want_grad = giou.reference_with_grad(pred, target, nb, reduction, grad_out=grad_out)
+    where = f"{variant.name} B={B} S={S} {reduction} counts={counts_kind} num_boxes={use_counts}"
+    ok, _, msg = giou.check("loss", loss, want_loss, giou.LOSS_TOL)
+    assert ok, f"{where}: {msg}"
+    if reduction != "none":
+        assert count.item() == giou.valid_mask(target, nb).sum().item(), where
+    ok, _, msg = giou.check("grad", grad, want_grad, giou.GRAD_TOL[variant["pred"]])
+    assert ok, f"{where}: {msg}"
+
+
+@pytest.mark.parametrize("B,S", SHAPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_forward_backward_match_reference(kernels, B, S, reduction):
+    for variant, kernel in kernels:
+        _run(kernel, variant, B, S, reduction, "mixed", use_counts=True)
+
+
+@pytest.mark.parametrize("counts_kind", ["empty", "full"])
+def test_all_padding_and_full_images(kernels, counts_kind):
+    for variant, kernel in kernels:
+        for reduction in ("mean", "sum", "none"):
+            _run(kernel, variant, 3, 256, reduction, counts_kind, use_counts=True)
+
+
+def test_padding_convention_without_num_boxes(kernels):
+    for variant, kernel in kernels:
+        for reduction in ("mean", "none"):
+            _run(kernel, variant, 5, 300, reduction, "mixed", use_counts=False)
+
+
+def test_repeated_calls_reuse_a_clean_workspace(kernels):
+    # The last block resets the workspace: a second call must not see the first's sums.
+    import torch
+
+    for variant, kernel in kernels:
+        pred, target, nb = giou.make_inputs(64, 256, variant["pred"], variant["target"], device="cuda")
+        first = kernel.forward(pred, target, nb, "sum")[0].clone()
+        second = kernel.forward(pred, target, nb, "sum")[0]
+        torch.cuda.synchronize()
+        ok, _, msg = giou.check("repeat", second, first, 1e-6)
+        assert ok, f"{variant.name}: {msg}"
+
+
+def test_validation_reports_bad_counts_without_killing_the_context(kernels):
+    import torch
+
+    from tuner.errors import KernelInputError
+
+    for variant, kernel in kernels:
+        pred, target, nb = giou.make_inputs(4, 16, variant["pred"], variant["target"], device="cuda")
+        bad = nb.clone()
+        bad[1] = 17
+        if variant["validation"] == "none":
+            loss = kernel.forward(pred, target, bad, "mean")[0]  # clamped, no report
+            want = giou.reference(pred, target, bad, "mean")
+            assert giou.check("clamped", loss, want, giou.LOSS_TOL)[0], variant.name
+        else:
+            with pytest.raises(KernelInputError, match="num_boxes"):
+                kernel.forward(pred, target, bad, "mean")
+        bad[1] = -1
+        if variant["validation"] != "none":
+            with pytest.raises(KernelInputError, match="num_boxes"):
+                kernel.forward(pred, target, bad, "none")
+        # The context is still usable and the flag was cleared.
+        loss = kernel.forward(pred, target, nb, "mean")[0]
+        assert giou.check("after", loss, giou.reference(pred, target, nb, "mean"), giou.LOSS_TOL)[0]
+        assert torch.isfinite(loss).all()
+
+
+def test_validation_reports_non_finite_targets(kernels):
+    import torch
+
+    from tuner.errors import KernelInputError
+
+    for variant, kernel in kernels:
+        if variant["target"] == "uint8" or variant["validation"] == "none":
+            continue
+        pred, target, nb = giou.make_inputs(4, 16, variant["pred"], variant["target"], device="cuda",
+                                            counts=torch.tensor([3, 3, 3, 3]))
+        target[2, 1, 0] = float("inf")  # a valid slot
+        with pytest.raises(KernelInputError, match="non-finite"):
+            kernel.forward(pred, target, nb, "mean")
+        target[2, 1, 0] = 1.0
+        target[2, 10, 0] = float("nan")  # padding: not checked
+        kernel.forward(pred, target, nb, "mean")
+
+
+def test_deferred_errors_are_kept_until_taken(kernels):
+    variant, kernel = next((v, k) for v, k in kernels if v["validation"] != "none")
+    pred, target, nb = giou.make_inputs(4, 16, variant["pred"], variant["target"], device="cuda")
+    bad = nb.clone()
+    bad[0] = 99
+    kernel.forward(pred, target, bad, "mean", check=False)
+    assert kernel.take_errors() & 1
+    assert kernel.take_errors() == 0

@@ -1,0 +1,36 @@
+import pytest
+
+from tuner import gpus
+from tuner.errors import GpuError
+
+
+@pytest.mark.parametrize("name,arch", [("L4", "sm_89"), ("A10G", "sm_86"), ("a10", "sm_86"), ("A100", "sm_80"),
+                                       ("H100", "sm_90"), ("H200", "sm_90"), ("H20", "sm_90"), ("T4", "sm_75"),
+                                       ("RTX 4090", "sm_89"), ("rtx-4090", "sm_89"), ("B200", "sm_100")])
+def test_names_map_to_architectures(name, arch):
+    assert gpus.arch_of(name) == arch
+
+
+def test_arch_overrides_gpu():
+    assert gpus.resolve("L4", "sm_90") == "sm_90"
+    with pytest.raises(GpuError, match="sm_XX|form"):
+        gpus.resolve(None, "90")
+
+
+def test_unknown_gpu_lists_known_names():
+    with pytest.raises(GpuError, match="L4"):
+        gpus.arch_of("V1000")
+
+
+def _fake(name):
+    a = gpus.Attached.__new__(gpus.Attached)
+    a.name = name
+    return a
+
+
+def test_matching_attached_names():
+    h100 = _fake("NVIDIA H100 80GB HBM3")
+    assert h100.matches("H100") and h100.matches("auto") and not h100.matches("L4")
+    assert not _fake("NVIDIA H200").matches("H20")
+    assert _fake("NVIDIA H20").matches("H20")
+    assert _fake("NVIDIA GeForce RTX 4090").matches("RTX 4090")

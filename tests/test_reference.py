@@ -1,0 +1,89 @@
+"""The float64 reference against torchvision, and the op's meaning at the edges."""
+
+import pytest
+import torch
+from torchvision.ops import generalized_box_iou_loss
+
+from tuner.families import giou
+
+
+@pytest.mark.parametrize("pred", giou.PRED_DTYPES)
+@pytest.mark.parametrize("target", giou.TARGET_DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_reference_matches_torchvision(pred, target, reduction):
+    p, t, n = giou.make_inputs(7, 13, pred, target, "uniform", seed=hash((pred, target, reduction)) % 1000)
+    valid = giou.valid_mask(t, n)
+    assert valid.any() and not valid.all()
+    ours = giou.reference(p, t, n, reduction)
+    theirs = generalized_box_iou_loss(p.double()[valid], t.double()[valid], reduction=reduction)
+    if reduction == "none":
+        assert torch.allclose(ours[valid], theirs, rtol=1e-12, atol=1e-12)
+        assert (ours[~valid] == 0).all()
+    else:
+        assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_reference_gradient_matches_torchvision(reduction):
+    p, t, n = giou.make_inputs(5, 11, "float32", "float32", "uniform", seed=3)
+    valid = giou.valid_mask(t, n)
+    loss, grad = giou.reference_with_grad(p, t, n, reduction)
+    leaf = p.double().requires_grad_(True)
+    theirs = generalized_box_iou_loss(leaf[valid], t.double()[valid], reduction=reduction)
+    theirs.backward(torch.ones_like(theirs))
+    assert torch.allclose(grad, leaf.grad, rtol=1e-10, atol=1e-12)
+    assert (grad[~valid] == 0).all()
+
+
+def test_counts_and_target_convention_agree_on_generated_data():
+    p, t, n = giou.make_inputs(64, 32, "float32", "uint8", "article", seed=1)
+    assert torch.equal(giou.valid_mask(t, n), giou.valid_mask(t, None))
+    assert torch.allclose(giou.reference(p, t, n), giou.reference(p, t, None))
+
+
+def test_mean_without_valid_boxes_is_zero_with_zero_gradient():
+    p, t, n = giou.make_inputs(3, 4, "float32", "uint8", "article", seed=2, counts=torch.zeros(3))
+    loss, grad = giou.reference_with_grad(p, t, n, "mean")
+    assert loss.item() == 0.0
+    assert (grad == 0).all()
+
+
+def test_padding_garbage_never_reaches_loss_or_gradient():
+    p, t, n = giou.make_inputs(4, 6, "float32", "float32", "uniform", seed=5)
+    valid = giou.valid_mask(t, n)
+    p = p.clone()
+    p[~valid] = float("nan")
+    loss, grad = giou.reference_with_grad(p, t, n, "sum")
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+
+
+def test_num_boxes_is_clamped_to_the_slots():
+    p, t, _ = giou.make_inputs(2, 5, "float32", "float32", "full", seed=6)
+    big = giou.reference(p, t, torch.tensor([-3, 99]), "none")
+    clamped = giou.reference(p, t, torch.tensor([0, 5]), "none")
+    assert torch.equal(big, clamped)
+
+
+def test_uint8_targets_do_not_overflow():
+    # Areas of uint8 boxes exceed 255: the math must be done after the upcast.
+    p = torch.tensor([[[0.0, 0.0, 200.0, 200.0]]])
+    t = torch.tensor([[[0, 0, 250, 250]]], dtype=torch.uint8)
+    want = generalized_box_iou_loss(p.double()[0], t.double()[0], reduction="sum")
+    assert torch.allclose(giou.reference(p, t, None, "sum"), want)
+
+
+@pytest.mark.parametrize("dist", giou.DISTRIBUTIONS)
+def test_box_count_distributions(dist):
+    counts = giou.box_counts(4096, 256, dist, torch.Generator().manual_seed(0))
+    assert counts.min() >= 0 and counts.max() <= 256
+    if dist == "article":  # floor(|N(0, 3)|): most images hold fewer than 5 boxes
+        assert (counts < 5).float().mean() > 0.8
+    if dist == "full":
+        assert (counts == 256).all()
+
+
+def test_inputs_are_fresh_and_not_zero():
+    a = giou.make_inputs(8, 16, "bfloat16", "uint8")
+    b = giou.make_inputs(8, 16, "bfloat16", "uint8")
+    assert not torch.equal(a[0], b[0])
+    assert a[0].abs().sum() > 0 and a[1].float().abs().sum() > 0
