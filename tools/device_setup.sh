@@ -1,0 +1,7 @@
+# Source this on the GPU machine (no network there): installs optuna and its needs
+# from the wheels carried in .whl/, then the project in editable mode.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site \
+  && python3 -m pip install -q --no-deps --no-build-isolation -e . || return 1
+export TUNER_HOME=${TUNER_HOME:-/tmp/tuner-home} TUNER_TEST_HOME=${TUNER_TEST_HOME:-/tmp/tuner-home}
+export PYTHONUNBUFFERED=1
