@@ -47,30 +47,12 @@ def _counts(B, S, kind, device):
 
 
 def _run(kernel, variant, B, S, reduction, counts_kind, use_counts):
-    import torch
+    from tuner.verify import verify
 
-    dev = torch.device("cuda")
     counts = _counts(B, S, counts_kind, "cpu")
-    pred, target, num_boxes = giou.make_inputs(B, S, variant["pred"], variant["target"], device=dev, counts=counts)
-    nb = num_boxes if use_counts else None
-    poison = float("nan")
-    out = torch.full((B, S) if reduction == "none" else (), poison, device=dev)
-    count = torch.full((), poison, device=dev)
-    saved = torch.full(pred.shape, poison, device=dev) if kernel.saves_grad else torch.empty(0, device=dev)
-    loss, count, saved = kernel.forward(pred, target, nb, reduction, out=out, count=count, saved_grad=saved)
-    grad_out = torch.rand(loss.shape, device=dev) + 0.5
-    grad = torch.full_like(pred, poison)
-    grad = kernel.backward(grad_out, pred, target, nb, count, saved, reduction, grad_pred=grad)
-    torch.cuda.synchronize()
-
-    want_loss, want_grad = giou.reference_with_grad(pred, target, nb, reduction, grad_out=grad_out)
-    where = f"{variant.name} B={B} S={S} {reduction} counts={counts_kind} num_boxes={use_counts}"
-    ok, _, msg = giou.check("loss", loss, want_loss, giou.LOSS_TOL)
-    assert ok, f"{where}: {msg}"
-    if reduction != "none":
-        assert count.item() == giou.valid_mask(target, nb).sum().item(), where
-    ok, msg = giou.check_outputs(variant["pred"], loss, want_loss, grad, want_grad)
-    assert ok, f"{where}: {msg}"
+    verdict = verify(kernel, variant["pred"], variant["target"], B, S, reduction, counts=counts,
+                     use_counts=use_counts)
+    assert verdict.ok, f"{variant.name} counts={counts_kind} num_boxes={use_counts} {verdict.message}"
 
 
 @pytest.mark.parametrize("B,S", SHAPES)

@@ -7,6 +7,7 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 from tuner import gpus
@@ -111,6 +112,152 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _problem_parser() -> argparse.ArgumentParser:
+    from tuner.families import giou
+
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--batch", type=int, default=1024, help="images per batch, B (default 1024)")
+    p.add_argument("--slots", type=int, default=256, help="box slots per image, S (default 256)")
+    p.add_argument("--pred", default="bfloat16", help="pred dtype (default bfloat16)")
+    p.add_argument("--target", default="uint8", help="target dtype (default uint8)")
+    p.add_argument("--boxes", default="article", choices=giou.DISTRIBUTIONS,
+                   help="boxes per image: article = floor(|N(0,3)|) clipped to the slots (default), "
+                        "uniform, full")
+    p.add_argument("--reduction", default="mean", choices=giou.REDUCTIONS)
+    p.add_argument("--objective", default="fwd+bwd", choices=("fwd", "bwd", "fwd+bwd"))
+    p.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")
+    p.add_argument("--study", help="study name (default: family-GPU-problem-objective)")
+    return p
+
+
+def _problem(args):
+    from tuner.errors import TunerError
+    from tuner.families import giou
+
+    if args.batch < 1 or args.slots < 1:
+        raise TunerError("--batch and --slots must be positive")
+    giou.space(args.pred, args.target)  # checks the dtypes
+    return giou.Problem(args.batch, args.slots, giou.dtype_name(args.pred), giou.dtype_name(args.target),
+                        args.boxes, args.reduction)
+
+
+def _study_name(args) -> str:
+    from tuner import study
+    from tuner.families import giou
+
+    if args.study:
+        return args.study
+    if not args.gpu:
+        raise TunerError("name the study with --study, or give --gpu and the problem options")
+    gpu = args.gpu
+    if gpu.lower() == "auto":
+        from tuner.evaluate import _short_name
+
+        gpu = _short_name(gpus.attached())
+    return study.study_name(giou.FAMILY, gpu, _problem(args).key(), args.objective)
+
+
+@command
+def cmd_search(args: argparse.Namespace) -> int:
+    from tuner import search, study
+
+    if not args.gpu:
+        raise TunerError("name the GPU to tune for: --gpu L4, --gpu H100, ... or --gpu auto")
+    cfg = search.SearchConfig(
+        gpu=args.gpu, problem=_problem(args), trials=args.trials, timeout=args.timeout, sampler=args.sampler,
+        storage=args.storage, study=args.study, objective=args.objective, simulate=args.simulate,
+        simulate_delay=args.simulate_delay,
+        plant_faults=tuple(f for f in (args.plant_faults or "").split(",") if f),
+        arch=args.arch, jobs=args.jobs, batch=args.ask_batch, top_k=args.top_k, eval_timeout=args.eval_timeout,
+        seed=args.seed, progress=not args.quiet)
+    report = search.run(cfg)
+    st = study.load(report.study_name, args.storage)
+    print(_show(st, args.top_k))
+    total = report.compile_s + report.verify_s + report.time_s
+    share = (lambda x: f"{100 * x / total:.0f}%") if total else (lambda x: "-")
+    rate = 60 * report.trials / report.wall_s if report.wall_s else 0.0
+    print(f"\nthis run: {report.trials} trials in {report.wall_s:.1f} s ({rate:.0f}/min), "
+          f"{report.evaluated} evaluated, {report.compiled} compiled, {report.duplicates} duplicates, "
+          f"failures {report.failed or 'none'}, worker restarts {report.worker_restarts}, "
+          f"re-queued after a kill {report.requeued or 'none'}")
+    print(f"time: compile {report.compile_s:.1f} s ({share(report.compile_s)}), verify {report.verify_s:.1f} s "
+          f"({share(report.verify_s)}), timing {report.time_s:.1f} s ({share(report.time_s)})")
+    print(f"measurements: {report.records_path}")
+    return 0
+
+
+def _show(st, k: int) -> str:
+    from tuner import study
+    from tuner.families import giou
+
+    problem = st.user_attrs.get("problem", {})
+    frame = study.trials_frame(st, giou.space(problem.get("pred", "bfloat16"), problem.get("target", "uint8")))
+    lines = [f"study {st.study_name}"]
+    gpu = st.user_attrs.get("gpu", {})
+    if gpu:
+        lines.append("  gpu: " + ", ".join(f"{key} {gpu[key]}" for key in
+                                           ("gpu_name", "arch", "driver", "torch", "cuda") if gpu.get(key)))
+    if frame.empty:
+        return "\n".join(lines + ["  no trials yet"])
+    counts = frame["state"].value_counts().to_dict()
+    reasons = frame.loc[frame["state"] == "FAIL", "reason"].value_counts().to_dict()
+    lines.append(f"  trials: {counts}; failures by reason: {reasons or 'none'}")
+    best = study.top(frame, k)
+    if best.empty:
+        return "\n".join(lines + ["  no verified variant yet"])
+    cols = [d.name for d in giou.DIMS] + ["objective_us", "fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us",
+                                          "regs_fwd", "regs_bwd", "spill_bytes"]
+    lines.append(f"\ntop {len(best)} in the search:")
+    lines.append(best[[c for c in cols if c in best]].round(2).to_string(index=False))
+    retimed = st.user_attrs.get("retimed")
+    if retimed:
+        import pandas as pd
+
+        rows = [{"variant": r["variant"], "objective_us": r["objective_us"],
+                 "fwd_us": r["fwd"]["median_us"], "fwd_spread_us": r["fwd"]["spread_us"],
+                 **({"bwd_us": r["bwd"]["median_us"], "bwd_spread_us": r["bwd"]["spread_us"]} if "bwd" in r else {})}
+                for r in retimed]
+        lines.append("\nre-timed, interleaved (the winner is the first):")
+        lines.append(pd.DataFrame(rows).round(2).to_string(index=False))
+    done = frame[frame["state"] == "COMPLETE"]
+    lines.append(f"\nmedian objective of all {len(done)} verified trials: {done['objective_us'].median():.2f} us")
+    return "\n".join(lines)
+
+
+@command
+def cmd_show(args: argparse.Namespace) -> int:
+    from tuner import study
+    from tuner.families import giou
+
+    st = study.load(_study_name(args), args.storage)
+    if args.json:
+        problem = st.user_attrs.get("problem", {})
+        frame = study.trials_frame(st, giou.space(problem.get("pred", "bfloat16"), problem.get("target", "uint8")))
+        print(json.dumps({"study": st.study_name, "attrs": st.user_attrs,
+                          "trials": json.loads(frame.to_json(orient="records"))}, indent=1, default=str))
+    else:
+        print(_show(st, args.top_k))
+    return 0
+
+
+@command
+def cmd_list(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from tuner import study
+
+    rows = []
+    for s in study.summaries(args.storage):
+        best = s.best_trial.value if s.best_trial is not None else None
+        rows.append({"study": s.study_name, "trials": s.n_trials, "best_us": best,
+                     "gpu": s.user_attrs.get("gpu", {}).get("gpu_name", "")})
+    if not rows:
+        print(f"no studies in {study.storage_url(args.storage)}")
+        return 0
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tuner", description="Tune CUDA kernel variants of PyTorch ops.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -127,6 +274,30 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--covering", action="store_true",
                    help="the covering set: every value of every dimension, every dtype pair")
     s.add_argument("--json", action="store_true")
+    problem = _problem_parser()
+    s = sub.add_parser("search", parents=[target, problem], help="search for the fastest correct variant")
+    s.add_argument("--trials", type=int, default=200, help="finished trials the study should reach")
+    s.add_argument("--timeout", type=float, help="stop asking for new trials after this many seconds")
+    s.add_argument("--sampler", default="tpe", choices=("tpe", "random", "grid"))
+    s.add_argument("--simulate", type=Path, metavar="FILE",
+                   help="replay recorded measurements (a search's .jsonl) instead of using a GPU")
+    s.add_argument("--simulate-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    s.add_argument("--jobs", type=int, help="parallel compiles (default: all cores)")
+    s.add_argument("--ask-batch", type=int, help="trials asked of Optuna and compiled together")
+    s.add_argument("--top-k", type=int, default=5, help="finalists re-timed at the end")
+    s.add_argument("--eval-timeout", type=float, default=60.0, help="seconds before a variant counts as hung")
+    s.add_argument("--seed", type=int)
+    s.add_argument("--plant-faults", metavar="KINDS",
+                   help="test only: also evaluate variants with planted faults, e.g. oob,assert,hang "
+                        "(compile, oob, assert, hang, wrong, nan, resources)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    s = sub.add_parser("show", parents=[target, problem], help="print a stored study")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--top-k", type=int, default=10)
+
+    s = sub.add_parser("list", help="list stored studies")
+    s.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")
     return p
 
 

@@ -84,6 +84,20 @@ class Space:
             return False
         return not self.violations(params)
 
+    def nearest(self, params: Mapping[str, Any]) -> Variant:
+        """The variant for `params`, or the valid one that differs from them in the fewest
+        dimensions (a sampler may propose a point that a constraint excludes)."""
+        if not self.violations(params):
+            return self._variant(params)
+        best, best_diff = None, None
+        for variant in self:
+            diff = sum(variant[d.name] != params.get(d.name) for d in self.dims)
+            if best_diff is None or diff < best_diff:
+                best, best_diff = variant, diff
+        if best is None:
+            raise SpaceError(f"the {self.family} space for {self.fixed} is empty")
+        return best
+
     def tuned(self, variant: Variant) -> dict[str, Any]:
         """The tuned parameters of a variant (without the fixed problem ones)."""
         return {d.name: variant[d.name] for d in self.dims}

@@ -53,7 +53,7 @@ class Variant:
     def name(self) -> str:
         parts = [self.family]
         for key, value in self.params:
-            if value is not False:  # flags show only when set
+            if value is not False and value is not None:  # flags show only when set
                 parts.append(_short(key, value))
         return ".".join(parts)
 
@@ -73,7 +73,7 @@ class Variant:
 
 
 # Short forms that keep names readable; any other value prints as itself.
-_PREFIX = {"boxes_per_thread": "k", "block_size": "b"}
+_PREFIX = {"boxes_per_thread": "k", "block_size": "b", "fault": "fault_"}
 
 
 def _short(key: str, value: Any) -> str:

@@ -1,0 +1,177 @@
+"""The search on CPU: replayed measurements (--simulate) drive storage, resume and failures."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+
+from tuner import records, search, study
+from tuner.errors import GpuError
+from tuner.families import giou
+
+import simdata
+
+
+@pytest.fixture
+def sim(tmp_path, tuner_home):
+    return simdata.write(tmp_path / "sim.jsonl")
+
+
+def _cfg(sim, **kw):
+    kw = {"gpu": "H100", "problem": giou.Problem(), "trials": 30, "simulate": sim, "progress": False,
+          "seed": 1, **kw}
+    return search.SearchConfig(**kw)
+
+
+def _finished(st):
+    return [t for t in st.get_trials() if t.state.name in ("COMPLETE", "FAIL")
+            and t.user_attrs.get("reason") != "interrupted"]
+
+
+def test_search_reaches_the_trial_count_and_records_measurements(sim):
+    report = search.run(_cfg(sim, trials=40))
+    st = study.load(report.study_name)
+    assert len(_finished(st)) == 40
+    assert st.user_attrs["gpu"]["gpu_name"] == "NVIDIA H100 80GB HBM3"
+    assert st.user_attrs["problem"]["batch"] == 1024
+    recs = list(records.read(report.records_path))
+    assert len(recs) == report.trials - report.duplicates
+    assert report.winner is not None and report.winner["variant"].startswith("giou.bfloat16.uint8")
+    best = min(t.value for t in st.get_trials() if t.value is not None)
+    assert report.winner["objective_us"] == pytest.approx(best)
+
+
+def test_rerunning_a_finished_study_does_nothing(sim):
+    search.run(_cfg(sim, trials=20))
+    started = time.monotonic()
+    again = search.run(_cfg(sim, trials=20))
+    assert again.trials == 0 and again.compiled == 0 and again.evaluated == 0
+    assert time.monotonic() - started < 10
+    assert again.winner is not None
+
+
+def test_a_known_variant_is_not_evaluated_again(sim):
+    report = search.run(_cfg(sim, trials=120, sampler="tpe"))
+    st = study.load(report.study_name)
+    recs = [r["variant"] for r in records.read(report.records_path)]
+    assert len(recs) == len(set(recs))
+    dups = [t for t in st.get_trials() if "duplicate_of" in t.user_attrs]
+    assert report.duplicates == len(dups) > 0
+    by_number = {t.number: t for t in st.get_trials()}
+    for t in dups:
+        original = by_number[t.user_attrs["duplicate_of"]]
+        assert original.user_attrs["variant"] == t.user_attrs["variant"]
+        assert t.value == original.value and t.state == original.state
+
+
+def test_every_failure_kind_is_a_failed_trial_with_its_reason(sim):
+    space = giou.space()
+    name = study.study_name("giou", "H100", giou.Problem().key(), "fwd+bwd")
+    st = optuna.create_study(study_name=name, storage=study.storage())
+    failing = {r["variant"]: r["reason"] for r in records.read(sim) if r["status"] == "fail"}
+    for v in space:
+        if v.name in failing:
+            st.enqueue_trial(space.tuned(v))
+    report = search.run(_cfg(sim, trials=len(failing) + 5))
+    st = study.load(report.study_name)
+    got = {t.user_attrs["variant"]: t.user_attrs.get("reason") for t in st.get_trials()
+           if t.state.name == "FAIL"}
+    assert got == failing
+    assert set(failing.values()) == set(simdata.FAILURES)
+    assert len([t for t in st.get_trials() if t.state.name == "COMPLETE"]) >= 5
+
+
+def test_gpu_mismatch_is_refused_with_a_clear_message(sim):
+    with pytest.raises(GpuError, match="L4.*H100"):
+        search.run(_cfg(sim, gpu="L4"))
+
+
+def _cli(*args, env_home, **kw):
+    env = {**os.environ, "TUNER_HOME": str(env_home), "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen([sys.executable, "-m", "tuner", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _study_trials(home):
+    name = study.study_name("giou", "H100", giou.Problem().key(), "fwd+bwd")
+    try:
+        return optuna.load_study(study_name=name, storage=f"sqlite:///{home}/studies/tuner.db").get_trials()
+    except Exception:  # not created yet
+        return []
+
+
+def test_kill_and_resume_loses_no_finished_trial(sim, tuner_home):
+    args = ["search", "--gpu", "H100", "--simulate", str(sim), "--trials", "50", "--quiet", "--seed", "3",
+            "--simulate-delay", "0.05", "--sampler", "random"]
+    kept = {}
+    for kill_after in (5, 17, 30):
+        proc = _cli(*args, env_home=tuner_home)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = [t for t in _study_trials(tuner_home) if t.state.name == "COMPLETE"]
+            if len(done) >= kill_after:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        trials = _study_trials(tuner_home)  # the storage is readable after each kill
+        for t in trials:
+            if t.state.name == "COMPLETE":
+                kept.setdefault(t.number, t.value)
+    proc = _cli(*args, env_home=tuner_home)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    trials = {t.number: t for t in _study_trials(tuner_home)}
+    lost = [n for n, v in kept.items() if trials[n].state.name != "COMPLETE" or trials[n].value != v]
+    assert lost == []
+    assert not any(t.state.name == "RUNNING" for t in trials.values())
+    assert len([t for t in trials.values() if t.state.name in ("COMPLETE", "FAIL")
+                and t.user_attrs.get("reason") != "interrupted"]) >= 50
+    interrupted = [t for t in trials.values() if t.user_attrs.get("reason") == "interrupted"]
+    retried = {t.user_attrs.get("retry_of") for t in trials.values()} - {None}
+    assert {t.number for t in interrupted} <= retried
+
+
+def test_two_processes_share_a_study_without_evaluating_a_variant_twice(sim, tuner_home):
+    args = ["search", "--gpu", "H100", "--simulate", str(sim), "--trials", "60", "--quiet",
+            "--simulate-delay", "0.02", "--sampler", "tpe"]
+    procs = [_cli(*args, "--seed", str(seed), env_home=tuner_home) for seed in (1, 2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    trials = _study_trials(tuner_home)
+    finished = [t for t in trials if t.state.name in ("COMPLETE", "FAIL")]
+    assert len(finished) >= 60
+    assert len({t.user_attrs["owner"] for t in trials}) == 2  # both did work
+    name = study.study_name("giou", "H100", giou.Problem().key(), "fwd+bwd")
+    evaluated = [r["variant"] for r in records.read(tuner_home / "studies" / f"{name}.jsonl")]
+    assert len(evaluated) == len(set(evaluated))
+
+
+def test_show_and_list(sim, tuner_home):
+    search.run(_cfg(sim, trials=15))
+    show = _cli("show", "--gpu", "H100", env_home=tuner_home)
+    out, err = show.communicate(timeout=120)
+    assert show.returncode == 0, err
+    assert "top" in out and "boxes_per_thread" in out and "re-timed" in out
+    js = _cli("show", "--gpu", "H100", "--json", env_home=tuner_home)
+    out, _ = js.communicate(timeout=120)
+    assert len(json.loads(out)["trials"]) == 15
+    ls = _cli("list", env_home=tuner_home)
+    out, _ = ls.communicate(timeout=120)
+    assert "giou-H100-B1024-S256-bfloat16-uint8-article-mean-fwd+bwd" in out
+
+
+def test_cli_reports_errors_without_traceback(sim, tuner_home):
+    p = _cli("search", "--gpu", "L4", "--simulate", str(sim), env_home=tuner_home)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1
+    assert "error" in err and "L4" in err and "Traceback" not in err
+    p = _cli("show", "--study", "nope", env_home=tuner_home)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and "no study 'nope'" in err

@@ -1,0 +1,155 @@
+"""Where a search gets its measurements: the GPU (live) or a recorded file (simulated).
+
+Both give the search the same shapes of data: `prepare` turns variants into build
+results (compiled or not), `evaluate` turns one into a verified measurement or a
+failure with a reason, and `retime` times the best few again, interleaved.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tuner import build, gpus, records
+from tuner.errors import GpuError, TunerError
+from tuner.families import giou
+from tuner.variant import Variant
+
+
+def _build_result(b: build.Build) -> dict:
+    result = {
+        "status": "ok" if b.ok else "fail", "compile_s": b.compile_s, "compiled": not b.cached,
+        "regs_fwd": b.registers.get("forward_mean"), "regs_bwd": b.registers.get("backward_mean"),
+        "spill_bytes": b.spill_bytes, "so": str(b.so) if b.so else None,
+    }
+    if not b.ok:
+        result.update(reason="compile error", message=b.error)
+    return result
+
+
+class Evaluator:
+    gpu_label: str
+    gpu_info: dict
+    batch_size: int
+    restarts: int = 0
+
+    def prepare(self, variants: list[Variant]) -> dict[str, dict]:
+        """Build results by variant name."""
+        raise NotImplementedError
+
+    def evaluate(self, variant: Variant, prepared: dict) -> dict:
+        """Verify then time one variant; a failure comes back as data with a reason."""
+        raise NotImplementedError
+
+    def retime(self, variants: list[Variant], prepared: dict[str, dict], objective: str) -> dict[str, dict]:
+        """More careful timings of a few variants: name -> {"fwd": ..., "bwd": ...}."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class LiveEvaluator(Evaluator):
+    """Compile with nvcc, run in a worker process on the attached GPU."""
+
+    def __init__(self, gpu: str, problem: giou.Problem, objective: str, arch: str | None = None,
+                 jobs: int | None = None, eval_timeout: float = 60.0):
+        from tuner import binding
+        from tuner.worker import Worker
+
+        attached = gpus.attached()
+        if not attached.matches(gpu):
+            raise GpuError(f"--gpu {gpu} was asked for, but the attached GPU is {attached.name}; "
+                           f"use --gpu auto (or the attached GPU's name) to tune for it")
+        self.gpu_info = attached.describe()
+        self.gpu_label = gpu if gpu.lower() != "auto" else _short_name(attached)
+        self.arch = arch or attached.arch
+        self.problem = problem
+        self.objective = objective
+        self.jobs = jobs or os.cpu_count() or 1
+        self.batch_size = max(2 * self.jobs, 8)
+        binding.load()  # build the torch binding here once, not in each worker start
+        self.worker = Worker(attached.index, timeout=eval_timeout)
+
+    @property
+    def restarts(self) -> int:  # type: ignore[override]
+        return self.worker.restarts
+
+    def prepare(self, variants):
+        return {b.variant.name: _build_result(b) for b in build.build(variants, self.arch, jobs=self.jobs)}
+
+    def evaluate(self, variant, prepared):
+        return self.worker.evaluate({"kind": "evaluate", "so": prepared["so"], "name": variant.name,
+                                     "problem": self.problem.__dict__, "objective": self.objective})
+
+    def retime(self, variants, prepared, objective):
+        jobs = [{"so": prepared[v.name]["so"], "name": v.name} for v in variants if prepared[v.name]["so"]]
+        result = self.worker.evaluate({"kind": "retime", "kernels": jobs, "problem": self.problem.__dict__,
+                                       "objective": objective})
+        return result.get("timings", {})
+
+    def close(self):
+        self.worker.close()
+
+
+def _short_name(attached) -> str:
+    for name in gpus.ARCHS:
+        if attached.matches(name):
+            return name
+    return attached.name
+
+
+class SimulatedEvaluator(Evaluator):
+    """Replays a measurement log (as Kernel Tuner's simulation mode does): no GPU, no compiler."""
+
+    def __init__(self, path: Path, problem: giou.Problem, objective: str, gpu: str, delay: float = 0.0):
+        path = Path(path)
+        self.delay = delay  # seconds per evaluation, so that tests can kill a search mid-way
+        if not path.exists():
+            raise TunerError(f"--simulate: no such file {path}")
+        self.table: dict[str, dict] = {}
+        info: dict = {}
+        for rec in records.read(path):
+            if rec.get("problem") == problem.key():
+                self.table[rec["variant"]] = rec  # the last record of a variant wins
+                info = rec.get("gpu", info)
+        if not self.table:
+            raise TunerError(f"--simulate: {path} holds no measurements for problem {problem.key()}")
+        recorded = info.get("gpu_name", "")
+        if gpu.lower() != "auto" and recorded:
+            probe = gpus.Attached.__new__(gpus.Attached)
+            probe.name = recorded
+            if not probe.matches(gpu):
+                raise GpuError(f"--gpu {gpu} was asked for, but {path} was recorded on {recorded}")
+        self.gpu_info = {**info, "simulated_from": str(path)}
+        self.gpu_label = gpu if gpu.lower() != "auto" else (recorded or "simulated")
+        self.objective = objective
+        self.batch_size = 16
+
+    def prepare(self, variants):
+        out = {}
+        for v in variants:
+            rec = self.table.get(v.name)
+            if rec is None:
+                out[v.name] = {"status": "fail", "reason": "not recorded",
+                               "message": f"{v.name} is not in the simulation file", "compiled": False}
+            elif rec.get("reason") == "compile error":
+                out[v.name] = {k: rec.get(k) for k in ("status", "reason", "message", "compile_s")}
+                out[v.name]["compiled"] = False
+            else:
+                out[v.name] = {"status": "ok", "compiled": False, "so": None,
+                               **{k: rec.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes")}}
+        return out
+
+    def evaluate(self, variant, prepared):
+        if self.delay:
+            import time
+
+            time.sleep(self.delay)
+        rec = self.table[variant.name]
+        keep = ("status", "reason", "message", "fwd", "bwd", "loss_error", "grad_error", "verify_s", "time_s")
+        return {k: rec[k] for k in keep if k in rec}
+
+    def retime(self, variants, prepared, objective):
+        return {v.name: {k: self.table[v.name][k] for k in ("fwd", "bwd") if k in self.table[v.name]}
+                for v in variants if self.table.get(v.name, {}).get("status") == "ok"}

@@ -1,0 +1,35 @@
+"""Measurement logs: one JSON object per evaluated variant, appended as it happens.
+
+A search writes every evaluation here (studies/<study>.jsonl); `tuner search
+--simulate FILE` replays such a file instead of a GPU. Appends are flushed and
+fsynced one line at a time, so a kill loses at most the line being written, and
+a truncated last line is skipped on reading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+
+def append(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, sort_keys=True) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill

@@ -1,0 +1,371 @@
+"""`tuner search`: an Optuna study that compiles, verifies and times variants.
+
+Per batch: ask Optuna for several trials, map each to a valid variant, skip the
+ones the study already knows (their result is copied), compile the rest in
+parallel (while the GPU evaluates the previous batch), then verify and time
+them one at a time in the worker process, and tell Optuna. Failures are data:
+each becomes a FAILED trial with a `reason`. At the end the top k are timed
+again, interleaved, with more repetitions, and the winner is picked on that.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner import records
+from tuner import study as studies
+from tuner.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
+from tuner.families import giou
+from tuner.variant import Variant
+
+OBJECTIVES = ("fwd", "bwd", "fwd+bwd")
+SAMPLERS = ("tpe", "random", "grid")
+
+
+@dataclass
+class SearchConfig:
+    gpu: str
+    problem: giou.Problem
+    trials: int = 200
+    timeout: float | None = None
+    sampler: str = "tpe"
+    storage: str | None = None
+    study: str | None = None
+    objective: str = "fwd+bwd"
+    simulate: Path | None = None
+    simulate_delay: float = 0.0
+    arch: str | None = None
+    jobs: int | None = None
+    batch: int | None = None
+    top_k: int = 5
+    eval_timeout: float = 60.0
+    plant_faults: tuple[str, ...] = ()  # test only: variants with these faults (see giou.FAULTS)
+    seed: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class SearchReport:
+    study_name: str
+    records_path: Path
+    trials: int = 0
+    evaluated: int = 0
+    compiled: int = 0
+    duplicates: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+    requeued: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+    compile_s: float = 0.0
+    verify_s: float = 0.0
+    time_s: float = 0.0
+    winner: dict[str, Any] | None = None
+    retimed: list[dict[str, Any]] = field(default_factory=list)
+    worker_restarts: int = 0
+
+
+def objective_value(result: dict, objective: str) -> float:
+    fwd = result.get("fwd", {}).get("median_us", 0.0)
+    bwd = result.get("bwd", {}).get("median_us", 0.0)
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[objective]
+
+
+def _sampler(name: str, seed: int | None):
+    import optuna
+
+    if name == "tpe":
+        import warnings
+
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=20)
+    # grid enqueues every valid variant (see _enqueue_grid); random fills any gap
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _distributions(space) -> dict:
+    from optuna.distributions import CategoricalDistribution
+
+    return {d.name: CategoricalDistribution(list(d.values)) for d in space.dims}
+
+
+def _enqueue_grid(study, space, seed: int | None) -> None:
+    """Every valid variant once, in a fixed shuffled order (so a partial grid is spread out)."""
+    import random
+
+    if study.user_attrs.get("grid_enqueued"):
+        return
+    study.set_user_attr("grid_enqueued", True)
+    variants = list(space)
+    random.Random(seed or 0).shuffle(variants)
+    known = {t.user_attrs.get("variant") for t in study.get_trials(deepcopy=False)}
+    for v in variants:
+        if v.name not in known:
+            study.enqueue_trial(space.tuned(v))
+
+
+class Search:
+    def __init__(self, cfg: SearchConfig, evaluator: Evaluator):
+        import optuna
+
+        self.cfg = cfg
+        self.evaluator = evaluator
+        self.space = giou.space(cfg.problem.pred, cfg.problem.target)
+        self.dists = _distributions(self.space)
+        self.name = cfg.study or studies.study_name(giou.FAMILY, evaluator.gpu_label, cfg.problem.key(),
+                                                    cfg.objective)
+        self.storage = studies.storage(cfg.storage)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="minimize",
+                                         sampler=_sampler(cfg.sampler, cfg.seed), load_if_exists=True)
+        self._record_identity()
+        self.records_path = studies.records_path(self.name)
+        self.report = SearchReport(self.name, self.records_path)
+        self._results: dict[str, tuple[int, dict]] = {}  # variant -> (trial number, outcome)
+        self._best: float | None = None
+        self._bar = None
+
+    def _record_identity(self) -> None:
+        attrs = self.study.user_attrs
+        identity = {"family": giou.FAMILY, "problem": self.cfg.problem.__dict__, "objective": self.cfg.objective,
+                    "gpu": self.evaluator.gpu_info}
+        for key, value in identity.items():
+            if key not in attrs:
+                self.study.set_user_attr(key, value)
+        known = attrs.get("gpu", {}).get("gpu_name")
+        if known and known != self.evaluator.gpu_info.get("gpu_name"):
+            from tuner.errors import GpuError
+
+            raise GpuError(f"study {self.name!r} was measured on {known}, not on "
+                           f"{self.evaluator.gpu_info.get('gpu_name')}; pass another --study name")
+
+    # ------------------------------------------------------------ trials
+
+    def _ask(self, n: int) -> list[tuple[Any, Variant]]:
+        asked = []
+        for _ in range(n):
+            trial = self.study.ask(self.dists)
+            variant = self.space.nearest(trial.params)
+            if trial.user_attrs.get("fault"):
+                variant = variant.replace(fault=trial.user_attrs["fault"])
+            _set_user_attrs(trial, {"variant": variant.name, "owner": studies.owner()})
+            asked.append((trial, variant))
+        return asked
+
+    def _tell(self, trial, variant: Variant, result: dict, duplicate_of: int | None = None) -> None:
+        import optuna
+
+        # One attribute per fact that `show` and `report` read; written in one go below.
+        attrs = {"compile_s": result.get("compile_s"), "regs_fwd": result.get("regs_fwd"),
+                 "regs_bwd": result.get("regs_bwd"), "spill_bytes": result.get("spill_bytes"),
+                 "duplicate_of": duplicate_of}
+        if duplicate_of is not None:
+            self.report.duplicates += 1
+        if result["status"] == "ok":
+            attrs.update(fwd_us=result["fwd"]["median_us"], fwd_spread_us=result["fwd"]["spread_us"],
+                         loss_error=result.get("loss_error"), grad_error=result.get("grad_error"))
+            if "bwd" in result:
+                attrs.update(bwd_us=result["bwd"]["median_us"], bwd_spread_us=result["bwd"]["spread_us"])
+        else:
+            attrs.update(reason=result["reason"], message=str(result.get("message", ""))[:2000])
+            self.report.failed[result["reason"]] = self.report.failed.get(result["reason"], 0) + 1
+        _set_user_attrs(trial, {k: v for k, v in attrs.items() if v is not None})
+        value = objective_value(result, self.cfg.objective) if result["status"] == "ok" else None
+        if value is not None:
+            self.study.tell(trial, value)
+            self._best = value if self._best is None else min(self._best, value)
+        else:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        self.report.trials += 1
+        if self._bar is not None:
+            self._bar.update(1)
+            if self._best is not None:
+                self._bar.set_postfix_str(f"best {self._best:.2f} us")
+
+    @staticmethod
+    def _copy(prior) -> dict:
+        """A finished trial's outcome, in the form `evaluate` returns."""
+        a = prior.user_attrs
+        result = {k: a.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes", "loss_error",
+                                        "grad_error")}
+        if prior.state.name == "COMPLETE":
+            result["status"] = "ok"
+            result["fwd"] = {"median_us": a.get("fwd_us", 0.0), "spread_us": a.get("fwd_spread_us", 0.0)}
+            if "bwd_us" in a:
+                result["bwd"] = {"median_us": a["bwd_us"], "spread_us": a.get("bwd_spread_us", 0.0)}
+        else:
+            result.update(status="fail", reason=a.get("reason", "error"), message=a.get("message", ""))
+        return result
+
+    def _refresh(self) -> dict[str, int]:
+        """Read the study once: finished outcomes into the cache; running trials by variant."""
+        running: dict[str, int] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            name = t.user_attrs.get("variant")
+            if name is None:
+                continue
+            if t.state.name == "RUNNING":
+                running[name] = min(running.get(name, t.number), t.number)
+            elif name not in self._results and (t.state.name == "COMPLETE" or (
+                    t.state.name == "FAIL" and t.user_attrs.get("reason") not in (None, "interrupted"))):
+                self._results[name] = (t.number, self._copy(t))
+        return running
+
+    def _settle_known(self, batch, wait: bool):
+        """Tell the trials whose variant the study already measured; return (new, still running elsewhere)."""
+        deadline = time.monotonic() + 3 * self.cfg.eval_timeout + 600
+        while True:
+            running = self._refresh()
+            new, waiting = [], []
+            for trial, variant in batch:
+                if variant.name in self._results:
+                    number, result = self._results[variant.name]
+                    self._tell(trial, variant, result, duplicate_of=number)
+                elif running.get(variant.name, trial.number) < trial.number:
+                    waiting.append((trial, variant))  # an earlier trial evaluates it now
+                else:
+                    new.append((trial, variant))
+            if not (wait and waiting and time.monotonic() < deadline):
+                return new, waiting
+            if new:
+                self._evaluate(new, self._prepare(_unique(new)))
+            batch = waiting
+            time.sleep(0.5)
+
+    def _evaluate(self, batch, prepared: dict[str, dict]) -> None:
+        for trial, variant in batch:
+            if variant.name in self._results:  # the same variant earlier in this batch
+                number, result = self._results[variant.name]
+                self._tell(trial, variant, result, duplicate_of=number)
+                continue
+            build = prepared[variant.name]
+            if build["status"] != "ok":
+                result = build
+            else:
+                result = {**build, **self.evaluator.evaluate(variant, build)}
+                self.report.evaluated += 1
+            self.report.verify_s += result.get("verify_s", 0.0)
+            self.report.time_s += result.get("time_s", 0.0)
+            records.append(self.records_path, {
+                "study": self.name, "gpu": self.evaluator.gpu_info, "problem": self.cfg.problem.key(),
+                "objective": self.cfg.objective, "variant": variant.name, "params": self.space.tuned(variant),
+                **{k: v for k, v in result.items() if k not in ("so",)}, "at": time.time(),
+            })
+            self._tell(trial, variant, result)
+            self._results[variant.name] = (trial.number, result)
+
+    # -------------------------------------------------------------- run
+
+    def run(self) -> SearchReport:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        started = time.monotonic()
+        self.report.requeued = studies.fail_interrupted(self.study, self.storage)
+        if cfg.sampler == "grid":
+            _enqueue_grid(self.study, self.space, cfg.seed)
+        self._plant(cfg.plant_faults)
+        done = studies.finished_count(self.study)
+        batch_size = cfg.batch or self.evaluator.batch_size
+        if cfg.progress:
+            self._bar = tqdm(total=cfg.trials, initial=min(done, cfg.trials), desc=self.name, unit="trial",
+                             dynamic_ncols=True, leave=True, disable=None)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        pending = None  # (batch of new trials, future of their builds): compiles while the GPU works
+        waiting: list = []  # trials whose variant another process is evaluating right now
+        try:
+            while True:
+                following = None
+                out_of_time = cfg.timeout is not None and time.monotonic() - started > cfg.timeout
+                in_flight = (len(pending[0]) if pending else 0) + len(waiting)
+                room = cfg.trials - studies.finished_count(self.study) - in_flight
+                if room > 0 and not out_of_time:
+                    new, held = self._settle_known(self._ask(min(batch_size, room)), wait=False)
+                    waiting += held
+                    following = (new, pool.submit(self._prepare, _unique(new)))
+                if pending is None and following is None:
+                    break
+                if pending is not None:
+                    self._evaluate(pending[0], pending[1].result())
+                pending = following
+            if waiting:
+                new, _ = self._settle_known(waiting, wait=True)
+                if new:  # the other process gave up on them (killed): evaluate here
+                    self._evaluate(new, self._prepare(_unique(new)))
+        finally:
+            pool.shutdown(wait=True)
+            if self._bar is not None:
+                self._bar.close()
+        if self.report.evaluated or "winner" not in self.study.user_attrs:
+            self._retime()
+        else:
+            self.report.winner = self.study.user_attrs["winner"]
+            self.report.retimed = self.study.user_attrs.get("retimed", [])
+        self.report.wall_s = time.monotonic() - started
+        self.report.worker_restarts = self.evaluator.restarts
+        return self.report
+
+    def _plant(self, faults) -> None:
+        """Queue one variant per planted fault (once per study), ahead of the sampler's picks."""
+        known = {t.user_attrs.get("fault") for t in self.study.get_trials(deepcopy=False)}
+        base = self.space.tuned(next(iter(self.space)))
+        for fault in faults:
+            if fault not in giou.FAULTS:
+                from tuner.errors import TunerError
+
+                raise TunerError(f"unknown fault {fault!r}; known: {', '.join(giou.FAULTS)}")
+            if fault not in known:
+                self.study.enqueue_trial(base, user_attrs={"fault": fault})
+
+    def _prepare(self, variants: list[Variant]) -> dict[str, dict]:
+        started = time.monotonic()
+        prepared = self.evaluator.prepare(variants)
+        self.report.compile_s += time.monotonic() - started
+        self.report.compiled += sum(1 for b in prepared.values() if b.get("compiled"))
+        return prepared
+
+    def _retime(self) -> None:
+        frame = studies.trials_frame(self.study, self.space)
+        if frame.empty or not (frame["state"] == "COMPLETE").any():
+            return
+        best = studies.top(frame, self.cfg.top_k)
+        by_name = {v.name: v for v in self.space}
+        variants = [by_name[name] for name in best["variant"]]
+        timings = self.evaluator.retime(variants, self._prepare(variants), self.cfg.objective)
+        rows = []
+        for v in variants:
+            t = timings.get(v.name)
+            if t is None:
+                continue
+            rows.append({"variant": v.name, "params": self.space.tuned(v), **t,
+                         "objective_us": objective_value(t, self.cfg.objective)})
+        rows.sort(key=lambda r: r["objective_us"])
+        if rows:
+            self.report.retimed = rows
+            self.report.winner = rows[0]
+            self.study.set_user_attr("retimed", rows)
+            self.study.set_user_attr("winner", rows[0])
+
+
+def _set_user_attrs(trial, attrs: dict) -> None:
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+
+
+def _unique(batch) -> list[Variant]:
+    return list({v.name: v for _, v in batch}.values())
+
+
+def run(cfg: SearchConfig) -> SearchReport:
+    if cfg.simulate:
+        evaluator: Evaluator = SimulatedEvaluator(cfg.simulate, cfg.problem, cfg.objective, cfg.gpu,
+                                                  cfg.simulate_delay)
+    else:
+        evaluator = LiveEvaluator(cfg.gpu, cfg.problem, cfg.objective, arch=cfg.arch, jobs=cfg.jobs,
+                                  eval_timeout=cfg.eval_timeout)
+    try:
+        return Search(cfg, evaluator).run()
+    finally:
+        evaluator.close()

@@ -1,0 +1,158 @@
+"""Optuna storage and studies: names, owners of running trials, duplicates, result tables."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from typing import Any
+
+from tuner import paths
+from tuner.errors import TunerError
+
+DB_NAME = "tuner.db"
+
+
+def storage_url(url: str | None = None) -> str:
+    """`url`, or the embedded default: a SQLite file under studies/."""
+    if url:
+        return url
+    paths.studies_dir().mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{paths.studies_dir() / DB_NAME}"
+
+
+def records_path(name: str):
+    """The measurement log of a study (what `--simulate` replays)."""
+    return paths.studies_dir() / f"{name}.jsonl"
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    # WAL lets readers work beside a writer, and synchronous=NORMAL fsyncs at checkpoints
+    # rather than at every commit: a killed process still loses nothing committed (only
+    # a power cut could), and a trial costs a few ms of bookkeeping instead of ~100.
+    if type(dbapi_connection).__module__.startswith("sqlite3"):
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+
+def storage(url: str | None = None):
+    import optuna
+    import sqlalchemy
+
+    url = storage_url(url)
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        # Several `tuner search` processes share one file: wait for its lock, do not fail.
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
+        if not sqlalchemy.event.contains(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas):
+            sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas)
+    return optuna.storages.RDBStorage(url, **kwargs)
+
+
+def study_name(family: str, gpu: str, problem_key: str, objective: str) -> str:
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
+    return f"{family}-{gpu}-{problem_key}-{objective}"
+
+
+def load(name: str, url: str | None = None):
+    import optuna
+
+    st = storage(url)
+    try:
+        return optuna.load_study(study_name=name, storage=st)
+    except KeyError as exc:
+        known = [s.study_name for s in optuna.get_all_study_summaries(st)]
+        raise TunerError(f"no study {name!r} in {storage_url(url)}; studies there: {known or 'none'}") from exc
+
+
+def summaries(url: str | None = None):
+    import optuna
+
+    return optuna.get_all_study_summaries(storage(url))
+
+
+# ------------------------------------------------------------------ owners
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of a process (tells a live pid from a reused one)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owner() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}/{pid}/{_start_time(pid)}"
+
+
+def owner_alive(tag: str) -> bool:
+    """False only when the process that ran a trial is known to be gone (same host)."""
+    try:
+        host, pid, start = tag.rsplit("/", 2)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return True  # cannot tell from here
+    return _start_time(int(pid)) == start
+
+
+def fail_interrupted(study, st) -> list[Any]:
+    """Mark trials left RUNNING by a killed `tuner search` as failed and queue their params again."""
+    from optuna.trial import TrialState
+
+    requeued = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        tag = t.user_attrs.get("owner")
+        if tag is None or owner_alive(tag):
+            continue
+        st.set_trial_user_attr(t._trial_id, "reason", "interrupted")
+        st.set_trial_user_attr(t._trial_id, "message", f"the process that ran it ({tag}) is gone")
+        if st.set_trial_state_values(t._trial_id, TrialState.FAIL):
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+            requeued.append(t.number)
+    return requeued
+
+
+def finished_count(study) -> int:
+    """Trials that count towards --trials: complete or failed, except interruptions (re-run)."""
+    from optuna.trial import TrialState
+
+    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+               if t.user_attrs.get("reason") != "interrupted")
+
+
+# ------------------------------------------------------------------ tables
+
+COLUMNS = ["number", "state", "objective_us", "fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us",
+           "regs_fwd", "regs_bwd", "spill_bytes", "reason"]
+
+
+def trials_frame(study, space):
+    """All trials as a pandas DataFrame: the variant's parameters (what ran, which may be the
+    repair of what the sampler proposed), timings, registers, reason."""
+    import pandas as pd
+
+    dims = [d.name for d in space.dims]
+    params = {v.name: space.tuned(v) for v in space}
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        rows.append({
+            "number": t.number, "state": t.state.name, "variant": a.get("variant", ""),
+            **params.get(a.get("variant"), {d: t.params.get(d) for d in dims}),
+            "objective_us": t.value if t.value is not None else float("nan"),
+            "fwd_us": a.get("fwd_us"), "fwd_spread_us": a.get("fwd_spread_us"),
+            "bwd_us": a.get("bwd_us"), "bwd_spread_us": a.get("bwd_spread_us"),
+            "regs_fwd": a.get("regs_fwd"), "regs_bwd": a.get("regs_bwd"), "spill_bytes": a.get("spill_bytes"),
+            "compile_s": a.get("compile_s"), "reason": a.get("reason", ""), "duplicate_of": a.get("duplicate_of"),
+        })
+    return pd.DataFrame(rows)
+
+
+def top(frame, k: int = 5):
+    done = frame[frame["state"] == "COMPLETE"].drop_duplicates("variant")
+    return done.sort_values("objective_us").head(k)

@@ -1,0 +1,239 @@
+"""Run variants in a child process: verify, then time; survive crashes and hangs.
+
+A kernel that reads out of bounds or hits a device-side assert leaves its CUDA
+context unusable, and one that never finishes blocks its process. So kernels
+run in a child; the parent waits with a timeout, and a crash (EOF on the pipe),
+a hang (no answer in time) or a CUDA error (the child reports it and exits)
+becomes a failed result, after which a fresh child is started for the next job.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from typing import Any
+
+# Substrings of CUDA errors, most specific first, and the reason they become.
+_CUDA_REASONS = (
+    ("device-side assert", "device-side assert"),
+    ("illegal memory access", "illegal address"),
+    ("misaligned address", "illegal address"),
+    ("illegal address", "illegal address"),
+    ("too many resources", "launch error"),
+    ("invalid configuration", "launch error"),
+    ("invalid argument", "launch error"),
+    ("launch failed", "launch error"),
+    ("launch failure", "launch error"),
+    ("out of memory", "launch error"),
+    ("cuda error", "cuda error"),
+    ("accelerator error", "cuda error"),
+)
+
+
+def classify(message: str) -> str | None:
+    low = message.lower()
+    for needle, reason in _CUDA_REASONS:
+        if needle in low:
+            return reason
+    return None
+
+
+# ------------------------------------------------------------------- child
+
+class _Child:
+    """State kept across jobs in the child: timing inputs, the L2 flush buffer."""
+
+    def __init__(self, device_index: int):
+        import torch
+
+        from tuner import binding, timing
+
+        torch.cuda.set_device(device_index)
+        binding.load()
+        self.flush = timing.L2Flush()
+        self.inputs: dict[tuple, tuple] = {}
+
+    def timing_inputs(self, problem: dict) -> tuple:
+        """Fixed random inputs per problem, so that variants are timed on the same data."""
+        from tuner.families import giou
+
+        key = tuple(sorted(problem.items()))
+        if key not in self.inputs:
+            self.inputs[key] = giou.make_inputs(problem["batch"], problem["slots"], problem["pred"],
+                                                problem["target"], problem["distribution"], device="cuda",
+                                                seed=1234)
+        return self.inputs[key]
+
+    def run(self, job: dict) -> dict:
+        import torch
+
+        from tuner import timing
+        from tuner.kernel import GiouKernel
+        from tuner.verify import verify
+
+        problem, red = job["problem"], job["problem"]["reduction"]
+        result: dict[str, Any] = {"status": "fail"}
+        started = time.monotonic()
+        kernel = GiouKernel(job["so"], job["name"])
+        # Correct first: the problem's own shape, then an odd one that ends mid-block.
+        worst_loss = worst_grad = 0.0
+        for batch, slots in ((problem["batch"], problem["slots"]), (3, 7)):
+            verdict = verify(kernel, problem["pred"], problem["target"], batch, slots, red, problem["distribution"])
+            worst_loss, worst_grad = max(worst_loss, verdict.loss_error), max(worst_grad, verdict.grad_error)
+            if not verdict.ok:
+                return {**result, "reason": verdict.reason, "message": verdict.message,
+                        "verify_s": time.monotonic() - started}
+        result.update(loss_error=worst_loss, grad_error=worst_grad, verify_s=time.monotonic() - started)
+
+        started = time.monotonic()
+        fwd_fn, bwd_fn = self.callables(kernel, problem, job["objective"])
+        cfg = job.get("timing", {})
+        result["fwd"] = timing.bench(fwd_fn, flush=self.flush, **cfg).as_dict()
+        if bwd_fn is not None:
+            result["bwd"] = timing.bench(bwd_fn, flush=self.flush, **cfg).as_dict()
+        errors = kernel.take_errors()  # generated inputs are valid: a flag here is a kernel bug
+        if errors:
+            return {**result, "reason": "wrong result", "message": f"validation flagged valid inputs ({errors})"}
+        result["time_s"] = time.monotonic() - started
+        result["status"] = "ok"
+        return result
+
+    def callables(self, kernel, problem: dict, objective: str):
+        """Forward and backward calls on fixed inputs with preallocated outputs (no sync)."""
+        import torch
+
+        red = problem["reduction"]
+        pred, target, nb = self.timing_inputs(problem)
+        need_grad = objective != "fwd"
+        out, count, saved = kernel.forward(pred, target, nb, red, need_grad=need_grad, check=False)
+
+        def fwd():
+            kernel.forward(pred, target, nb, red, need_grad=need_grad, check=False, out=out, count=count,
+                           saved_grad=saved)
+
+        if objective == "fwd":
+            return fwd, None
+        grad_out, grad = torch.ones_like(out), torch.empty_like(pred)
+
+        def bwd():
+            kernel.backward(grad_out, pred, target, nb, count, saved, red, grad_pred=grad)
+
+        return fwd, bwd
+
+    def retime(self, job: dict) -> dict:
+        """The finalists timed in turns, with more repetitions than in the search."""
+        from tuner import timing
+        from tuner.kernel import GiouKernel
+
+        fwd, bwd = {}, {}
+        for k in job["kernels"]:
+            f, b = self.callables(GiouKernel(k["so"], k["name"]), job["problem"], job["objective"])
+            fwd[k["name"]] = f
+            if b is not None:
+                bwd[k["name"]] = b
+        cfg = {"rounds": 20, "min_reps": 400, **job.get("timing", {})}
+        out = {name: {"fwd": t.as_dict()} for name, t in timing.interleaved(fwd, flush=self.flush, **cfg).items()}
+        for name, t in (timing.interleaved(bwd, flush=self.flush, **cfg) if bwd else {}).items():
+            out[name]["bwd"] = t.as_dict()
+        return {"status": "ok", "timings": out}
+
+
+def _child_main(conn, device_index: int) -> None:
+    try:
+        child = _Child(device_index)
+    except Exception:  # noqa: BLE001 - report any start-up failure to the parent
+        conn.send({"ready": False, "message": traceback.format_exc()})
+        return
+    conn.send({"ready": True, "pid": os.getpid()})
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        try:
+            conn.send(child.retime(job) if job.get("kind") == "retime" else child.run(job))
+        except Exception as exc:  # noqa: BLE001 - every failure of a variant is data
+            message = f"{type(exc).__name__}: {exc}"
+            reason = classify(message)
+            if reason is None:
+                conn.send({"status": "fail", "reason": "error", "message": traceback.format_exc()[-2000:]})
+                continue
+            # A CUDA error poisons this process's context: report it and exit.
+            conn.send({"status": "fail", "reason": reason, "message": message[:2000], "fatal": True})
+            return
+
+
+# ------------------------------------------------------------------ parent
+
+class WorkerError(RuntimeError):
+    """The child could not start at all (our problem, not a variant's)."""
+
+
+class Worker:
+    """A child process that evaluates jobs one at a time; restarted after a crash or hang."""
+
+    def __init__(self, device_index: int = 0, timeout: float = 60.0, start_timeout: float = 600.0):
+        self.device_index = device_index
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.restarts = 0
+        self._proc = None
+        self._conn = None
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_child_main, args=(child, self.device_index), daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(self.start_timeout):
+            self.close()
+            raise WorkerError(f"the worker did not start within {self.start_timeout:.0f} s")
+        try:
+            hello = parent.recv()
+        except EOFError as exc:
+            raise WorkerError(f"the worker died while starting (exit code {self._proc.exitcode})") from exc
+        if not hello.get("ready"):
+            self.close()
+            raise WorkerError(f"the worker failed to start:\n{hello.get('message', '')}")
+
+    def evaluate(self, job: dict) -> dict:
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        self._conn.send(job)
+        if not self._conn.poll(self.timeout):
+            self.close()
+            self.restarts += 1
+            return {"status": "fail", "reason": "hang", "message": f"no answer within {self.timeout:.0f} s"}
+        try:
+            result = self._conn.recv()
+        except EOFError:
+            self._proc.join(5)
+            code = self._proc.exitcode
+            self.close()
+            self.restarts += 1
+            return {"status": "fail", "reason": "crash", "message": f"the worker died (exit code {code})"}
+        if result.get("fatal"):
+            self.close()
+            self.restarts += 1
+        return result
+
+    def close(self) -> None:
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(10)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
