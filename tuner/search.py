@@ -118,8 +118,7 @@ class Search:
                                                     cfg.objective)
         self.storage = studies.storage(cfg.storage)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="minimize",
-                                         sampler=_sampler(cfg.sampler, cfg.seed), load_if_exists=True)
+        self.study = studies.create(self.name, self.storage, _sampler(cfg.sampler, cfg.seed))
         self._record_identity()
         self.records_path = studies.records_path(self.name)
         self.report = SearchReport(self.name, self.records_path)

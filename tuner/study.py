@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -48,7 +49,33 @@ def storage(url: str | None = None):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
         if not sqlalchemy.event.contains(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas):
             sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas)
+        # Two processes creating the same new file race on its schema: take turns.
+        with _file_lock(url.split(":///", 1)[-1] + ".lock"):
+            return optuna.storages.RDBStorage(url, **kwargs)
     return optuna.storages.RDBStorage(url, **kwargs)
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def create(name: str, st, sampler):
+    """Create or load a study; serialised like the storage, for the same reason."""
+    import optuna
+
+    url = str(st.engine.url)
+    lock = _file_lock(url.split(":///", 1)[-1] + ".lock") if url.startswith("sqlite") else contextlib.nullcontext()
+    with lock:
+        return optuna.create_study(study_name=name, storage=st, direction="minimize", sampler=sampler,
+                                   load_if_exists=True)
 
 
 def study_name(family: str, gpu: str, problem_key: str, objective: str) -> str:
