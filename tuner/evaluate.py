@@ -53,7 +53,7 @@ class LiveEvaluator(Evaluator):
     """Compile with nvcc, run in a worker process on the attached GPU."""
 
     def __init__(self, gpu: str, problem: giou.Problem, objective: str, arch: str | None = None,
-                 jobs: int | None = None, eval_timeout: float = 60.0):
+                 jobs: int | None = None, eval_timeout: float = 60.0, log_path: Path | None = None):
         from tuner import binding
         from tuner.worker import Worker
 
@@ -69,7 +69,7 @@ class LiveEvaluator(Evaluator):
         self.jobs = jobs or os.cpu_count() or 1
         self.batch_size = max(2 * self.jobs, 8)
         binding.load()  # build the torch binding here once, not in each worker start
-        self.worker = Worker(attached.index, timeout=eval_timeout)
+        self.worker = Worker(attached.index, timeout=eval_timeout, log_path=str(log_path) if log_path else None)
 
     @property
     def restarts(self) -> int:  # type: ignore[override]

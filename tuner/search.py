@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner import records
+from tuner import paths, records
 from tuner import study as studies
 from tuner.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
 from tuner.families import giou
@@ -331,7 +331,7 @@ class Search:
             return
         best = studies.top(frame, self.cfg.top_k)
         by_name = {v.name: v for v in self.space}
-        variants = [by_name[name] for name in best["variant"]]
+        variants = [by_name[name] for name in best["variant"] if name in by_name]
         timings = self.evaluator.retime(variants, self._prepare(variants), self.cfg.objective)
         rows = []
         for v in variants:
@@ -362,8 +362,9 @@ def run(cfg: SearchConfig) -> SearchReport:
         evaluator: Evaluator = SimulatedEvaluator(cfg.simulate, cfg.problem, cfg.objective, cfg.gpu,
                                                   cfg.simulate_delay)
     else:
+        paths.studies_dir().mkdir(parents=True, exist_ok=True)
         evaluator = LiveEvaluator(cfg.gpu, cfg.problem, cfg.objective, arch=cfg.arch, jobs=cfg.jobs,
-                                  eval_timeout=cfg.eval_timeout)
+                                  eval_timeout=cfg.eval_timeout, log_path=paths.studies_dir() / "worker.log")
     try:
         return Search(cfg, evaluator).run()
     finally:

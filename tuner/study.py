@@ -176,10 +176,12 @@ def trials_frame(study, space):
             "bwd_us": a.get("bwd_us"), "bwd_spread_us": a.get("bwd_spread_us"),
             "regs_fwd": a.get("regs_fwd"), "regs_bwd": a.get("regs_bwd"), "spill_bytes": a.get("spill_bytes"),
             "compile_s": a.get("compile_s"), "reason": a.get("reason", ""), "duplicate_of": a.get("duplicate_of"),
+            "fault": a.get("fault", ""),
         })
     return pd.DataFrame(rows)
 
 
 def top(frame, k: int = 5):
-    done = frame[frame["state"] == "COMPLETE"].drop_duplicates("variant")
+    """The k fastest verified variants; planted-fault variants never count, even if they passed."""
+    done = frame[(frame["state"] == "COMPLETE") & (frame["fault"] == "")].drop_duplicates("variant")
     return done.sort_values("objective_us").head(k)

@@ -16,8 +16,11 @@ import traceback
 from typing import Any
 
 # Substrings of CUDA errors, most specific first, and the reason they become.
+# PyTorch appends advice about device-side assertions to every CUDA error, so the
+# assert is matched by its own error text only.
 _CUDA_REASONS = (
-    ("device-side assert", "device-side assert"),
+    ("device-side assert triggered", "device-side assert"),
+    ("cudaerrorassert", "device-side assert"),
     ("illegal memory access", "illegal address"),
     ("misaligned address", "illegal address"),
     ("illegal address", "illegal address"),
@@ -140,7 +143,11 @@ class _Child:
         return {"status": "ok", "timings": out}
 
 
-def _child_main(conn, device_index: int) -> None:
+def _child_main(conn, device_index: int, log_path: str | None = None) -> None:
+    if log_path:  # kernels' printf and device-side assert reports go to the log, not the terminal
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
     try:
         child = _Child(device_index)
     except Exception:  # noqa: BLE001 - report any start-up failure to the parent
@@ -176,8 +183,10 @@ class WorkerError(RuntimeError):
 class Worker:
     """A child process that evaluates jobs one at a time; restarted after a crash or hang."""
 
-    def __init__(self, device_index: int = 0, timeout: float = 60.0, start_timeout: float = 600.0):
+    def __init__(self, device_index: int = 0, timeout: float = 60.0, start_timeout: float = 600.0,
+                 log_path: str | None = None):
         self.device_index = device_index
+        self.log_path = log_path
         self.timeout = timeout
         self.start_timeout = start_timeout
         self.restarts = 0
@@ -187,7 +196,8 @@ class Worker:
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_child_main, args=(child, self.device_index), daemon=True)
+        self._proc = ctx.Process(target=_child_main, args=(child, self.device_index, self.log_path),
+                                 daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
