@@ -167,6 +167,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         gpu=args.gpu, problem=_problem(args), trials=args.trials, timeout=args.timeout, sampler=args.sampler,
         storage=args.storage, study=args.study, objective=args.objective, simulate=args.simulate,
         simulate_delay=args.simulate_delay,
+        import_records=args.import_records,
         plant_faults=tuple(f for f in (args.plant_faults or "").split(",") if f),
         arch=args.arch, jobs=args.jobs, batch=args.ask_batch, top_k=args.top_k, eval_timeout=args.eval_timeout,
         seed=args.seed, progress=not args.quiet)
@@ -179,7 +180,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     print(f"\nthis run: {report.trials} trials in {report.wall_s:.1f} s ({rate:.0f}/min), "
           f"{report.evaluated} evaluated, {report.compiled} compiled, {report.duplicates} duplicates, "
           f"failures {report.failed or 'none'}, worker restarts {report.worker_restarts}, "
-          f"re-queued after a kill {report.requeued or 'none'}")
+          f"re-queued after a kill {report.requeued or 'none'}, imported {report.imported}")
     print(f"time: compile {report.compile_s:.1f} s ({share(report.compile_s)}), verify {report.verify_s:.1f} s "
           f"({share(report.verify_s)}), timing {report.time_s:.1f} s ({share(report.time_s)})")
     print(f"measurements: {report.records_path}")
@@ -287,6 +288,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=int, default=5, help="finalists re-timed at the end")
     s.add_argument("--eval-timeout", type=float, default=60.0, help="seconds before a variant counts as hung")
     s.add_argument("--seed", type=int)
+    s.add_argument("--import-records", type=Path, metavar="FILE",
+                   help="count the measurements in FILE (same GPU, problem and objective) as finished trials")
     s.add_argument("--plant-faults", metavar="KINDS",
                    help="test only: also evaluate variants with planted faults, e.g. oob,assert,hang "
                         "(compile, oob, assert, hang, wrong, nan, resources)")

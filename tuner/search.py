@@ -44,6 +44,7 @@ class SearchConfig:
     top_k: int = 5
     eval_timeout: float = 60.0
     plant_faults: tuple[str, ...] = ()  # test only: variants with these faults (see giou.FAULTS)
+    import_records: Path | None = None
     seed: int | None = None
     progress: bool = True
 
@@ -65,6 +66,7 @@ class SearchReport:
     winner: dict[str, Any] | None = None
     retimed: list[dict[str, Any]] = field(default_factory=list)
     worker_restarts: int = 0
+    imported: int = 0
 
 
 def objective_value(result: dict, objective: str) -> float:
@@ -263,6 +265,8 @@ class Search:
         cfg = self.cfg
         started = time.monotonic()
         self.report.requeued = studies.fail_interrupted(self.study, self.storage)
+        if cfg.import_records:
+            self.report.imported = self.import_records(cfg.import_records)
         if cfg.sampler == "grid":
             _enqueue_grid(self.study, self.space, cfg.seed)
         self._plant(cfg.plant_faults)
@@ -305,6 +309,37 @@ class Search:
         self.report.wall_s = time.monotonic() - started
         self.report.worker_restarts = self.evaluator.restarts
         return self.report
+
+    def import_records(self, path: Path) -> int:
+        """Add measurements from a log (another run's, or a recording) as finished trials, so the
+        search does not evaluate those variants again. Only records of this problem and GPU count."""
+        import optuna
+
+        known = {t.user_attrs.get("variant") for t in self.study.get_trials(deepcopy=False)}
+        by_name = {v.name: v for v in self.space}
+        gpu = self.evaluator.gpu_info.get("gpu_name")
+        added = 0
+        for rec in records.read(Path(path)):
+            v = by_name.get(rec.get("variant"))
+            if (v is None or v.name in known or rec.get("problem") != self.cfg.problem.key()
+                    or rec.get("gpu", {}).get("gpu_name") != gpu or rec.get("objective") != self.cfg.objective):
+                continue
+            ok = rec.get("status") == "ok"
+            attrs = {"variant": v.name, "imported_from": str(path), **{k: rec[k] for k in (
+                "compile_s", "regs_fwd", "regs_bwd", "spill_bytes", "loss_error", "grad_error") if rec.get(k) is not None}}
+            if ok:
+                attrs.update(fwd_us=rec["fwd"]["median_us"], fwd_spread_us=rec["fwd"]["spread_us"])
+                if "bwd" in rec:
+                    attrs.update(bwd_us=rec["bwd"]["median_us"], bwd_spread_us=rec["bwd"]["spread_us"])
+            else:
+                attrs.update(reason=rec.get("reason", "error"), message=str(rec.get("message", ""))[:2000])
+            self.study.add_trial(optuna.trial.create_trial(
+                params=self.space.tuned(v), distributions=self.dists,
+                value=objective_value(rec, self.cfg.objective) if ok else None,
+                state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL, user_attrs=attrs))
+            known.add(v.name)
+            added += 1
+        return added
 
     def _plant(self, faults) -> None:
         """Queue one variant per planted fault (once per study), ahead of the sampler's picks."""
