@@ -180,11 +180,12 @@ def _ninja_times(log: Path) -> dict[str, float]:
 
 
 def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root: Path | None = None,
-          timeout: float = 900.0) -> list[Build]:
+          timeout: float = 900.0, sources: dict[str, str] | None = None) -> list[Build]:
     """Build variants for `arch`, in parallel, skipping any already built; one Build each, in order.
 
     Failures (template or compiler) are returned as Builds with ok=False and the
-    message; only a missing toolchain raises.
+    message; only a missing toolchain raises. `sources` (variant name -> CUDA source)
+    builds given sources instead of rendering, e.g. those of an exported artifact.
     """
     out_dir = arch_dir(arch, root)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +193,7 @@ def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root:
     todo: dict[str, tuple[Variant, str]] = {}  # key -> (variant, source)
     for variant in variants:
         try:
-            source = render(variant)
+            source = sources[variant.name] if sources and variant.name in sources else render(variant)
         except BuildError as exc:
             slots.append(Build(variant, arch, "", ok=False, error=exc.message))
             continue

@@ -259,6 +259,36 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+@command
+def cmd_export_best(args: argparse.Namespace) -> int:
+    from tuner import export, study
+
+    if args.study:
+        names = [args.study]
+        label = args.gpu or study.load(args.study, args.storage).user_attrs.get("gpu", {}).get("gpu_name", "gpu")
+    elif args.gpu:
+        label = args.gpu
+        if label.lower() == "auto":
+            from tuner.evaluate import _short_name
+
+            label = _short_name(gpus.attached())
+        names = export.studies_for(label, args.storage)
+        if not names:
+            raise TunerError(f"no studies for {label} in {study.storage_url(args.storage)}; "
+                             f"run `tuner search --gpu {args.gpu}` first")
+    else:
+        raise TunerError("say what to export: --gpu H100 (all its studies) or --study NAME")
+    out = export.export(names, args.out or export.default_dir(label.replace(" ", "-")), args.storage)
+    manifest = export.read(out)
+    for e in manifest["entries"]:
+        p = e["problem"]
+        print(f"{p['pred']}/{p['target']} B={p['batch']} S={p['slots']}: {e['variant']} "
+              f"({e['objective']} {e['objective_us']:.2f} us)")
+    print(f"exported {len(manifest['entries'])} tuned variant(s) for {manifest['gpu'].get('gpu_name')} to {out}")
+    print(f'load it with: giou_loss = tuner.load("{out}")')
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tuner", description="Tune CUDA kernel variants of PyTorch ops.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -298,6 +328,11 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", parents=[target, problem], help="print a stored study")
     s.add_argument("--json", action="store_true")
     s.add_argument("--top-k", type=int, default=10)
+
+    s = sub.add_parser("export-best", parents=[target], help="export the winners of a GPU's studies")
+    s.add_argument("--study", help="export this study only")
+    s.add_argument("--out", type=Path, help="artifact folder (default: exports/giou-<GPU> under $TUNER_HOME)")
+    s.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")
 
     s = sub.add_parser("list", help="list stored studies")
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")

@@ -164,11 +164,12 @@ def reference_with_grad(pred, target, num_boxes=None, reduction: str = "mean", e
     """(loss, d loss / d pred) in float64; grad_out defaults to ones."""
     import torch
 
-    leaf = pred.detach().to(torch.float64).requires_grad_(True)
-    loss = reference(leaf, target, num_boxes, reduction, eps)
-    if grad_out is None:
-        grad_out = torch.ones_like(loss)
-    (grad,) = torch.autograd.grad(loss, leaf, grad_out.to(torch.float64))
+    with torch.enable_grad():  # also when called from inside a backward pass
+        leaf = pred.detach().to(torch.float64).requires_grad_(True)
+        loss = reference(leaf, target, num_boxes, reduction, eps)
+        if grad_out is None:
+            grad_out = torch.ones_like(loss)
+        (grad,) = torch.autograd.grad(loss, leaf, grad_out.to(torch.float64))
     return loss.detach(), grad
 
 

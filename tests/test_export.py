@@ -1,0 +1,138 @@
+"""Export and load on CPU: manifest round trip, hash checks, dispatch, the CPU implementation."""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import tuner
+from tuner import export, runtime, search
+from tuner.errors import TunerError
+from tuner.families import giou
+
+from test_search import REAL, _cfg
+
+
+@pytest.fixture
+def artifact(tuner_home):
+    report = search.run(_cfg(REAL, trials=25, sampler="random"))
+    return export.export([report.study_name], tuner_home / "art"), report
+
+
+def test_manifest_round_trip(artifact):
+    out, report = artifact
+    manifest = export.read(out)
+    (entry,) = manifest["entries"]
+    assert entry["variant"] == report.winner["variant"]
+    assert entry["problem"]["pred"] == "bfloat16" and entry["problem"]["batch"] == 1024
+    assert manifest["gpu"]["gpu_name"] == "NVIDIA H100 80GB HBM3" and manifest["arch"] == "sm_90"
+    assert entry["timings_us"]["fwd"]["median_us"] > 0 and "spread_us" in entry["timings_us"]["bwd"]
+    assert entry["verification"]["loss_error"] is not None
+    assert entry["study"] == report.study_name
+    assert (out / entry["source"]).read_text().startswith(f"// {entry['variant']}")
+
+
+def test_edited_source_is_refused(artifact):
+    out, _ = artifact
+    src = out / export.read(out)["entries"][0]["source"]
+    src.write_text(src.read_text().replace("1.f - (", "2.f - ("))
+    with pytest.raises(TunerError, match="edited"):
+        export.read(out)
+
+
+def test_edited_manifest_is_refused(artifact):
+    out, _ = artifact
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["entries"][0]["objective_us"] = 0.001
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TunerError, match="checksum"):
+        export.read(out)
+
+
+def test_not_an_artifact(tmp_path):
+    with pytest.raises(TunerError, match="no manifest.json"):
+        export.read(tmp_path)
+
+
+def test_study_without_a_verified_trial_is_an_error(tuner_home, tmp_path):
+    failing = tmp_path / "fail.jsonl"
+    failing.write_text("".join(json.dumps({**r, "status": "fail", "reason": "wrong result"}) + "\n"
+                               for r in map(json.loads, REAL.read_text().splitlines()[:40])))
+    report = search.run(_cfg(failing, trials=5, sampler="random"))
+    with pytest.raises(TunerError, match="no verified trial"):
+        export.export([report.study_name], tmp_path / "out")
+
+
+def _entry(pred, target, batch, slots, **params):
+    space = giou.space(pred, target)
+    base = {"boxes_per_thread": 2, "padding": "branch", "validation": "hoisted", "block_size": 256,
+            "loads": "vector", "reduction": "atomic", "backward": "recompute", **params}
+    v = space.variant(**base)
+    return runtime.Entry({"pred": pred, "target": target, "batch": batch, "slots": slots}, v, "")
+
+
+def test_dispatch_picks_the_dtype_pair_and_nearest_shape():
+    state = runtime.TunedGiou(None, None)
+    state.entries = [_entry("bfloat16", "uint8", 1024, 256, block_size=512),
+                     _entry("bfloat16", "uint8", 64, 256, block_size=128),
+                     _entry("float32", "float32", 1024, 256, block_size=64)]
+    assert state.choose("bfloat16", "uint8", 2048, 256)[0]["block_size"] == 512
+    assert state.choose("bfloat16", "uint8", 100, 256)[0]["block_size"] == 128
+    assert state.choose("float32", "float32", 8, 8)[0]["block_size"] == 64
+    with pytest.warns(UserWarning, match="no variant was tuned for pred float16"):
+        v, source = state.choose("float16", "uint8", 1000, 256)
+    assert source is None and v["pred"] == "float16" and v["block_size"] == 512
+
+
+def test_cpu_implementation_equals_the_reference(artifact):
+    out, _ = artifact
+    op = tuner.load(out)
+    assert op is torch.ops.tuner.giou_loss
+    for reduction in ("mean", "sum", "none"):
+        p, t, n = giou.make_inputs(6, 9, "float32", "uint8", "uniform")
+        leaf = p.clone().requires_grad_(True)
+        loss = op(leaf, t, n, reduction)
+        want, want_grad = giou.reference_with_grad(p, t, n, reduction)
+        assert loss.dtype == torch.float32
+        assert torch.allclose(loss.double(), want, rtol=1e-6, atol=1e-6)
+        loss.backward(torch.ones_like(loss))
+        assert torch.allclose(leaf.grad.double(), want_grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (lambda p, t, n: (p.double(), t, n), "pred must be float32"),
+    (lambda p, t, n: (p, t.to(torch.int32), n), "target must be uint8"),
+    (lambda p, t, n: (p, t[:, :3], n), "must have pred's shape"),
+    (lambda p, t, n: (p[..., :3], t[..., :3], n), r"shape \[B, S, 4\]"),
+    (lambda p, t, n: (p, t, n.float()), "integer tensor"),
+    (lambda p, t, n: (p, t, n[:2]), r"shape \[B\]"),
+])
+def test_bad_input_gets_a_clear_error(artifact, bad, message):
+    out, _ = artifact
+    op = tuner.load(out)
+    p, t, n = giou.make_inputs(4, 5, "float32", "uint8")
+    with pytest.raises((ValueError, TypeError), match=message):
+        op(*bad(p, t, n))
+    with pytest.raises(ValueError, match="reduction"):
+        op(p, t, n, "max")
+    assert torch.isfinite(op(p, t, n))  # the next valid call works
+
+
+def test_load_without_a_path_or_gpu_is_an_error():
+    with pytest.raises(TunerError, match="artifact folder or gpu"):
+        tuner.load()
+
+
+def test_cli_export_best(artifact, tuner_home):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "tuner", "export-best", "--gpu", "H100"], capture_output=True,
+                       text=True, env={**__import__("os").environ, "TUNER_HOME": str(tuner_home)})
+    assert r.returncode == 0, r.stderr
+    assert "exported 1 tuned variant" in r.stdout
+    assert (tuner_home / "exports" / "giou-H100" / "manifest.json").exists()
+    r = subprocess.run([sys.executable, "-m", "tuner", "export-best", "--gpu", "L4"], capture_output=True,
+                       text=True, env={**__import__("os").environ, "TUNER_HOME": str(tuner_home)})
+    assert r.returncode == 1 and "no studies for L4" in r.stderr

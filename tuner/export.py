@@ -1,0 +1,148 @@
+"""`tuner export-best`: the winners of a GPU's studies as a self-checking artifact.
+
+An artifact is a folder: the rendered CUDA source of each winner (one per tuned
+problem: dtype pair and shape), the ABI header, and `manifest.json` with where and
+how it was measured, and a SHA-256 of every source and of the manifest itself, so
+that `tuner.load` refuses an artifact that was edited. It holds sources, not
+binaries: loading builds them for the attached GPU (and caches the build).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from tuner import __version__, paths
+from tuner import study as studies
+from tuner.errors import TunerError
+from tuner.families import giou
+from tuner.render import render, templates_dir
+from tuner.variant import Variant
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def manifest_checksum(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return sha256(json.dumps(body, sort_keys=True))
+
+
+def default_dir(gpu: str) -> Path:
+    return paths.home() / "exports" / f"giou-{gpu}"
+
+
+def _winner(st) -> dict[str, Any]:
+    """The study's re-timed winner, else its best verified trial (planted faults never)."""
+    problem = st.user_attrs.get("problem")
+    if not problem:
+        raise TunerError(f"study {st.study_name!r} was not made by `tuner search` (no problem recorded)")
+    space = giou.space(problem["pred"], problem["target"])
+    frame = studies.trials_frame(st, space)
+    best = studies.top(frame, 1)
+    if best.empty:
+        raise TunerError(f"study {st.study_name!r} has no verified trial to export; run `tuner search` first")
+    row = best.iloc[0]
+    by_name = {v.name: v for v in space}
+    winner = st.user_attrs.get("winner")
+    if winner and winner["variant"] in by_name:
+        variant = by_name[winner["variant"]]
+        timings = {k: winner[k] for k in ("fwd", "bwd") if k in winner}
+        objective = winner["objective_us"]
+        retimed = True
+    else:
+        variant = by_name[row["variant"]]
+        timings = {"fwd": {"median_us": row["fwd_us"], "spread_us": row["fwd_spread_us"]}}
+        if row["bwd_us"] == row["bwd_us"] and row["bwd_us"] is not None:
+            timings["bwd"] = {"median_us": row["bwd_us"], "spread_us": row["bwd_spread_us"]}
+        objective = float(row["objective_us"])
+        retimed = False
+    trial = next(t for t in st.get_trials(deepcopy=False) if t.user_attrs.get("variant") == variant.name
+                 and t.state.name == "COMPLETE")
+    return {"variant": variant, "problem": problem, "timings": timings, "objective_us": objective,
+            "retimed": retimed, "objective": st.user_attrs.get("objective"), "study": st.study_name,
+            "verification": {"loss_error": trial.user_attrs.get("loss_error"),
+                             "grad_error": trial.user_attrs.get("grad_error")}}
+
+
+def export(study_names: list[str], out: Path, storage: str | None = None) -> Path:
+    """Write the artifact for these studies (all of one GPU) into `out`."""
+    if not study_names:
+        raise TunerError("no studies to export: run `tuner search` first, or name one with --study")
+    winners = [_winner(studies.load(name, storage)) for name in study_names]
+    gpus = {json.dumps(studies.load(n, storage).user_attrs.get("gpu", {}), sort_keys=True) for n in study_names}
+    if len(gpus) > 1:
+        raise TunerError("these studies were measured on different GPUs; export one GPU at a time (--study)")
+    return write(out, winners, json.loads(gpus.pop()))
+
+
+def write(out: Path, winners: list[dict[str, Any]], gpu: dict) -> Path:
+    """Write an artifact: each winner's source, the ABI header and the manifest (written last)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for w in winners:
+        v: Variant = w["variant"]
+        source = render(v)
+        filename = f"{v.name}.cu"
+        (out / filename).write_text(source)
+        entries.append({
+            "problem": w["problem"], "variant": v.name, "params": v.as_dict(), "source": filename,
+            "source_sha256": sha256(source), "timings_us": w.get("timings", {}), "objective": w.get("objective"),
+            "objective_us": w.get("objective_us"), "retimed": w.get("retimed", False), "study": w.get("study"),
+            "verification": w.get("verification", {}),
+        })
+    header = (templates_dir() / "giou_abi.h").read_text()
+    (out / "giou_abi.h").write_text(header)
+    manifest = {
+        "format": FORMAT, "family": giou.FAMILY, "tuner": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu, "arch": gpu.get("arch"), "header_sha256": sha256(header),
+        "template_sha256": sha256((templates_dir() / giou.TEMPLATE).read_text()),
+        "entries": entries,
+    }
+    manifest["checksum"] = manifest_checksum(manifest)
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(out / MANIFEST)
+    return out
+
+
+def studies_for(gpu_label: str, storage: str | None = None) -> list[str]:
+    """Studies of the GIoU family on one GPU (all its problems and shape buckets)."""
+    prefix = f"{giou.FAMILY}-{gpu_label}-"
+    return sorted(s.study_name for s in studies.summaries(storage) if s.study_name.startswith(prefix))
+
+
+def read(directory: Path) -> dict:
+    """The manifest of an artifact, checked: format, manifest checksum, every source's hash."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise TunerError(f"{directory} is not a tuner artifact: no {MANIFEST} (make one with `tuner export-best`)") from exc
+    except ValueError as exc:
+        raise TunerError(f"{path} is not valid JSON: {exc}") from exc
+    if manifest.get("format") != FORMAT or manifest.get("family") != giou.FAMILY:
+        raise TunerError(f"{path}: unsupported artifact (format {manifest.get('format')}, "
+                         f"family {manifest.get('family')})")
+    if manifest.get("checksum") != manifest_checksum(manifest):
+        raise TunerError(f"{path} was edited after export (its checksum does not match); refusing to load it")
+    for name, expected in [("giou_abi.h", manifest["header_sha256"])] + [
+            (e["source"], e["source_sha256"]) for e in manifest["entries"]]:
+        try:
+            text = (directory / name).read_text()
+        except FileNotFoundError as exc:
+            raise TunerError(f"artifact {directory} is missing {name}") from exc
+        if sha256(text) != expected:
+            raise TunerError(f"{directory / name} does not match the hash in {MANIFEST}: it was edited "
+                             "after export; refusing to load it")
+    return manifest
