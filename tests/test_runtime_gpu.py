@@ -1,0 +1,179 @@
+"""The exported op on the GPU: opcheck, gradients, torch.compile, CUDA graphs, hostile inputs."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tuner.families import giou
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def op(shared_home, tmp_path_factory):
+    import tuner
+    from tuner import export, gpus
+
+    winners = [{"variant": v, "problem": giou.Problem(1024, 256, v["pred"], v["target"]).__dict__}
+               for v in giou.covering_set()]
+    out = export.write(tmp_path_factory.mktemp("artifact"), winners, gpus.attached().describe())
+    return tuner.load(out), out
+
+
+PAIRS = [(p, t) for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES]
+
+
+def _inputs(pred, target, B=64, S=256, dist="uniform"):
+    return giou.make_inputs(B, S, pred, target, dist, device="cuda")
+
+
+@pytest.mark.parametrize("pred,target", [("bfloat16", "uint8"), ("float32", "float32"), ("float16", "bfloat16")])
+def test_opcheck(op, pred, target):
+    import torch
+
+    p, t, n = _inputs(pred, target, B=8, S=16)
+    torch.library.opcheck(torch.ops.tuner.giou_loss_forward, (p.requires_grad_(True), t, n, 1, 1e-7))
+    torch.library.opcheck(torch.ops.tuner.giou_loss_forward, (p, t, None, 0, 1e-7))
+
+
+@pytest.mark.parametrize("pred,target", PAIRS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_gradients_match_the_reference(op, pred, target, reduction):
+    import torch
+
+    fn, _ = op
+    p, t, n = _inputs(pred, target)
+    leaf = p.clone().requires_grad_(True)
+    loss = fn(leaf, t, n, reduction)
+    g = torch.rand_like(loss) + 0.5
+    loss.backward(g)
+    want, want_grad = giou.reference_with_grad(p, t, n, reduction, grad_out=g)
+    assert giou.check("loss", loss, want, giou.LOSS_TOL)[0]
+    ok, _, msg = giou.check("grad", leaf.grad, want_grad, giou.GRAD_TOL[pred], getattr(torch, pred))
+    assert ok, msg
+    assert leaf.grad.dtype == p.dtype
+
+
+def test_torch_compile_fullgraph(op):
+    import torch
+
+    fn, _ = op
+    compiled = torch.compile(lambda p, t, n: fn(p, t, n) * 2.0, fullgraph=True)
+    p, t, n = _inputs("bfloat16", "uint8", B=1024)
+    a = p.clone().requires_grad_(True)
+    b = p.clone().requires_grad_(True)
+    out_c, out_e = compiled(a, t, n), fn(b, t, n) * 2.0
+    out_c.backward()
+    out_e.backward()
+    assert torch.allclose(out_c, out_e, rtol=1e-5) and torch.allclose(a.grad, b.grad, rtol=1e-2, atol=1e-6)
+
+
+def test_cuda_graph_capture(op):
+    import torch
+
+    fn, _ = op
+    p, t, n = _inputs("bfloat16", "uint8", B=1024)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn(p, t, n)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(p, t, n)
+    p2, t2, n2 = _inputs("bfloat16", "uint8", B=1024)
+    p.copy_(p2), t.copy_(t2), n.copy_(n2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert giou.check("graph", out, giou.reference(p, t, n), giou.LOSS_TOL)[0]
+
+
+def _usable(fn):
+    p, t, n = _inputs("bfloat16", "uint8", B=4, S=8)
+    assert giou.check("after", fn(p, t, n), giou.reference(p, t, n), giou.LOSS_TOL)[0]
+
+
+def test_hostile_inputs_error_or_match_the_reference(op):
+    import torch
+
+    fn, _ = op
+    p, t, n = _inputs("bfloat16", "uint8", B=16, S=32)
+    with pytest.raises(ValueError, match="target is on cpu"):
+        fn(p, t.cpu(), n)
+    with pytest.raises(ValueError, match="num_boxes is on cpu"):
+        fn(p, t, n.cpu())
+    with pytest.raises(TypeError, match="pred must be"):
+        fn(p.double(), t, n)
+    with pytest.raises(ValueError, match="shape"):
+        fn(p, t[:8], n)
+    _usable(fn)
+    # Empty batch: mean and sum are 0, none is empty.
+    e = p[:0]
+    assert fn(e, t[:0], n[:0]).item() == 0.0 and fn(e, t[:0], n[:0], "none").shape == (0, 32)
+    # Non-contiguous views are accepted.
+    pt, tt = p.transpose(0, 1).contiguous().transpose(0, 1), t.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not pt.is_contiguous()
+    assert giou.check("view", fn(pt, tt, n), giou.reference(p, t, n), giou.LOSS_TOL)[0]
+    # Degenerate boxes (x2 < x1) and huge or negative coordinates: the reference's value.
+    q = p.clone()
+    q[..., 0], q[..., 2] = p[..., 2], p[..., 0]
+    q[0, 0] = torch.tensor([-1e4, -1e4, 3e4, 3e4])
+    assert giou.check("degenerate", fn(q, t, n, "none"), giou.reference(q, t, n, "none"), 1e-4)[0]
+    # NaN in pred gives NaN for that box, as the reference does; the rest is untouched.
+    q = p.clone()
+    q[0, 0, 0] = float("nan")
+    nb = torch.full_like(n, 32)
+    got, want = fn(q, t.clamp(min=1), nb, "none"), giou.reference(q, t.clamp(min=1), nb, "none")
+    assert torch.isnan(got[0, 0]) and torch.isnan(want[0, 0])
+    assert giou.check("rest", got[1:], want[1:], giou.LOSS_TOL)[0]
+    _usable(fn)
+
+
+def test_num_boxes_out_of_range(op):
+    import torch
+
+    from tuner import runtime
+    from tuner.errors import KernelInputError
+
+    fn, _ = op
+    p, t, n = _inputs("bfloat16", "uint8", B=16, S=32)
+    bad = n.clone()
+    bad[3] = 99
+    variant, _ = runtime._state.choose("bfloat16", "uint8", 16, 32)
+    if variant["validation"] == "none":  # documented: clamped, as the reference does
+        assert giou.check("clamped", fn(p, t, bad), giou.reference(p, t, bad), giou.LOSS_TOL)[0]
+    else:
+        with pytest.raises(KernelInputError, match="num_boxes"):
+            fn(p, t, bad)
+    _usable(fn)
+    bad[3] = -5
+    with pytest.raises(KernelInputError) if variant["validation"] != "none" else _nothing():
+        fn(p, t, bad)
+    _usable(fn)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_second_process_loads_without_compiling(op):
+    fn, out = op
+    _usable(fn)  # built here first
+    code = ("import time, torch; t0 = time.time(); import tuner; op = tuner.load(%r); "
+            "from tuner.families import giou; p, t, n = giou.make_inputs(8, 8, 'bfloat16', 'uint8', device='cuda'); "
+            "op(p, t, n); torch.cuda.synchronize(); print('load+first call s', round(time.time() - t0, 2))" % str(out))
+    env = {**os.environ}
+    before = sorted(os.listdir(os.path.join(env["TUNER_HOME"], "variants", "sm_90"))) \
+        if os.path.isdir(os.path.join(env["TUNER_HOME"], "variants", "sm_90")) else None
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    print(r.stdout)
+    if before is not None:
+        assert sorted(os.listdir(os.path.join(env["TUNER_HOME"], "variants", "sm_90"))) == before
