@@ -27,7 +27,7 @@ typedef struct {
   int reduction;               // 0 none, 1 mean, 2 sum
   float eps;
   float* out;                  // [B, S] for none, else [1]
-  float* count_out;            // [1] number of valid boxes, or null
+  float* count_out;            // [1] number of valid boxes (0 for reduction none), or null
   float* saved_grad;           // [B, S, 4] float, d loss_i / d pred, or null (fused backward only)
   unsigned* workspace;
 } TunerGiouArgs;
@@ -52,6 +52,7 @@ typedef struct {
   const char* target_dtype;
   int alignment;   // bytes every pointer of pred, target and grad_pred must be aligned to
   int saves_grad;  // 1: forward must get saved_grad when a backward will follow
+  int validates;   // 1: the forward sets error bits on bad input (validation is not "none")
   int (*forward)(const TunerGiouArgs*, cudaStream_t);
   int (*backward)(const TunerGiouBackwardArgs*, cudaStream_t);
   long long (*workspace_words)(int B, int S);

@@ -4,6 +4,7 @@
 // CUDA-headers-only translation units, which keeps their builds at ~2 s.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <climits>
@@ -26,21 +27,39 @@ const TunerGiouVtable* table(int64_t address) {
 
 // One workspace per (device, stream). It starts zeroed and every forward leaves it
 // zeroed (the last block resets it), so no memset launch is needed per call. It
-// only grows; the error word is carried over when it does.
-std::mutex workspace_mutex;
-std::map<std::pair<int, cudaStream_t>, at::Tensor> workspaces;
+// only grows; the error word is carried over when it does. For asynchronous error
+// reports it also owns a pinned word and an event: the error word is copied there
+// after a launch, and a later call reads it once the event says the copy landed.
+struct Workspace {
+  at::Tensor words;
+  at::Tensor pinned;
+  cudaEvent_t copied = nullptr;
+  bool pending = false;
+};
 
-at::Tensor workspace_for(const at::Tensor& like, cudaStream_t stream, int64_t words) {
+std::mutex workspace_mutex;
+std::map<std::pair<int, cudaStream_t>, Workspace> workspaces;
+
+Workspace& workspace_for(const at::Tensor& like, cudaStream_t stream, int64_t words) {
   std::lock_guard<std::mutex> lock(workspace_mutex);
   auto key = std::make_pair(static_cast<int>(like.get_device()), stream);
-  auto it = workspaces.find(key);
-  if (it != workspaces.end() && it->second.numel() >= words) return it->second;
+  Workspace& ws = workspaces[key];
+  if (ws.words.defined() && ws.words.numel() >= words) return ws;
   auto fresh = at::zeros({std::max<int64_t>(words, 1024)}, like.options().dtype(at::kInt));
-  if (it != workspaces.end()) {
-    fresh.narrow(0, TUNER_GIOU_WS_ERROR, 1).copy_(it->second.narrow(0, TUNER_GIOU_WS_ERROR, 1));
+  if (ws.words.defined()) {
+    fresh.narrow(0, TUNER_GIOU_WS_ERROR, 1).copy_(ws.words.narrow(0, TUNER_GIOU_WS_ERROR, 1));
+  } else {
+    ws.pinned = at::zeros({1}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ws.copied, cudaEventDisableTiming));
   }
-  workspaces[key] = fresh;
-  return fresh;
+  ws.words = fresh;
+  return ws;
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 std::string error_text(int64_t bits) {
@@ -54,10 +73,24 @@ std::string error_text(int64_t bits) {
 }
 
 // Reads and clears the error word of one workspace (a 4-byte copy and a sync).
-int64_t take_error(at::Tensor& ws) {
-  auto word = ws.narrow(0, TUNER_GIOU_WS_ERROR, 1);
+int64_t take_error(Workspace& ws) {
+  auto word = ws.words.narrow(0, TUNER_GIOU_WS_ERROR, 1);
   const int64_t bits = word.item<int>();
   if (bits) word.zero_();
+  ws.pending = false;
+  ws.pinned.zero_();
+  return bits;
+}
+
+// Bits an earlier asynchronous copy brought back, if it has landed (never waits).
+int64_t landed_error(Workspace& ws, cudaStream_t stream) {
+  if (!ws.pending || cudaEventQuery(ws.copied) != cudaSuccess) return 0;
+  ws.pending = false;
+  const int64_t bits = *ws.pinned.data_ptr<int>();
+  if (bits) {
+    *ws.pinned.data_ptr<int>() = 0;
+    C10_CUDA_CHECK(cudaMemsetAsync(ws.words.data_ptr<int>() + TUNER_GIOU_WS_ERROR, 0, sizeof(int), stream));
+  }
   return bits;
 }
 
@@ -105,7 +138,7 @@ void check_float_out(const char* what, const at::Tensor& t, const at::Tensor& pr
 
 void forward(int64_t variant, const at::Tensor& pred, const at::Tensor& target,
              const c10::optional<at::Tensor>& num_boxes, int64_t reduction, double eps, at::Tensor out,
-             at::Tensor count, at::Tensor saved_grad, bool check) {
+             at::Tensor count, at::Tensor saved_grad, int64_t check) {
   const auto* vt = table(variant);
   TORCH_CHECK(reduction >= 0 && reduction <= 2, "giou_loss: reduction code must be 0 (none), 1 (mean) or 2 (sum)");
   const Common c = check_common(vt, pred, target, num_boxes);
@@ -122,7 +155,12 @@ void forward(int64_t variant, const at::Tensor& pred, const at::Tensor& target,
     count.zero_();
     return;
   }
-  at::Tensor ws = workspace_for(pred, stream, vt->workspace_words(c.B, c.S));
+  Workspace& ws = workspace_for(pred, stream, vt->workspace_words(c.B, c.S));
+  const bool async = check == 2 && vt->validates && !capturing(stream);
+  if (async) {
+    const int64_t earlier = landed_error(ws, stream);
+    TORCH_CHECK_VALUE(earlier == 0, "giou_loss: invalid input in an earlier call: ", error_text(earlier));
+  }
   TunerGiouArgs a;
   a.pred = pred.data_ptr();
   a.target = target.data_ptr();
@@ -134,13 +172,18 @@ void forward(int64_t variant, const at::Tensor& pred, const at::Tensor& target,
   a.out = out.data_ptr<float>();
   a.count_out = count.data_ptr<float>();
   a.saved_grad = save ? saved_grad.data_ptr<float>() : nullptr;
-  a.workspace = reinterpret_cast<unsigned*>(ws.data_ptr<int>());
+  a.workspace = reinterpret_cast<unsigned*>(ws.words.data_ptr<int>());
   const int rc = vt->forward(&a, stream);
   TORCH_CHECK(rc == 0, "giou_loss: variant ", vt->name, " failed to launch: ",
               cudaGetErrorString(static_cast<cudaError_t>(rc)));
-  if (check) {
+  if (check == 1) {
     const int64_t bits = take_error(ws);
     TORCH_CHECK_VALUE(bits == 0, "giou_loss: invalid input: ", error_text(bits));
+  } else if (async) {
+    C10_CUDA_CHECK(cudaMemcpyAsync(ws.pinned.data_ptr<int>(), ws.words.data_ptr<int>() + TUNER_GIOU_WS_ERROR,
+                                   sizeof(int), cudaMemcpyDeviceToHost, stream));
+    C10_CUDA_CHECK(cudaEventRecord(ws.copied, stream));
+    ws.pending = true;
   }
 }
 
@@ -191,7 +234,7 @@ std::string describe_errors(int64_t bits) { return error_text(bits); }
 
 TORCH_LIBRARY(tuner_giou, m) {
   m.def("forward(int variant, Tensor pred, Tensor target, Tensor? num_boxes, int reduction, float eps, "
-        "Tensor(a!) out, Tensor(b!) count, Tensor(c!) saved_grad, bool check) -> ()");
+        "Tensor(a!) out, Tensor(b!) count, Tensor(c!) saved_grad, int check) -> ()");
   m.def("backward(int variant, Tensor grad_out, Tensor pred, Tensor target, Tensor? num_boxes, Tensor count, "
         "Tensor saved_grad, int reduction, float eps, Tensor(a!) grad_pred) -> ()");
   m.def("take_errors() -> int", &take_errors);

@@ -140,27 +140,25 @@ def test_num_boxes_out_of_range(op):
 
     fn, _ = op
     p, t, n = _inputs("bfloat16", "uint8", B=16, S=32)
-    bad = n.clone()
-    bad[3] = 99
     variant, _ = runtime._state.choose("bfloat16", "uint8", 16, 32)
-    if variant["validation"] == "none":  # documented: clamped, as the reference does
-        assert giou.check("clamped", fn(p, t, bad), giou.reference(p, t, bad), giou.LOSS_TOL)[0]
-    else:
-        with pytest.raises(KernelInputError, match="num_boxes"):
-            fn(p, t, bad)
-    _usable(fn)
-    bad[3] = -5
-    with pytest.raises(KernelInputError) if variant["validation"] != "none" else _nothing():
-        fn(p, t, bad)
-    _usable(fn)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    for value in (99, -5):
+        bad = n.clone()
+        bad[3] = value
+        if variant["validation"] == "none":  # documented: clamped, as the reference does
+            assert giou.check("clamped", fn(p, t, bad), giou.reference(p, t, bad), giou.LOSS_TOL)[0]
+            continue
+        fn(p, t, bad)  # async (default): reported by a later call, no sync here
+        torch.cuda.synchronize()
+        with pytest.raises(KernelInputError, match="earlier call.*num_boxes"):
+            fn(p, t, n)
+        _usable(fn)
+        runtime._state.validate = "sync"
+        try:
+            with pytest.raises(KernelInputError, match="num_boxes"):
+                fn(p, t, bad)
+        finally:
+            runtime._state.validate = "async"
+        _usable(fn)
 
 
 def test_second_process_loads_without_compiling(op):

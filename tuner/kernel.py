@@ -21,6 +21,7 @@ class _Vtable(ctypes.Structure):
         ("target_dtype", ctypes.c_char_p),
         ("alignment", ctypes.c_int),
         ("saves_grad", ctypes.c_int),
+        ("validates", ctypes.c_int),
         ("forward", ctypes.c_void_p),
         ("backward", ctypes.c_void_p),
         ("workspace_words", ctypes.c_void_p),
@@ -30,9 +31,11 @@ class _Vtable(ctypes.Structure):
 class GiouKernel:
     """Forward and backward of one compiled variant.
 
-    `check=True` reads the validation error word after the launch (a 4-byte copy,
-    so a sync) and raises KernelInputError; with `check=False` errors stay in the
-    workspace until `take_errors()`.
+    Bad input (validation's error bits) is reported by `check`:
+      "sync" (or True)  read the error word after the launch (a 4-byte copy, so a sync) and raise;
+      "async"           copy it to pinned memory without waiting; a later call raises it
+                        once the copy has landed (no sync, nothing lost; off under graph capture);
+      "deferred" (or False)  leave it in the workspace until `take_errors()`.
     """
 
     def __init__(self, so: Path, expected_name: str | None = None):
@@ -50,6 +53,7 @@ class GiouKernel:
         self.address = ctypes.cast(ptr, ctypes.c_void_p).value
         self.alignment = table.alignment
         self.saves_grad = bool(table.saves_grad)
+        self.validates = bool(table.validates)
         self.ops = binding.load()
 
     def _ready(self, t):
@@ -60,7 +64,7 @@ class GiouKernel:
         return t
 
     def forward(self, pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS, *,
-                need_grad: bool = False, check: bool = True, out=None, count=None, saved_grad=None):
+                need_grad: bool = False, check: bool | str = True, out=None, count=None, saved_grad=None):
         """Returns (loss, count, saved_grad); saved_grad is empty unless a fused variant saves it."""
         import torch
 
@@ -77,7 +81,8 @@ class GiouKernel:
         if saved_grad is None:
             saved_grad = torch.empty(pred.shape if need_grad and self.saves_grad else (0,), **f32)
         try:
-            self.ops.forward(self.address, pred, target, num_boxes, code, eps, out, count, saved_grad, check)
+            self.ops.forward(self.address, pred, target, num_boxes, code, eps, out, count, saved_grad,
+                             _CHECK[check])
         except ValueError as exc:
             raise KernelInputError(str(exc).split("\n")[0]) from exc
         return out, count, saved_grad
@@ -98,6 +103,9 @@ class GiouKernel:
 
     def take_errors(self) -> int:
         return int(self.ops.take_errors())
+
+
+_CHECK = {False: 0, "deferred": 0, True: 1, "sync": 1, "async": 2}
 
 
 def _reduction_code(reduction: str) -> int:

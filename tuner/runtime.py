@@ -27,6 +27,7 @@ from tuner.render import header_text
 from tuner.variant import Variant
 
 NAMESPACE = "tuner"
+VALIDATE = ("async", "sync", "deferred")
 _RED = {name: i for i, name in enumerate(giou.REDUCTIONS)}
 
 
@@ -40,10 +41,11 @@ class Entry:
 class TunedGiou:
     """The winners of an artifact, built for the attached GPU, dispatched by dtype pair and shape."""
 
-    def __init__(self, directory: Path | None, manifest: dict | None, validate: str = "sync",
+    def __init__(self, directory: Path | None, manifest: dict | None, validate: str = "async",
                  fallback: str = "rebuild"):
-        if validate not in ("sync", "deferred"):
-            raise TunerError("validate must be 'sync' (raise at once) or 'deferred' (raise at check_errors())")
+        if validate not in VALIDATE:
+            raise TunerError(f"validate must be one of {VALIDATE}: 'async' raises on a later call without "
+                             "syncing, 'sync' raises at once (a sync per call), 'deferred' at check_errors()")
         if fallback not in ("rebuild", "reference"):
             raise TunerError("fallback must be 'rebuild' or 'reference'")
         self.directory, self.manifest = directory, manifest
@@ -114,16 +116,19 @@ class TunedGiou:
 _state: TunedGiou | None = None
 
 
-def load(directory: str | Path | None = None, *, gpu: str | None = None, validate: str = "sync",
+def load(directory: str | Path | None = None, *, gpu: str | None = None, validate: str = "async",
          fallback: str = "rebuild"):
     """Load a tuned artifact and register `torch.ops.tuner.giou_loss`; returns the op.
 
     `load("DIR")` loads an exported folder; `load(gpu="auto")` (or `gpu="H100"`) finds
     the default export of that GPU under $TUNER_HOME/exports. An artifact tuned for
     another architecture is rebuilt for the attached one, with a warning, or, with
-    `fallback="reference"`, served by the float64 reference instead. `validate="sync"`
-    raises bad-input errors at once (one small sync per call); "deferred" skips the
-    sync and `tuner.check_errors()` raises them later.
+    `fallback="reference"`, served by the float64 reference instead.
+
+    Bad input that the kernel's validation finds (num_boxes outside [0, S], non-finite
+    target boxes) raises KernelInputError: with validate="async" (default) on a later
+    call, as soon as a copy of the error word has landed, without ever syncing; with
+    "sync" in the call itself (a sync per call); with "deferred" at `tuner.check_errors()`.
     """
     global _state
     if directory is None:
@@ -159,7 +164,7 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, validat
 
 
 def check_errors() -> None:
-    """Raise KernelInputError if a call made with validate='deferred' saw bad input (syncs)."""
+    """Raise KernelInputError if an earlier call saw bad input not yet reported (syncs)."""
     import torch
 
     if _state is None or not torch.cuda.is_available():
@@ -212,7 +217,9 @@ def _forward_cuda(pred, target, num_boxes, reduction: int, eps: float):
         return _forward_cpu(pred, target, num_boxes, reduction, eps)
     kernel = _state.kernel(pred, target)
     saved = pred.new_empty(_saved_shape(pred, target), dtype=torch.float32)
-    check = _state.validate == "sync" and not torch.cuda.is_current_stream_capturing()
+    check = _state.validate
+    if check == "sync" and torch.cuda.is_current_stream_capturing():
+        check = "deferred"  # a sync cannot be captured
     loss, count, saved = kernel.forward(pred, target, num_boxes, giou.REDUCTIONS[reduction], eps,
                                         check=check, saved_grad=saved)
     return loss, count, saved
