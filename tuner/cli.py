@@ -289,6 +289,27 @@ def cmd_export_best(args: argparse.Namespace) -> int:
     return 0
 
 
+@command
+def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    import tuner
+    from tuner import bench
+
+    attached = gpus.attached()
+    if args.gpu and not attached.matches(args.gpu):
+        raise TunerError(f"--gpu {args.gpu} was asked for, but the attached GPU is {attached.name}")
+    op = tuner.load(args.artifact) if args.artifact else tuner.load(gpu=args.gpu or "auto")
+    batches = tuple(int(b) for b in args.batches.split(","))
+    dtypes = tuple(tuple(pair.split("/")) for pair in args.dtypes.split(","))
+    info = attached.describe()
+    print(f"# {info['gpu_name']} ({info['arch']}), driver {info['driver']}, torch {torch.__version__}, "
+          f"CUDA {torch.version.cuda}")
+    bench.run(op, batches, dtypes, out=args.out)
+    print(f"wrote {args.out}/bench.csv, bench.md, bench.png")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tuner", description="Tune CUDA kernel variants of PyTorch ops.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -333,6 +354,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--study", help="export this study only")
     s.add_argument("--out", type=Path, help="artifact folder (default: exports/giou-<GPU> under $TUNER_HOME)")
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")
+
+    s = sub.add_parser("bench", parents=[target], help="time the tuned op against what users run today")
+    s.add_argument("--artifact", type=Path, help="exported folder (default: the attached GPU's export)")
+    s.add_argument("--batches", default="64,256,1024,4096")
+    s.add_argument("--dtypes", default="bfloat16/uint8,float32/float32", help="pred/target pairs")
+    s.add_argument("--out", type=Path, default=Path("bench-results"))
 
     s = sub.add_parser("list", help="list stored studies")
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")

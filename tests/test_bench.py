@@ -1,0 +1,36 @@
+"""The benchmark's own parts on CPU: its eager implementations are right, its report is written."""
+
+import pytest
+import torch
+
+from tuner import bench
+from tuner.families import giou
+
+
+@pytest.mark.parametrize("pred,target", [("float32", "uint8"), ("bfloat16", "float32")])
+def test_eager_implementations_match_the_reference(pred, target):
+    p, t, n = giou.make_inputs(16, 32, pred, target, "article", seed=4)
+    mask = torch.arange(32)[None, :] < n[:, None]
+    tl = [t[i, : int(c)] for i, c in enumerate(n.tolist())]
+    want = giou.reference(p, t, n)
+    for got in (bench.loop_loss(p, tl), bench.concat_loss(p, tl, mask), bench.padded_loss(p, t, n),
+                bench.torchvision_loss(p, t, n)):
+        assert giou.check("loss", got, want, 1e-4)[0]
+
+
+def test_report_files(tmp_path):
+    rows = []
+    for impl, f, fb in [("tuned op", 5.0, 12.0), ("padded eager", 300.0, 2000.0),
+                        ("floor: one kernel launch", 4.0, None), ("floor: x.sum().backward()", None, 100.0)]:
+        row = {"impl": impl, "pred": "bfloat16", "target": "uint8", "B": 1024, "S": 256}
+        if f:
+            row.update(fwd_wall_us=f, fwd_kernel_us=f / 2)
+        if fb:
+            row.update(fwd_bwd_wall_us=fb, fwd_bwd_kernel_us=fb / 2)
+        rows.append(row)
+    bench.write(rows, tmp_path)
+    md = (tmp_path / "bench.md").read_text()
+    assert "| padded eager | 300.0 |" in md and "60.00x" in md  # 300 / 5
+    assert "| tuned op | 5.0 | 2.5 | 12.0 | 6.0 | 1.00x | 1.00x | 1.25x | 0.12x |" in md
+    assert (tmp_path / "bench.csv").read_text().startswith("impl,pred,target,B,S")
+    assert (tmp_path / "bench.png").stat().st_size > 1000

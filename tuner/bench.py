@@ -1,0 +1,281 @@
+"""GIoU loss implementations side by side, in one run on one GPU (`tuner bench`).
+
+Every implementation computes the same thing, 1 - GIoU averaged over the valid
+boxes (torchvision's eps): the article's own loss is the mean GIoU and does its
+arithmetic on uint8 targets, which overflows, so its loop, concatenation and
+padded forms are written here with float32 math on upcast targets. Each is
+checked against the float64 reference (forward and gradient) before it is timed.
+
+Two times per call: wall time of back-to-back calls (what a training step pays,
+launch overheads included) and GPU kernel time (the profiler's sum of the
+kernels one call launches). Floors from the same run: one kernel launch through
+the dispatcher, and `x.sum().backward()` on a [B, S, 4] leaf.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from tuner.families import giou
+
+EPS = 1e-7
+
+
+def giou_1m(p, t):
+    """1 - GIoU of matching boxes, float32 math."""
+    return giou.giou_loss_elementwise(p.float(), t.float(), EPS)
+
+
+def loop_loss(pred, targets_list):
+    """The article's per-sample loop (its loss_fn), as 1 - GIoU."""
+    total, count = 0.0, 0
+    for i, targets in enumerate(targets_list):
+        n = targets.shape[0]
+        if n > 0:
+            total = total + giou_1m(pred[i, :n], targets).sum()
+            count += n
+    return total / max(count, 1)
+
+
+def concat_loss(pred, targets_list, mask):
+    """The article's concatenation: gather the valid predictions, one call on the flat boxes."""
+    return giou_1m(pred[mask], torch.cat(targets_list)).mean()
+
+
+def padded_loss(pred, target, num_boxes):
+    """The article's padded form: every slot, masked, averaged over the valid ones."""
+    mask = torch.arange(pred.shape[1], device=pred.device)[None, :] < num_boxes[:, None]
+    loss = giou_1m(pred, target)
+    return torch.where(mask, loss, 0).sum() / mask.sum().clamp(min=1)
+
+
+def torchvision_loss(pred, target, num_boxes):
+    from torchvision.ops import generalized_box_iou_loss
+
+    mask = torch.arange(pred.shape[1], device=pred.device)[None, :] < num_boxes[:, None]
+    loss = generalized_box_iou_loss(pred.float(), target.float(), reduction="none", eps=EPS)
+    return torch.where(mask, loss, 0).sum() / mask.sum().clamp(min=1)
+
+
+class SimpleKernel:
+    """The article's single CUDA kernel: one thread per slot, fp32 math, the sums done apart."""
+
+    def __init__(self, pred_dtype: str, target_dtype: str):
+        from tuner import build, gpus
+        from tuner.kernel import GiouKernel
+
+        v = giou.space(pred_dtype, target_dtype).variant(
+            boxes_per_thread=1, padding="branch", validation="none", block_size=256, loads="scalar",
+            reduction="atomic", backward="recompute")
+        (b,) = build.build([v], gpus.attached().arch)
+        self.kernel = GiouKernel(b.so, v.name)
+
+    def __call__(self, pred, target, num_boxes):
+        k = self
+
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, p):
+                loss, _, _ = k.kernel.forward(p, target, num_boxes, "none", check=False)
+                ctx.save_for_backward(p)
+                return loss
+
+            @staticmethod
+            def backward(ctx, g):
+                (p,) = ctx.saved_tensors
+                dummy = torch.empty((), device=p.device)
+                return k.kernel.backward(g.contiguous(), p, target, num_boxes, dummy, dummy, "none")
+
+        per_box = Fn.apply(pred)
+        return per_box.sum() / num_boxes.clamp(0, pred.shape[1]).sum().clamp(min=1)
+
+
+# ------------------------------------------------------------------- timing
+
+def wall_us(fn: Callable[[], object], budget_s: float = 0.25) -> float:
+    """Median over rounds of back-to-back calls, host clock, synchronised per round."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    one = max(time.perf_counter() - t0, 1e-6)
+    calls = max(1, min(200, int(budget_s / 5 / one)))
+    rounds = []
+    for _ in range(5 if one < 0.05 else 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        rounds.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(rounds)
+
+
+def kernel_us(fn: Callable[[], object], calls: int = 10) -> float:
+    """GPU time of one call: the profiler's sum of its kernels' durations, averaged."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    if time.perf_counter() - t0 > 0.01:  # the per-sample loop: thousands of kernels a call
+        calls = 2
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0
+                and e.key and not e.key.startswith("ProfilerStep"))
+    return total / calls
+
+
+# -------------------------------------------------------------------- suite
+
+def implementations(op, pred_dtype: str, target_dtype: str) -> dict[str, Callable]:
+    """name -> f(pred, target, num_boxes, targets_list, mask) -> loss."""
+    compiled = torch.compile(padded_loss)
+    simple = SimpleKernel(pred_dtype, target_dtype)
+    return {
+        "tuned op": lambda p, t, n, tl, m: op(p, t, n),
+        "article loop": lambda p, t, n, tl, m: loop_loss(p, tl),
+        "article concat": lambda p, t, n, tl, m: concat_loss(p, tl, m),
+        "padded eager": lambda p, t, n, tl, m: padded_loss(p, t, n),
+        "torch.compile padded": lambda p, t, n, tl, m: compiled(p, t, n),
+        "torchvision + mask": lambda p, t, n, tl, m: torchvision_loss(p, t, n),
+        "simple CUDA kernel": lambda p, t, n, tl, m: simple(p, t, n),
+    }
+
+
+LOOP_MAX_BATCH = 1024  # the per-sample loop takes seconds a call beyond this; left out there
+
+
+def run(op, batches=(64, 256, 1024, 4096), dtypes=(("bfloat16", "uint8"), ("float32", "float32")),
+        slots: int = 256, out: Path | None = None) -> list[dict]:
+    rows = []
+    one = torch.zeros(1, device="cuda")
+    for pred_dtype, target_dtype in dtypes:
+        impls = implementations(op, pred_dtype, target_dtype)
+        for B in batches:
+            pred, target, counts = giou.make_inputs(B, slots, pred_dtype, target_dtype, "article", device="cuda",
+                                                    seed=B)
+            mask = torch.arange(slots, device="cuda")[None, :] < counts[:, None]
+            targets_list = [target[i, : int(c)] for i, c in enumerate(counts.tolist())]
+            want, want_grad = giou.reference_with_grad(pred, target, counts, "mean")
+            leaf_floor = torch.randn(B, slots, 4, device="cuda", requires_grad=True)
+            floors = {
+                "floor: one kernel launch": (lambda: one.fill_(1.0), None),
+                "floor: x.sum().backward()": (None, lambda: leaf_floor.sum().backward()),
+            }
+            for name, fn in impls.items():
+                if name == "article loop" and B > LOOP_MAX_BATCH:
+                    continue
+                leaf = pred.clone().requires_grad_(True)
+                loss = fn(leaf, target, counts, targets_list, mask)
+                loss.backward()
+                ok_l = giou.check("loss", loss, want, 1e-4)[0]
+                ok_g = giou.check("grad", leaf.grad, want_grad, giou.GRAD_TOL[pred_dtype],
+                                  getattr(torch, pred_dtype))[0]
+                if not (ok_l and ok_g):
+                    raise AssertionError(f"{name} B={B} {pred_dtype}/{target_dtype} disagrees with the reference")
+
+                def fwd(fn=fn):
+                    return fn(pred, target, counts, targets_list, mask)
+
+                def fwd_bwd(fn=fn, leaf=leaf):
+                    leaf.grad = None
+                    fn(leaf, target, counts, targets_list, mask).backward()
+
+                floors[name] = (fwd, fwd_bwd)
+            for name, (f, fb) in floors.items():
+                row = {"impl": name, "pred": pred_dtype, "target": target_dtype, "B": B, "S": slots}
+                if f is not None:
+                    with torch.no_grad():
+                        row["fwd_wall_us"] = wall_us(f)
+                        row["fwd_kernel_us"] = kernel_us(f)
+                if fb is not None:
+                    row["fwd_bwd_wall_us"] = wall_us(fb)
+                    row["fwd_bwd_kernel_us"] = kernel_us(fb)
+                rows.append(row)
+                print(_fmt(row), flush=True)
+    if out is not None:
+        write(rows, out)
+    return rows
+
+
+def _fmt(row: dict) -> str:
+    vals = " ".join(f"{k}={row[k]:.1f}" for k in ("fwd_wall_us", "fwd_kernel_us", "fwd_bwd_wall_us",
+                                                  "fwd_bwd_kernel_us") if k in row)
+    return f"{row['pred']:>8}/{row['target']:<7} B={row['B']:<5} {row['impl']:<26} {vals}"
+
+
+def write(rows: list[dict], out: Path) -> None:
+    """CSV, a markdown table with ratios to the tuned op and to the floors, and a PNG plot."""
+    out.mkdir(parents=True, exist_ok=True)
+    keys = ["impl", "pred", "target", "B", "S", "fwd_wall_us", "fwd_kernel_us", "fwd_bwd_wall_us",
+            "fwd_bwd_kernel_us"]
+    with open(out / "bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    (out / "bench.md").write_text(markdown(rows))
+    plot(rows, out / "bench.png")
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = []
+    groups = sorted({(r["pred"], r["target"], r["B"]) for r in rows}, key=lambda g: (g[0], g[1], g[2]))
+    for pred, target, B in groups:
+        part = [r for r in rows if (r["pred"], r["target"], r["B"]) == (pred, target, B)]
+        tuned = next((r for r in part if r["impl"] == "tuned op"), {})
+        launch = next((r for r in part if r["impl"] == "floor: one kernel launch"), {})
+        sumb = next((r for r in part if r["impl"] == "floor: x.sum().backward()"), {})
+        lines.append(f"\n### pred {pred}, target {target}, B={B}, S={part[0]['S']}\n")
+        lines.append("| implementation | fwd wall µs | fwd kernel µs | fwd+bwd wall µs | fwd+bwd kernel µs "
+                     "| fwd wall / tuned | fwd+bwd wall / tuned | fwd wall / launch floor "
+                     "| fwd+bwd wall / sum().backward() floor |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in part:
+            def v(key):
+                return f"{r[key]:.1f}" if key in r else "-"
+
+            def ratio(key, base):
+                return f"{r[key] / base[key]:.2f}x" if key in r and key in base and base[key] else "-"
+
+            lines.append(f"| {r['impl']} | {v('fwd_wall_us')} | {v('fwd_kernel_us')} | {v('fwd_bwd_wall_us')} | "
+                         f"{v('fwd_bwd_kernel_us')} | {ratio('fwd_wall_us', tuned)} | "
+                         f"{ratio('fwd_bwd_wall_us', tuned)} | {ratio('fwd_wall_us', launch)} | "
+                         f"{ratio('fwd_bwd_wall_us', sumb)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = sorted({(r["pred"], r["target"]) for r in rows})
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 4.5), squeeze=False)
+    for ax, (pred, target) in zip(axes[0], pairs):
+        part = [r for r in rows if (r["pred"], r["target"]) == (pred, target) and "fwd_bwd_wall_us" in r]
+        for impl in dict.fromkeys(r["impl"] for r in part):
+            pts = sorted((r["B"], r["fwd_bwd_wall_us"]) for r in part if r["impl"] == impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl,
+                    linewidth=3 if impl == "tuned op" else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch B (S=256, article's boxes)")
+        ax.set_ylabel("forward+backward wall time per call (µs)")
+        ax.set_title(f"pred {pred}, target {target}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
