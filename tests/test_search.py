@@ -197,3 +197,15 @@ def test_importing_records_skips_known_variants(tuner_home, tmp_path):
     # The same seed proposes the same variants again: they are known, so copied, not evaluated.
     assert imported.duplicates == 5 and imported.evaluated == 0
     assert not imported.records_path.exists()
+
+
+def test_report_writes_table_importance_and_plots(tuner_home):
+    from tuner import report
+
+    result = search.run(_cfg(REAL, trials=60, sampler="random"))
+    out = tuner_home / "rep"
+    importance = report.report(study.load(result.study_name), out)
+    assert set(importance) == {d.name for d in giou.DIMS}
+    assert len((out / "trials.csv").read_text().splitlines()) == 61
+    for png in ("time_by_dimension.png", "time_vs_registers.png"):
+        assert (out / png).stat().st_size > 5000

@@ -310,6 +310,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+@command
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner import report, study
+
+    st = study.load(_study_name(args), args.storage)
+    out = args.out or Path("reports") / st.study_name
+    importance = report.report(st, out)
+    print(f"study {st.study_name}: {len(st.trials)} trials")
+    if importance:
+        print("parameter importance (PED-ANOVA):")
+        for name, value in importance.items():
+            print(f"  {name:<18} {value:.3f}")
+    print(f"wrote {out}/trials.csv, importance.json, time_by_dimension.png, time_vs_registers.png")
+    print(f"browse the study: optuna-dashboard {study.storage_url(args.storage)}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tuner", description="Tune CUDA kernel variants of PyTorch ops.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -360,6 +377,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--batches", default="64,256,1024,4096")
     s.add_argument("--dtypes", default="bfloat16/uint8,float32/float32", help="pred/target pairs")
     s.add_argument("--out", type=Path, default=Path("bench-results"))
+
+    s = sub.add_parser("report", parents=[target, problem], help="CSV, importances and plots of a study")
+    s.add_argument("--out", type=Path, help="folder (default: reports/<study>)")
 
     s = sub.add_parser("list", help="list stored studies")
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")
