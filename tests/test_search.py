@@ -106,17 +106,15 @@ def _study_trials(home):
 
 
 def test_kill_and_resume_loses_no_finished_trial(sim, tuner_home):
-    args = ["search", "--gpu", "H100", "--simulate", str(sim), "--trials", "50", "--quiet", "--seed", "3",
+    import random
+
+    args = ["search", "--gpu", "H100", "--simulate", str(sim), "--trials", "60", "--quiet", "--seed", "3",
             "--simulate-delay", "0.05", "--sampler", "random"]
     kept = {}
-    for kill_after in (5, 17, 30):
+    rng = random.Random(7)
+    for _ in range(5):  # SIGKILL at five random moments
         proc = _cli(*args, env_home=tuner_home)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            done = [t for t in _study_trials(tuner_home) if t.state.name == "COMPLETE"]
-            if len(done) >= kill_after:
-                break
-            time.sleep(0.05)
+        time.sleep(rng.uniform(1.0, 4.0))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         trials = _study_trials(tuner_home)  # the storage is readable after each kill
@@ -131,7 +129,7 @@ def test_kill_and_resume_loses_no_finished_trial(sim, tuner_home):
     assert lost == []
     assert not any(t.state.name == "RUNNING" for t in trials.values())
     assert len([t for t in trials.values() if t.state.name in ("COMPLETE", "FAIL")
-                and t.user_attrs.get("reason") != "interrupted"]) >= 50
+                and t.user_attrs.get("reason") != "interrupted"]) >= 60
     interrupted = [t for t in trials.values() if t.user_attrs.get("reason") == "interrupted"]
     retried = {t.user_attrs.get("retry_of") for t in trials.values()} - {None}
     assert {t.number for t in interrupted} <= retried

@@ -105,7 +105,7 @@ def _enqueue_grid(study, space, seed: int | None) -> None:
     known = {t.user_attrs.get("variant") for t in study.get_trials(deepcopy=False)}
     for v in variants:
         if v.name not in known:
-            study.enqueue_trial(space.tuned(v))
+            study.enqueue_trial(space.tuned(v), user_attrs={"owner": studies.owner()})
 
 
 class Search:
@@ -146,12 +146,13 @@ class Search:
 
     def _ask(self, n: int) -> list[tuple[Any, Variant]]:
         asked = []
+        me = studies.owner()
         for _ in range(n):
             trial = self.study.ask(self.dists)
             variant = self.space.nearest(trial.params)
             if trial.user_attrs.get("fault"):
                 variant = variant.replace(fault=trial.user_attrs["fault"])
-            _set_user_attrs(trial, {"variant": variant.name, "owner": studies.owner()})
+            _set_user_attrs(trial, {"variant": variant.name, "owner": me})
             asked.append((trial, variant))
         return asked
 
@@ -264,6 +265,7 @@ class Search:
 
         cfg = self.cfg
         started = time.monotonic()
+        studies.register()
         self.report.requeued = studies.fail_interrupted(self.study, self.storage)
         if cfg.import_records:
             self.report.imported = self.import_records(cfg.import_records)
@@ -351,7 +353,7 @@ class Search:
 
                 raise TunerError(f"unknown fault {fault!r}; known: {', '.join(giou.FAULTS)}")
             if fault not in known:
-                self.study.enqueue_trial(base, user_attrs={"fault": fault})
+                self.study.enqueue_trial(base, user_attrs={"fault": fault, "owner": studies.owner()})
 
     def _prepare(self, variants: list[Variant]) -> dict[str, dict]:
         started = time.monotonic()

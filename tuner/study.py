@@ -127,19 +127,69 @@ def owner_alive(tag: str) -> bool:
     return _start_time(int(pid)) == start
 
 
+_registration = None  # this process's lock file under studies/.owners, held while it lives
+
+
+def register() -> None:
+    """Announce this process as a live searcher: a file it holds locked until it exits."""
+    import fcntl
+
+    global _registration
+    if _registration is not None:
+        return
+    folder = paths.studies_dir() / ".owners"
+    folder.mkdir(parents=True, exist_ok=True)
+    f = open(folder / re.sub(r"[^A-Za-z0-9.-]", "_", owner()), "w")
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _registration = f
+
+
+def others_alive() -> bool:
+    """Is another `tuner search` of this TUNER_HOME alive on this host? Stale files are removed."""
+    import fcntl
+
+    folder = paths.studies_dir() / ".owners"
+    mine = _registration.name if _registration is not None else None
+    alive = False
+    for path in folder.glob("*") if folder.exists() else []:
+        if str(path) == mine:
+            continue
+        with open(path, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                alive = True
+                continue
+        path.unlink(missing_ok=True)
+    return alive
+
+
 def fail_interrupted(study, st) -> list[Any]:
-    """Mark trials left RUNNING by a killed `tuner search` as failed and queue their params again."""
+    """Mark trials left RUNNING by a killed `tuner search` as failed and queue their params again.
+
+    A trial's owner is recorded just after Optuna creates it, so a kill in between leaves
+    a RUNNING trial with no owner: such trials are orphans when no other searcher of this
+    TUNER_HOME is alive (an alive one may be between those two steps).
+    """
     from optuna.trial import TrialState
 
     requeued = []
+    others = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         tag = t.user_attrs.get("owner")
-        if tag is None or owner_alive(tag):
+        if tag is None:
+            others = others_alive() if others is None else others
+            if others:
+                continue
+            tag = "unknown (killed before it recorded itself)"
+        elif owner_alive(tag):
             continue
         st.set_trial_user_attr(t._trial_id, "reason", "interrupted")
         st.set_trial_user_attr(t._trial_id, "message", f"the process that ran it ({tag}) is gone")
         if st.set_trial_state_values(t._trial_id, TrialState.FAIL):
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, "owner": owner(),
+                                                      **({"fault": t.user_attrs["fault"]} if "fault" in t.user_attrs else {})},
+                                skip_if_exists=False)
             requeued.append(t.number)
     return requeued
 
