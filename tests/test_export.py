@@ -1,7 +1,6 @@
 """Export and load on CPU: manifest round trip, hash checks, dispatch, the CPU implementation."""
 
 import json
-import warnings
 
 import pytest
 import torch

@@ -1,7 +1,5 @@
 """A live search over planted faults and good variants, and artifacts for another architecture."""
 
-import warnings
-
 import pytest
 
 from tuner.families import giou

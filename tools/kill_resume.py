@@ -11,7 +11,6 @@ the same value. Prints the figures: kills, trials finished before each kill, los
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import signal
 import subprocess

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -54,10 +54,6 @@ class Build:
     stack_bytes: int = 0
     error: str = ""
     so: Path | None = None
-
-    @property
-    def max_registers(self) -> int:
-        return max(self.registers.values(), default=0)
 
     def summary(self) -> dict:
         return {
@@ -267,9 +263,3 @@ def _compiler_error(log: str) -> str:
     lines = [line for line in log.splitlines() if "ptxas info" not in line and not line.startswith("    ")]
     return "\n".join(lines).strip()[-4000:]
 
-
-def as_dict(b: Build) -> dict:
-    d = asdict(b)
-    d["variant"] = b.variant.name
-    d["so"] = str(b.so) if b.so else None
-    return d

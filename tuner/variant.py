@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
@@ -28,12 +27,6 @@ class Variant:
             if name == key:
                 return value
         raise KeyError(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        try:
-            return self[key]
-        except KeyError:
-            return default
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         return iter(self.params)
@@ -67,9 +60,6 @@ class Variant:
     def from_json(cls, text: str) -> "Variant":
         data = json.loads(text)
         return cls.of(data["family"], data["params"])
-
-    def digest(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
 
 # Short forms that keep names readable; any other value prints as itself.

@@ -70,8 +70,6 @@ class _Child:
         return self.inputs[key]
 
     def run(self, job: dict) -> dict:
-        import torch
-
         from tuner import timing
         from tuner.kernel import GiouKernel
         from tuner.verify import verify
