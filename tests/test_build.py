@@ -119,3 +119,13 @@ def test_cuda_home_is_honoured(monkeypatch):
         assert toolkit.cuda_home() == real
     finally:
         toolkit.cuda_home.cache_clear()
+
+
+def test_device_assert_variants_compile(tuner_home):
+    base = giou.covering_set()[2]
+    v = giou.space(base["pred"], base["target"], device_assert=True).variant(
+        **{d.name: base[d.name] for d in giou.DIMS})
+    assert v.name.endswith(".device_assert")
+    assert "assert(bad == 0" in render.render(v) and "assert(" not in render.render(base)
+    (b,) = build.build([v], "sm_90")
+    assert b.ok, b.error
