@@ -34,3 +34,9 @@ def test_matching_attached_names():
     assert not _fake("NVIDIA H200").matches("H20")
     assert _fake("NVIDIA H20").matches("H20")
     assert _fake("NVIDIA GeForce RTX 4090").matches("RTX 4090")
+
+
+def test_short_name():
+    assert gpus.short_name(_fake("NVIDIA H100 80GB HBM3")) == "H100"
+    assert gpus.short_name(_fake("NVIDIA GeForce RTX 4090")) == "RTX4090"
+    assert gpus.short_name(_fake("Some New GPU")) == "Some New GPU"

@@ -151,9 +151,7 @@ def _study_name(args) -> str:
         raise TunerError("name the study with --study, or give --gpu and the problem options")
     gpu = args.gpu
     if gpu.lower() == "auto":
-        from tuner.evaluate import _short_name
-
-        gpu = _short_name(gpus.attached())
+        gpu = gpus.short_name(gpus.attached())
     return study.study_name(giou.FAMILY, gpu, _problem(args).key(), args.objective)
 
 
@@ -269,16 +267,14 @@ def cmd_export_best(args: argparse.Namespace) -> int:
     elif args.gpu:
         label = args.gpu
         if label.lower() == "auto":
-            from tuner.evaluate import _short_name
-
-            label = _short_name(gpus.attached())
+            label = gpus.short_name(gpus.attached())
         names = export.studies_for(label, args.storage)
         if not names:
             raise TunerError(f"no studies for {label} in {study.storage_url(args.storage)}; "
                              f"run `tuner search --gpu {args.gpu}` first")
     else:
         raise TunerError("say what to export: --gpu H100 (all its studies) or --study NAME")
-    out = export.export(names, args.out or export.default_dir(label.replace(" ", "-")), args.storage)
+    out = export.export(names, args.out or export.default_dir(label), args.storage)
     manifest = export.read(out)
     for e in manifest["entries"]:
         p = e["problem"]

@@ -62,7 +62,7 @@ class LiveEvaluator(Evaluator):
             raise GpuError(f"--gpu {gpu} was asked for, but the attached GPU is {attached.name}; "
                            f"use --gpu auto (or the attached GPU's name) to tune for it")
         self.gpu_info = attached.describe()
-        self.gpu_label = gpu if gpu.lower() != "auto" else _short_name(attached)
+        self.gpu_label = gpu if gpu.lower() != "auto" else gpus.short_name(attached)
         self.arch = arch or attached.arch
         self.problem = problem
         self.objective = objective
@@ -90,13 +90,6 @@ class LiveEvaluator(Evaluator):
 
     def close(self):
         self.worker.close()
-
-
-def _short_name(attached) -> str:
-    for name in gpus.ARCHS:
-        if attached.matches(name):
-            return name
-    return attached.name
 
 
 class SimulatedEvaluator(Evaluator):

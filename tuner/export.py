@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ def manifest_checksum(manifest: dict) -> str:
 
 
 def default_dir(gpu: str) -> Path:
-    return paths.home() / "exports" / f"giou-{gpu}"
+    """Where `export-best` writes and `tuner.load(gpu=...)` looks: exports/giou-<GPU>."""
+    return paths.home() / "exports" / ("giou-" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-"))
 
 
 def _winner(st) -> dict[str, Any]:

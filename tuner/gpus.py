@@ -93,6 +93,14 @@ class Attached:
         }
 
 
+def short_name(gpu: Attached) -> str:
+    """The known name a device answers to ('NVIDIA H100 80GB HBM3' -> 'H100'), else its full name."""
+    for name in ARCHS:
+        if gpu.matches(name):
+            return name
+    return gpu.name
+
+
 def attached(index: int = 0) -> Attached:
     import torch
 

@@ -136,9 +136,7 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, validat
             raise TunerError("tuner.load needs an artifact folder or gpu=... (e.g. gpu='auto')")
         label = gpu
         if gpu.lower() == "auto":
-            from tuner.evaluate import _short_name
-
-            label = _short_name(gpus.attached())
+            label = gpus.short_name(gpus.attached())
         directory = artifacts.default_dir(label)
     directory = Path(directory)
     manifest = artifacts.read(directory)
