@@ -17,8 +17,12 @@ from typing import Iterator
 def append(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, sort_keys=True) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
+    with open(path, "a+b") as f:
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":  # a line cut short by a kill: end it, so this one stands alone
+                line = "\n" + line
+        f.write(line.encode())
         f.flush()
         os.fsync(f.fileno())
 
