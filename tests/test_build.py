@@ -129,3 +129,23 @@ def test_device_assert_variants_compile(tuner_home):
     assert "assert(bad == 0" in render.render(v) and "assert(" not in render.render(base)
     (b,) = build.build([v], "sm_90")
     assert b.ok, b.error
+
+
+def test_cli_build_failure_names_the_variant_and_exits_non_zero(tuner_home, monkeypatch, capsys):
+    from tuner import cli
+
+    monkeypatch.setattr(build, "render", lambda variant: render.render(variant) + "\n#error planted\n")
+    assert cli.main(["build", "--gpu", "L4", "--limit", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED giou.bfloat16.uint8." in err and "#error planted" in err
+    assert "1 failed" in err
+
+
+def test_cli_variants_json_count(capsys):
+    from tuner import cli
+
+    assert cli.main(["variants", "--gpu", "L4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["arch"] == "sm_89" and data["count"] == 1136 == len(data["variants"])
+    assert cli.main(["variants", "--gpu", "V1000"]) == 1
+    assert "unknown GPU 'V1000'" in capsys.readouterr().err
