@@ -149,3 +149,16 @@ def test_cli_variants_json_count(capsys):
     assert data["arch"] == "sm_89" and data["count"] == 1136 == len(data["variants"])
     assert cli.main(["variants", "--gpu", "V1000"]) == 1
     assert "unknown GPU 'V1000'" in capsys.readouterr().err
+
+
+def test_batch_folders_of_killed_builds_are_removed(tuner_home):
+    import time
+
+    out = build.arch_dir("sm_90")
+    old, young = out / ".batch-old", out / ".batch-young"
+    for d in (old, young):
+        d.mkdir(parents=True)
+    past = time.time() - build.STALE_BATCH_S - 60
+    os.utime(old, (past, past))
+    build.build([], "sm_90")
+    assert not old.exists() and young.exists()

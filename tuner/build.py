@@ -185,6 +185,7 @@ def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root:
     """
     out_dir = arch_dir(arch, root)
     out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_batches(out_dir)
     slots: list[Build | str] = []  # a Build, or the key of a build still to come
     todo: dict[str, tuple[Variant, str]] = {}  # key -> (variant, source)
     for variant in variants:
@@ -202,6 +203,20 @@ def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root:
             slots.append(key)
     built = {b.key: b for b in _compile(todo, arch, out_dir, jobs, timeout)} if todo else {}
     return [built[s] if isinstance(s, str) else s for s in slots]
+
+
+STALE_BATCH_S = 6 * 3600
+
+
+def _remove_stale_batches(out_dir: Path) -> None:
+    """Batch folders of builds that were killed (a live build's folder is minutes old)."""
+    now = time.time()
+    for tmp in out_dir.glob(".batch-*"):
+        try:
+            if now - tmp.stat().st_mtime > STALE_BATCH_S:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except FileNotFoundError:
+            pass
 
 
 def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, jobs: int | None,
