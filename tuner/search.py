@@ -159,21 +159,13 @@ class Search:
     def _tell(self, trial, variant: Variant, result: dict, duplicate_of: int | None = None) -> None:
         import optuna
 
-        # One attribute per fact that `show` and `report` read; written in one go below.
-        attrs = {"compile_s": result.get("compile_s"), "regs_fwd": result.get("regs_fwd"),
-                 "regs_bwd": result.get("regs_bwd"), "spill_bytes": result.get("spill_bytes"),
-                 "duplicate_of": duplicate_of}
+        attrs = result_attrs(result)
         if duplicate_of is not None:
+            attrs["duplicate_of"] = duplicate_of
             self.report.duplicates += 1
-        if result["status"] == "ok":
-            attrs.update(fwd_us=result["fwd"]["median_us"], fwd_spread_us=result["fwd"]["spread_us"],
-                         loss_error=result.get("loss_error"), grad_error=result.get("grad_error"))
-            if "bwd" in result:
-                attrs.update(bwd_us=result["bwd"]["median_us"], bwd_spread_us=result["bwd"]["spread_us"])
-        else:
-            attrs.update(reason=result["reason"], message=str(result.get("message", ""))[:2000])
-            self.report.failed[result["reason"]] = self.report.failed.get(result["reason"], 0) + 1
-        _set_user_attrs(trial, {k: v for k, v in attrs.items() if v is not None})
+        if result["status"] != "ok":
+            self.report.failed[attrs["reason"]] = self.report.failed.get(attrs["reason"], 0) + 1
+        _set_user_attrs(trial, attrs)
         value = objective_value(result, self.cfg.objective) if result["status"] == "ok" else None
         if value is not None:
             self.study.tell(trial, value)
@@ -327,14 +319,7 @@ class Search:
                     or rec.get("gpu", {}).get("gpu_name") != gpu or rec.get("objective") != self.cfg.objective):
                 continue
             ok = rec.get("status") == "ok"
-            attrs = {"variant": v.name, "imported_from": str(path), **{k: rec[k] for k in (
-                "compile_s", "regs_fwd", "regs_bwd", "spill_bytes", "loss_error", "grad_error") if rec.get(k) is not None}}
-            if ok:
-                attrs.update(fwd_us=rec["fwd"]["median_us"], fwd_spread_us=rec["fwd"]["spread_us"])
-                if "bwd" in rec:
-                    attrs.update(bwd_us=rec["bwd"]["median_us"], bwd_spread_us=rec["bwd"]["spread_us"])
-            else:
-                attrs.update(reason=rec.get("reason", "error"), message=str(rec.get("message", ""))[:2000])
+            attrs = {"variant": v.name, "imported_from": str(path), **result_attrs(rec)}
             self.study.add_trial(optuna.trial.create_trial(
                 params=self.space.tuned(v), distributions=self.dists,
                 value=objective_value(rec, self.cfg.objective) if ok else None,
@@ -383,6 +368,19 @@ class Search:
             self.report.winner = rows[0]
             self.study.set_user_attr("retimed", rows)
             self.study.set_user_attr("winner", rows[0])
+
+
+def result_attrs(result: dict) -> dict:
+    """A result's facts as trial user attributes (what `show`, `report` and `export` read)."""
+    attrs = {k: result.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes")}
+    if result.get("status") == "ok":
+        attrs.update(fwd_us=result["fwd"]["median_us"], fwd_spread_us=result["fwd"]["spread_us"],
+                     loss_error=result.get("loss_error"), grad_error=result.get("grad_error"))
+        if "bwd" in result:
+            attrs.update(bwd_us=result["bwd"]["median_us"], bwd_spread_us=result["bwd"]["spread_us"])
+    else:
+        attrs.update(reason=result.get("reason", "error"), message=str(result.get("message", ""))[:2000])
+    return {k: v for k, v in attrs.items() if v is not None}
 
 
 def _set_user_attrs(trial, attrs: dict) -> None:
