@@ -3,11 +3,12 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#define TUNER_GIOU_ABI 1
+#define TUNER_GIOU_ABI 2
 
 // Error bits a variant's validation sets in the workspace's error word.
 #define TUNER_GIOU_BAD_COUNT 1u   // num_boxes outside [0, S]
 #define TUNER_GIOU_BAD_TARGET 2u  // non-finite coordinate in a valid target box
+#define TUNER_GIOU_ERROR_BITS 2
 
 // Workspace layout, in 32-bit words. It must start zeroed; each forward leaves it
 // zeroed again except for the error word, which stays set until the host clears it.
@@ -30,6 +31,10 @@ typedef struct {
   float* count_out;            // [1] number of valid boxes (0 for reduction none), or null
   float* saved_grad;           // [B, S, 4] float, d loss_i / d pred, or null (fused backward only)
   unsigned* workspace;
+  // Host-mapped flags, one byte per error bit (byte i for bit 1 << i), or null. The
+  // launch that first sets a bit in the workspace's sticky error word also sets its
+  // byte here, so the host sees bad input with a plain load: no copy, no sync.
+  unsigned char* error_flags;
 } TunerGiouArgs;
 
 typedef struct {

@@ -1,11 +1,15 @@
 // The torch side of every GIoU variant, compiled once per torch/CUDA version and
-// reused: it checks tensors, owns the per-stream workspace and calls a variant
-// through the C table the variant exports (giou_abi.h). Variants themselves are
-// CUDA-headers-only translation units, which keeps their builds at ~2 s.
-#include <torch/extension.h>
-#include <c10/cuda/CUDAStream.h>
+// reused: it checks tensors, owns the per-stream workspace and error flags, and calls
+// a variant through the C table the variant exports (giou_abi.h). Variants themselves
+// are CUDA-headers-only translation units, which keeps their builds at ~2 s.
+// The search calls variants by address through tuner_giou::forward / backward; the
+// user's op (giou_op.cpp) calls the winners bound at load through the same code.
+#include "giou_binding.h"
+
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <climits>
 #include <cstring>
@@ -13,9 +17,7 @@
 #include <mutex>
 #include <utility>
 
-#include "giou_abi.h"
-
-namespace {
+namespace tuner_giou {
 
 const TunerGiouVtable* table(int64_t address) {
   auto* t = reinterpret_cast<const TunerGiouVtable*>(address);
@@ -25,16 +27,18 @@ const TunerGiouVtable* table(int64_t address) {
   return t;
 }
 
-// One workspace per (device, stream). It starts zeroed and every forward leaves it
-// zeroed (the last block resets it), so no memset launch is needed per call. It
-// only grows; the error word is carried over when it does. For asynchronous error
-// reports it also owns a pinned word and an event: the error word is copied there
-// after a launch, and a later call reads it once the event says the copy landed.
+namespace {
+
+// One workspace per (device, stream). Its words start zeroed and every forward leaves
+// them zeroed (the last block resets them), except the sticky error word. `flags` is
+// host memory the GPU writes to (one byte per error bit): reading it is a plain load.
+// The workspace only grows; the error word is carried over when it does.
 struct Workspace {
   at::Tensor words;
-  at::Tensor pinned;
-  cudaEvent_t copied = nullptr;
-  bool pending = false;
+  unsigned char* flags = nullptr;         // host pointer
+  unsigned char* flags_device = nullptr;  // the same memory as the kernel sees it
+  cudaStream_t stream = nullptr;
+  int device = 0;
 };
 
 std::mutex workspace_mutex;
@@ -42,15 +46,22 @@ std::map<std::pair<int, cudaStream_t>, Workspace> workspaces;
 
 Workspace& workspace_for(const at::Tensor& like, cudaStream_t stream, int64_t words) {
   std::lock_guard<std::mutex> lock(workspace_mutex);
-  auto key = std::make_pair(static_cast<int>(like.get_device()), stream);
-  Workspace& ws = workspaces[key];
+  const int device = static_cast<int>(like.get_device());
+  Workspace& ws = workspaces[std::make_pair(device, stream)];
   if (ws.words.defined() && ws.words.numel() >= words) return ws;
   auto fresh = at::zeros({std::max<int64_t>(words, 1024)}, like.options().dtype(at::kInt));
   if (ws.words.defined()) {
     fresh.narrow(0, TUNER_GIOU_WS_ERROR, 1).copy_(ws.words.narrow(0, TUNER_GIOU_WS_ERROR, 1));
   } else {
-    ws.pinned = at::zeros({1}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ws.copied, cudaEventDisableTiming));
+    void* host = nullptr;
+    C10_CUDA_CHECK(cudaHostAlloc(&host, 8, cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(host, 0, 8);
+    void* dev = nullptr;
+    C10_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+    ws.flags = static_cast<unsigned char*>(host);
+    ws.flags_device = static_cast<unsigned char*>(dev);
+    ws.stream = stream;
+    ws.device = device;
   }
   ws.words = fresh;
   return ws;
@@ -62,34 +73,19 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-std::string error_text(int64_t bits) {
-  std::string text;
-  if (bits & TUNER_GIOU_BAD_COUNT) text += "num_boxes has a value outside [0, S]";
-  if (bits & TUNER_GIOU_BAD_TARGET) {
-    if (!text.empty()) text += "; ";
-    text += "a valid target box has a non-finite coordinate";
+// Error bits whose flags have landed, cleared (never waits). Clearing the device's
+// sticky word too lets a later launch report the same bit again; until then, launches
+// already queued do not repeat a report the host has taken.
+int64_t take_landed(Workspace& ws) {
+  int64_t bits = 0;
+  for (int i = 0; i < TUNER_GIOU_ERROR_BITS; ++i) {
+    if (__atomic_load_n(ws.flags + i, __ATOMIC_ACQUIRE)) {
+      bits |= int64_t(1) << i;
+      __atomic_store_n(ws.flags + i, 0, __ATOMIC_RELEASE);
+    }
   }
-  return text;
-}
-
-// Reads and clears the error word of one workspace (a 4-byte copy and a sync).
-int64_t take_error(Workspace& ws) {
-  auto word = ws.words.narrow(0, TUNER_GIOU_WS_ERROR, 1);
-  const int64_t bits = word.item<int>();
-  if (bits) word.zero_();
-  ws.pending = false;
-  ws.pinned.zero_();
-  return bits;
-}
-
-// Bits an earlier asynchronous copy brought back, if it has landed (never waits).
-int64_t landed_error(Workspace& ws, cudaStream_t stream) {
-  if (!ws.pending || cudaEventQuery(ws.copied) != cudaSuccess) return 0;
-  ws.pending = false;
-  const int64_t bits = *ws.pinned.data_ptr<int>();
   if (bits) {
-    *ws.pinned.data_ptr<int>() = 0;
-    C10_CUDA_CHECK(cudaMemsetAsync(ws.words.data_ptr<int>() + TUNER_GIOU_WS_ERROR, 0, sizeof(int), stream));
+    C10_CUDA_CHECK(cudaMemsetAsync(ws.words.data_ptr<int>() + TUNER_GIOU_WS_ERROR, 0, sizeof(int), ws.stream));
   }
   return bits;
 }
@@ -110,7 +106,7 @@ struct Common {
 };
 
 Common check_common(const TunerGiouVtable* vt, const at::Tensor& pred, const at::Tensor& target,
-                    const c10::optional<at::Tensor>& num_boxes) {
+                    const std::optional<at::Tensor>& num_boxes) {
   check_boxes("pred", pred, vt->pred_dtype, vt);
   check_boxes("target", target, vt->target_dtype, vt);
   TORCH_CHECK(target.sizes() == pred.sizes(), "giou_loss: pred ", pred.sizes(), " and target ", target.sizes(),
@@ -136,17 +132,31 @@ void check_float_out(const char* what, const at::Tensor& t, const at::Tensor& pr
               "giou_loss: ", what, " must be a contiguous float32 tensor of ", numel, " elements on ", pred.device());
 }
 
-void forward(int64_t variant, const at::Tensor& pred, const at::Tensor& target,
-             const c10::optional<at::Tensor>& num_boxes, int64_t reduction, double eps, at::Tensor out,
-             at::Tensor count, at::Tensor saved_grad, int64_t check) {
-  const auto* vt = table(variant);
+void check_reduction(int64_t reduction) {
   TORCH_CHECK(reduction >= 0 && reduction <= 2, "giou_loss: reduction code must be 0 (none), 1 (mean) or 2 (sum)");
+}
+
+}  // namespace
+
+std::string error_text(int64_t bits) {
+  std::string text;
+  if (bits & TUNER_GIOU_BAD_COUNT) text += "num_boxes has a value outside [0, S]";
+  if (bits & TUNER_GIOU_BAD_TARGET) {
+    if (!text.empty()) text += "; ";
+    text += "a valid target box has a non-finite coordinate";
+  }
+  return text;
+}
+
+void run_forward(const TunerGiouVtable* vt, const at::Tensor& pred, const at::Tensor& target,
+                 const std::optional<at::Tensor>& num_boxes, int64_t reduction, double eps, const at::Tensor& out,
+                 const at::Tensor& count, const at::Tensor* saved_grad, int64_t check) {
+  check_reduction(reduction);
   const Common c = check_common(vt, pred, target, num_boxes);
   check_float_out("out", out, pred, reduction == 0 ? int64_t(c.B) * c.S : 1);
   check_float_out("count", count, pred, 1);
-  const bool save = saved_grad.numel() > 0;
-  TORCH_CHECK(!save || vt->saves_grad, "giou_loss: variant ", vt->name, " does not save gradients");
-  if (save) check_float_out("saved_grad", saved_grad, pred, pred.numel());
+  TORCH_CHECK(saved_grad == nullptr || vt->saves_grad, "giou_loss: variant ", vt->name, " does not save gradients");
+  if (saved_grad != nullptr) check_float_out("saved_grad", *saved_grad, pred, pred.numel());
 
   c10::cuda::CUDAGuard guard(pred.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -156,9 +166,11 @@ void forward(int64_t variant, const at::Tensor& pred, const at::Tensor& target,
     return;
   }
   Workspace& ws = workspace_for(pred, stream, vt->workspace_words(c.B, c.S));
-  const bool async = check == 2 && vt->validates && !capturing(stream);
-  if (async) {
-    const int64_t earlier = landed_error(ws, stream);
+  // Under graph capture nothing may sync or be enqueued besides the launch: reports
+  // then wait for a later eager call on this stream or for take_errors().
+  const bool validates = vt->validates && check != CHECK_DEFERRED && !capturing(stream);
+  if (validates && check == CHECK_ASYNC) {
+    const int64_t earlier = take_landed(ws);
     TORCH_CHECK_VALUE(earlier == 0, "giou_loss: invalid input in an earlier call: ", error_text(earlier));
   }
   TunerGiouArgs a;
@@ -171,27 +183,23 @@ void forward(int64_t variant, const at::Tensor& pred, const at::Tensor& target,
   a.eps = static_cast<float>(eps);
   a.out = out.data_ptr<float>();
   a.count_out = count.data_ptr<float>();
-  a.saved_grad = save ? saved_grad.data_ptr<float>() : nullptr;
+  a.saved_grad = saved_grad != nullptr ? saved_grad->data_ptr<float>() : nullptr;
   a.workspace = reinterpret_cast<unsigned*>(ws.words.data_ptr<int>());
+  a.error_flags = ws.flags_device;
   const int rc = vt->forward(&a, stream);
   TORCH_CHECK(rc == 0, "giou_loss: variant ", vt->name, " failed to launch: ",
               cudaGetErrorString(static_cast<cudaError_t>(rc)));
-  if (check == 1) {
-    const int64_t bits = take_error(ws);
+  if (validates && check == CHECK_SYNC) {
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const int64_t bits = take_landed(ws);
     TORCH_CHECK_VALUE(bits == 0, "giou_loss: invalid input: ", error_text(bits));
-  } else if (async) {
-    C10_CUDA_CHECK(cudaMemcpyAsync(ws.pinned.data_ptr<int>(), ws.words.data_ptr<int>() + TUNER_GIOU_WS_ERROR,
-                                   sizeof(int), cudaMemcpyDeviceToHost, stream));
-    C10_CUDA_CHECK(cudaEventRecord(ws.copied, stream));
-    ws.pending = true;
   }
 }
 
-void backward(int64_t variant, const at::Tensor& grad_out, const at::Tensor& pred, const at::Tensor& target,
-              const c10::optional<at::Tensor>& num_boxes, const at::Tensor& count, const at::Tensor& saved_grad,
-              int64_t reduction, double eps, at::Tensor grad_pred) {
-  const auto* vt = table(variant);
-  TORCH_CHECK(reduction >= 0 && reduction <= 2, "giou_loss: reduction code must be 0 (none), 1 (mean) or 2 (sum)");
+void run_backward(const TunerGiouVtable* vt, const at::Tensor& grad_out, const at::Tensor& pred,
+                  const at::Tensor& target, const std::optional<at::Tensor>& num_boxes, const at::Tensor& count,
+                  const at::Tensor& saved_grad, int64_t reduction, double eps, const at::Tensor& grad_pred) {
+  check_reduction(reduction);
   const Common c = check_common(vt, pred, target, num_boxes);
   check_float_out("grad_out", grad_out, pred, reduction == 0 ? int64_t(c.B) * c.S : 1);
   check_float_out("count", count, pred, 1);
@@ -220,28 +228,52 @@ void backward(int64_t variant, const at::Tensor& grad_out, const at::Tensor& pre
               cudaGetErrorString(static_cast<cudaError_t>(rc)));
 }
 
-// Reads and clears the error words of every workspace (syncs); returns their OR.
 int64_t take_errors() {
   std::lock_guard<std::mutex> lock(workspace_mutex);
   int64_t bits = 0;
-  for (auto& entry : workspaces) bits |= take_error(entry.second);
+  int synced = -1;
+  for (auto& entry : workspaces) {
+    Workspace& ws = entry.second;
+    if (ws.device != synced) {
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ws.device));
+      C10_CUDA_CHECK(cudaDeviceSynchronize());
+      synced = ws.device;
+    }
+    bits |= take_landed(ws);
+  }
   return bits;
 }
 
-std::string describe_errors(int64_t bits) { return error_text(bits); }
+namespace {
+
+// The search's calls: one variant by its table's address, outputs given by the caller.
+void forward_by_address(int64_t variant, const at::Tensor& pred, const at::Tensor& target,
+                        const std::optional<at::Tensor>& num_boxes, int64_t reduction, double eps,
+                        const at::Tensor& out, const at::Tensor& count, const at::Tensor& saved_grad, int64_t check) {
+  run_forward(table(variant), pred, target, num_boxes, reduction, eps, out, count,
+              saved_grad.numel() > 0 ? &saved_grad : nullptr, check);
+}
+
+void backward_by_address(int64_t variant, const at::Tensor& grad_out, const at::Tensor& pred,
+                         const at::Tensor& target, const std::optional<at::Tensor>& num_boxes,
+                         const at::Tensor& count, const at::Tensor& saved_grad, int64_t reduction, double eps,
+                         const at::Tensor& grad_pred) {
+  run_backward(table(variant), grad_out, pred, target, num_boxes, count, saved_grad, reduction, eps, grad_pred);
+}
 
 }  // namespace
+}  // namespace tuner_giou
 
-TORCH_LIBRARY(tuner_giou, m) {
+TORCH_LIBRARY_FRAGMENT(tuner_giou, m) {
   m.def("forward(int variant, Tensor pred, Tensor target, Tensor? num_boxes, int reduction, float eps, "
         "Tensor(a!) out, Tensor(b!) count, Tensor(c!) saved_grad, int check) -> ()");
   m.def("backward(int variant, Tensor grad_out, Tensor pred, Tensor target, Tensor? num_boxes, Tensor count, "
         "Tensor saved_grad, int reduction, float eps, Tensor(a!) grad_pred) -> ()");
-  m.def("take_errors() -> int", &take_errors);
-  m.def("describe_errors(int bits) -> str", &describe_errors);
+  m.def("take_errors() -> int", &tuner_giou::take_errors);
+  m.def("describe_errors(int bits) -> str", &tuner_giou::error_text);
 }
 
 TORCH_LIBRARY_IMPL(tuner_giou, CUDA, m) {
-  m.impl("forward", &forward);
-  m.impl("backward", &backward);
+  m.impl("forward", &tuner_giou::forward_by_address);
+  m.impl("backward", &tuner_giou::backward_by_address);
 }

@@ -76,12 +76,14 @@ def test_dispatch_picks_the_dtype_pair_and_nearest_shape():
     state.entries = [_entry("bfloat16", "uint8", 1024, 256, block_size=512),
                      _entry("bfloat16", "uint8", 64, 256, block_size=128),
                      _entry("float32", "float32", 1024, 256, block_size=64)]
-    assert state.choose("bfloat16", "uint8", 2048, 256)[0]["block_size"] == 512
-    assert state.choose("bfloat16", "uint8", 100, 256)[0]["block_size"] == 128
-    assert state.choose("float32", "float32", 8, 8)[0]["block_size"] == 64
-    with pytest.warns(UserWarning, match="no variant was tuned for pred float16"):
-        v, source = state.choose("float16", "uint8", 1000, 256)
-    assert source is None and v["pred"] == "float16" and v["block_size"] == 512
+    assert state.choose("bfloat16", "uint8", 2048, 256).variant["block_size"] == 512
+    assert state.choose("bfloat16", "uint8", 100, 256).variant["block_size"] == 128
+    assert state.choose("float32", "float32", 8, 8).variant["block_size"] == 64
+    # An untuned pair: the nearest problem's parameters rendered for it, marked as such.
+    e = state.choose("float16", "uint8", 1000, 256)
+    assert e.source is None and e.variant["pred"] == "float16" and e.variant["block_size"] == 512
+    assert e.tuned_for == "bfloat16/uint8"
+    assert len(state.bindings) == 12 and all(state.bindings.values())
 
 
 def test_cpu_implementation_equals_the_reference(artifact):

@@ -8,13 +8,15 @@ import os
 
 from tuner import paths, toolkit
 from tuner.build import torch_version
+from tuner.families import giou
 from tuner.render import header_text, templates_dir
 
 
 def _key() -> str:
     import torch
 
-    source = (templates_dir() / "giou_binding.cpp").read_text() + header_text("giou")
+    source = "".join((templates_dir() / f).read_text() for f in giou.BINDING + giou.BINDING_HEADERS)
+    source += header_text(giou.FAMILY)
     h = hashlib.sha256(f"{source}\0{torch_version()}\0{torch.version.cuda}\0{toolkit.nvcc_version()}".encode())
     return h.hexdigest()[:16]
 
@@ -22,6 +24,8 @@ def _key() -> str:
 @functools.lru_cache(maxsize=None)
 def load(verbose: bool = False):
     """Build (first time only) and load the binding; returns `torch.ops.tuner_giou`.
+
+    Loading it also defines `tuner::giou_loss` and its CUDA and Autograd kernels.
 
     The build includes torch/extension.h and so takes about a minute; it is shared
     by every variant and cached under variants/_binding/<hash>/.
@@ -47,7 +51,7 @@ def load(verbose: bool = False):
     build_dir.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(
         name=name,
-        sources=[str(templates_dir() / "giou_binding.cpp")],
+        sources=[str(templates_dir() / f) for f in giou.BINDING],
         extra_include_paths=[str(templates_dir())],
         extra_cflags=["-O2"],
         build_directory=str(build_dir),

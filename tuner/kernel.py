@@ -9,7 +9,7 @@ from tuner import binding
 from tuner.errors import BuildError, KernelInputError
 from tuner.families.giou import DEFAULT_EPS, REDUCTIONS
 
-_ABI = 1
+_ABI = 2
 
 
 class _Vtable(ctypes.Structure):

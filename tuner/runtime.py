@@ -1,20 +1,25 @@
-"""Load an exported artifact and serve `torch.ops.tuner.giou_loss` from it.
+"""Load an exported artifact and bind its winners to `torch.ops.tuner.giou_loss`.
 
-Following pytorch/extension-cpp: the op has a schema, a CUDA implementation that
-launches on the current stream, a CPU implementation (the reference, so the same
-code runs on CPU), a fake implementation for torch.compile, and autograd through
-the hand-written backward kernel. Three ops are defined:
+The op lives in C++ (templates/giou_op.cpp, part of the binding built once per
+torch/CUDA version), as pytorch/extension-cpp does it: its schema, its CUDA kernels,
+its autograd (a `torch::autograd::Function` calling the backward kernel) and its
+input checks, so that an eager call is one dispatcher hop and runs no Python:
 
     tuner::giou_loss(pred, target, num_boxes=None, reduction="mean", eps=1e-7) -> Tensor
-        what users call; composite: it calls giou_loss_forward and returns the loss
-    tuner::giou_loss_forward(...) -> (loss, count, saved_grad)     autograd lives here
-    tuner::giou_loss_backward(grad, pred, target, num_boxes, count, saved_grad, ...) -> grad_pred
+        CUDA and Autograd kernels in C++; the Autograd kernel calls the two below
+    tuner::giou_loss_forward(pred, target, num_boxes, reduction, eps) -> (loss, count, saved_grad)
+    tuner::giou_loss_backward(grad, pred, target, num_boxes, count, saved_grad, reduction, eps) -> grad_pred
+
+This module builds an artifact's variants for the attached GPU and binds them once
+(each call then picks, in C++, the winner of its dtype pair nearest to its shape), and
+registers what may stay in Python because it is off the CUDA path: the CPU
+implementation (the float64 reference) and the fake implementation for torch.compile.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,90 +32,95 @@ from tuner.render import header_text
 from tuner.variant import Variant
 
 NAMESPACE = "tuner"
-VALIDATE = ("async", "sync", "deferred")
-_RED = {name: i for i, name in enumerate(giou.REDUCTIONS)}
+# How bad input found by a kernel reaches the host; the codes are the binding's.
+VALIDATE = {"deferred": 0, "sync": 1, "async": 2}
 
 
 @dataclass
 class Entry:
     problem: dict
     variant: Variant
-    source: str
+    source: str | None       # the artifact's source; None: rendered from the template
+    tuned_for: str = ""      # set when the parameters were tuned for another dtype pair
 
 
 class TunedGiou:
-    """The winners of an artifact, built for the attached GPU, dispatched by dtype pair and shape."""
+    """The winners of an artifact and what is bound for each dtype pair."""
 
     def __init__(self, directory: Path | None, manifest: dict | None, validate: str = "async",
                  fallback: str = "rebuild"):
         if validate not in VALIDATE:
-            raise TunerError(f"validate must be one of {VALIDATE}: 'async' raises on a later call without "
+            raise TunerError(f"validate must be one of {tuple(VALIDATE)}: 'async' raises on a later call without "
                              "syncing, 'sync' raises at once (a sync per call), 'deferred' at check_errors()")
         if fallback not in ("rebuild", "reference"):
             raise TunerError("fallback must be 'rebuild' or 'reference'")
         self.directory, self.manifest = directory, manifest
         self.validate = validate
         self.fallback = fallback
-        self.entries = []
+        self.entries: list[Entry] = []
         if manifest is not None:
             for e in manifest["entries"]:
                 self.entries.append(Entry(e["problem"], Variant.of(giou.FAMILY, e["params"]),
                                           (Path(directory) / e["source"]).read_text()))
-        self._kernels: dict[tuple, object] = {}
-        self._lock = threading.Lock()
+        self.kernels: list = []  # the loaded variants; the bound C tables point into them
         self.use_reference = False
-        self.arch: str | None = None
-        self.warned: set[str] = set()
 
-    # ------------------------------------------------------------ dispatch
+    @functools.cached_property
+    def bindings(self) -> dict[tuple[str, str], list[Entry]]:
+        """Per dtype pair, the winners the op chooses from by shape, in order: the pair's tuned
+        entries, or for an untuned pair every entry's parameters rendered for it."""
+        out = {}
+        for pred in giou.PRED_DTYPES:
+            for target in giou.TARGET_DTYPES:
+                same = [e for e in self.entries if (e.problem["pred"], e.problem["target"]) == (pred, target)]
+                out[(pred, target)] = same or [
+                    Entry(e.problem, giou.space(pred, target).nearest({d.name: e.variant[d.name] for d in giou.DIMS}),
+                          None, f"{e.problem['pred']}/{e.problem['target']}")
+                    for e in self.entries]
+        return out
 
-    def choose(self, pred_dtype: str, target_dtype: str, batch: int, slots: int) -> tuple[Variant, str | None]:
-        """The tuned variant for a problem: same dtype pair and the nearest shape (log distance);
-        for an untuned dtype pair, the nearest problem's parameters rendered for this pair."""
-        if not self.entries:
+    def choose(self, pred_dtype: str, target_dtype: str, batch: int, slots: int) -> Entry:
+        """The winner a call runs: nearest tuned shape in log distance, the first of equals
+        (the rule templates/giou_op.cpp applies per call)."""
+        candidates = self.bindings[(pred_dtype, target_dtype)]
+        if not candidates:
             raise TunerError("the artifact holds no tuned variant")
 
         def distance(e: Entry) -> float:
             p = e.problem
             return abs(math.log(max(batch, 1) / p["batch"])) + abs(math.log(max(slots, 1) / p["slots"]))
 
-        same = [e for e in self.entries if (e.problem["pred"], e.problem["target"]) == (pred_dtype, target_dtype)]
-        if same:
-            best = min(same, key=distance)
-            return best.variant, best.source
-        best = min(self.entries, key=distance)
-        key = f"{pred_dtype}/{target_dtype}"
-        if key not in self.warned:
-            self.warned.add(key)
-            warnings.warn(f"giou_loss: no variant was tuned for pred {pred_dtype} and target {target_dtype}; "
-                          f"using the parameters tuned for {best.problem['pred']}/{best.problem['target']}",
-                          stacklevel=4)
-        variant = giou.space(pred_dtype, target_dtype).nearest(
-            {d.name: best.variant[d.name] for d in giou.DIMS})
-        return variant, None
+        return min(candidates, key=distance)
 
-    def kernel(self, pred, target):
-        """The compiled kernel for these inputs (built on first use, then cached on disk)."""
+    def saves(self, pred_dtype: str, target_dtype: str) -> bool:
+        """Whether the forward returns a saved gradient ([B, S, 4]) for this dtype pair: when any of
+        its winners saves one (the C++ forward allocates by the same rule)."""
+        return any(e.variant["backward"] == "fused" for e in self.bindings.get((pred_dtype, target_dtype), []))
+
+    def bind(self, arch: str) -> None:
+        """Build every bound variant for `arch` (one parallel batch, cached) and hand the C
+        tables to the op."""
+        from tuner import binding
         from tuner.kernel import GiouKernel
 
-        pred_dtype = str(pred.dtype).removeprefix("torch.")
-        target_dtype = str(target.dtype).removeprefix("torch.")
-        variant, source = self.choose(pred_dtype, target_dtype, pred.shape[0], pred.shape[1])
-        key = (variant.name, pred.device.index)
-        k = self._kernels.get(key)
-        if k is not None:
-            return k
-        with self._lock:
-            if key in self._kernels:
-                return self._kernels[key]
-            arch = gpus.attached(pred.device.index or 0).arch
-            sources = {variant.name: source} if source is not None else None
-            (b,) = build.build([variant], arch, sources=sources)
-            if not b.ok:
-                raise TunerError(f"giou_loss: building {variant.name} for {arch} failed:\n{b.error}")
-            k = GiouKernel(b.so, variant.name)
-            self._kernels[key] = k
-            return k
+        ops = binding.load()
+        if not self.use_reference:
+            table = self.bindings
+            unique = {e.variant.name: e for entries in table.values() for e in entries}
+            sources = {name: e.source for name, e in unique.items() if e.source is not None}
+            built = {b.variant.name: b for b in build.build([e.variant for e in unique.values()], arch,
+                                                             sources=sources)}
+            failed = [b for b in built.values() if not b.ok]
+            if failed:
+                raise TunerError(f"giou_loss: building {failed[0].variant.name} for {arch} failed:\n"
+                                 f"{failed[0].error}")
+            kernels = {name: GiouKernel(b.so, name) for name, b in built.items()}
+            for entries in table.values():
+                for e in entries:
+                    ops.stage(kernels[e.variant.name].address, e.problem["batch"], e.problem["slots"], e.tuned_for)
+            self.kernels = list(kernels.values())
+        ops.publish(self.use_reference)
+        ops.set_check(VALIDATE[self.validate])
 
 
 _state: TunedGiou | None = None
@@ -118,47 +128,64 @@ _state: TunedGiou | None = None
 
 def load(directory: str | Path | None = None, *, gpu: str | None = None, validate: str = "async",
          fallback: str = "rebuild"):
-    """Load a tuned artifact and register `torch.ops.tuner.giou_loss`; returns the op.
+    """Load a tuned artifact and bind it to `torch.ops.tuner.giou_loss`; returns the op.
 
     `load("DIR")` loads an exported folder; `load(gpu="auto")` (or `gpu="H100"`) finds
-    the default export of that GPU under $TUNER_HOME/exports. An artifact tuned for
-    another architecture is rebuilt for the attached one, with a warning, or, with
-    `fallback="reference"`, served by the float64 reference instead.
+    the default export of that GPU under $TUNER_HOME/exports. The artifact's variants are
+    built for the attached GPU here (cached on disk), for every dtype pair: an untuned
+    pair gets the nearest problem's parameters and a warning on first use. An artifact
+    tuned for another architecture is rebuilt for the attached one, with a warning, or,
+    with `fallback="reference"`, served by the float64 reference instead.
 
     Bad input that the kernel's validation finds (num_boxes outside [0, S], non-finite
     target boxes) raises KernelInputError: with validate="async" (default) on a later
-    call, as soon as a copy of the error word has landed, without ever syncing; with
-    "sync" in the call itself (a sync per call); with "deferred" at `tuner.check_errors()`.
+    call, as soon as the kernel's flag has landed in host memory, without a sync or a
+    copy; with "sync" in the call itself (a sync per call); with "deferred" at
+    `tuner.check_errors()`. On CPU the reference checks the same things and raises at once.
     """
     global _state
+    import torch
+
     if directory is None:
         if gpu is None:
             raise TunerError("tuner.load needs an artifact folder or gpu=... (e.g. gpu='auto')")
-        label = gpu
-        if gpu.lower() == "auto":
-            label = gpus.short_name(gpus.attached())
+        label = gpus.short_name(gpus.attached()) if gpu.lower() == "auto" else gpu
         directory = artifacts.default_dir(label)
     directory = Path(directory)
     manifest = artifacts.read(directory)
     if manifest["header_sha256"] != artifacts.sha256(header_text(giou.FAMILY)):
         raise TunerError(f"{directory} was exported by a tuner with another kernel ABI; export it again")
     state = TunedGiou(directory, manifest, validate, fallback)
-    import torch
+    from tuner import binding
 
+    binding.load()  # defines the op and its C++ kernels
+    _register_python()
     if torch.cuda.is_available():
         attached = gpus.attached()
         if manifest.get("arch") != attached.arch:
+            tuned = f"{directory} was tuned for {manifest.get('arch')} ({manifest['gpu'].get('gpu_name')})"
             if fallback == "reference":
                 state.use_reference = True
-                warnings.warn(f"{directory} was tuned for {manifest.get('arch')} ({manifest['gpu'].get('gpu_name')}) "
-                              f"but this GPU is {attached.name} ({attached.arch}): using the reference", stacklevel=2)
+                warnings.warn(f"{tuned} but this GPU is {attached.name} ({attached.arch}): using the reference",
+                              stacklevel=2)
             else:
-                warnings.warn(f"{directory} was tuned for {manifest.get('arch')} ({manifest['gpu'].get('gpu_name')}) "
-                              f"but this GPU is {attached.name} ({attached.arch}): building its variants for "
-                              f"{attached.arch}; timings may differ, tune on this GPU for the best", stacklevel=2)
+                warnings.warn(f"{tuned} but this GPU is {attached.name} ({attached.arch}): building its variants "
+                              f"for {attached.arch}; timings may differ, tune on this GPU for the best", stacklevel=2)
+        state.bind(attached.arch)
     _state = state
-    _register()
     return torch.ops.tuner.giou_loss
+
+
+def set_validate(mode: str) -> None:
+    """Switch how kernel-found bad input is reported (see `load`) without loading again."""
+    if _state is None:
+        raise TunerError("no artifact is loaded; call tuner.load(...) first")
+    if mode not in VALIDATE:
+        raise TunerError(f"validate must be one of {tuple(VALIDATE)}")
+    _state.validate = mode
+    from tuner import binding
+
+    binding.load().set_check(VALIDATE[mode])
 
 
 def check_errors() -> None:
@@ -175,12 +202,14 @@ def check_errors() -> None:
                                binding.load().describe_errors(bits))
 
 
-# --------------------------------------------------------------- the ops
+# ----------------------------------------------- the Python side: CPU and fake
 
 _registered = False
+_LIBS: list = []  # keeps the torch.library.Library objects alive
 
 
-def _check_inputs(pred, target, num_boxes, reduction: int) -> None:
+def _check_inputs(pred, target, num_boxes) -> None:
+    """The C++ kernels' checks and messages (templates/giou_op.cpp), for the CPU and fake paths."""
     import torch
 
     if pred.dim() != 3 or pred.shape[-1] != 4:
@@ -198,121 +227,85 @@ def _check_inputs(pred, target, num_boxes, reduction: int) -> None:
             raise ValueError(f"giou_loss: num_boxes is on {num_boxes.device} but pred is on {pred.device}")
         if num_boxes.dtype.is_floating_point or num_boxes.dtype == torch.bool or num_boxes.is_complex():
             raise TypeError(f"giou_loss: num_boxes must be an integer tensor, got {num_boxes.dtype}")
-        if num_boxes.shape != (pred.shape[0],):
+        if num_boxes.dim() != 1 or num_boxes.shape[0] != pred.shape[0]:
             raise ValueError(f"giou_loss: num_boxes must have shape [B] = [{pred.shape[0]}], "
                              f"got {list(num_boxes.shape)}")
-    if reduction not in (0, 1, 2):
-        raise ValueError(f"giou_loss: reduction must be one of {giou.REDUCTIONS}")
 
 
-def _forward_cuda(pred, target, num_boxes, reduction: int, eps: float):
+def _check_values(target, num_boxes) -> None:
+    """What a validating kernel reports, checked at once on CPU (where it costs no sync)."""
     import torch
 
-    _check_inputs(pred, target, num_boxes, reduction)
-    if _state is None:
-        raise TunerError("giou_loss: no artifact is loaded; call tuner.load(...) first")
-    if _state.use_reference:
-        return _forward_cpu(pred, target, num_boxes, reduction, eps)
-    kernel = _state.kernel(pred, target)
-    saved = pred.new_empty(_saved_shape(pred, target), dtype=torch.float32)
-    check = _state.validate
-    if check == "sync" and torch.cuda.is_current_stream_capturing():
-        check = "deferred"  # a sync cannot be captured
-    loss, count, saved = kernel.forward(pred, target, num_boxes, giou.REDUCTIONS[reduction], eps,
-                                        check=check, saved_grad=saved)
-    return loss, count, saved
+    S = target.shape[1]
+    if num_boxes is not None and num_boxes.numel() and bool(((num_boxes < 0) | (num_boxes > S)).any()):
+        raise KernelInputError("giou_loss: invalid input: num_boxes has a value outside [0, S]")
+    if target.dtype.is_floating_point:
+        valid = giou.valid_mask(target, num_boxes)
+        if bool((~torch.isfinite(target).all(-1) & valid).any()):
+            raise KernelInputError("giou_loss: invalid input: a valid target box has a non-finite coordinate")
 
 
 def _saved_shape(pred, target) -> tuple:
-    """[B, S, 4] when the variant these inputs dispatch to saves its gradient in the forward, else
-    [0]; the fake implementation asks the same question, so shapes agree under torch.compile."""
-    if _state is None or _state.use_reference or not _state.entries:
+    pair = (str(pred.dtype).removeprefix("torch."), str(target.dtype).removeprefix("torch."))
+    if _state is None or not _state.saves(*pair):
         return (0,)
-    variant, _ = _state.choose(str(pred.dtype).removeprefix("torch."), str(target.dtype).removeprefix("torch."),
-                               pred.shape[0], pred.shape[1])
-    return (pred.shape[0], pred.shape[1], 4) if variant["backward"] == "fused" else (0,)
+    return (pred.shape[0], pred.shape[1], 4)
 
 
 def _forward_cpu(pred, target, num_boxes, reduction: int, eps: float):
     import torch
 
-    _check_inputs(pred, target, num_boxes, reduction)
+    _check_inputs(pred, target, num_boxes)
+    _check_values(target, num_boxes)
     loss = giou.reference(pred, target, num_boxes, giou.REDUCTIONS[reduction], eps).to(torch.float32)
     count = giou.valid_mask(target, num_boxes).sum().to(torch.float32)
     # The reference recomputes in backward; a saved gradient is only shaped like the kernel's.
     return loss, count, torch.zeros(_saved_shape(pred, target), dtype=torch.float32, device=pred.device)
 
 
-def _forward_fake(pred, target, num_boxes, reduction: int, eps: float):
-    B, S = pred.shape[0], pred.shape[1]
-    loss = pred.new_empty((B, S) if reduction == 0 else (), dtype=_f32())
-    return loss, pred.new_empty((), dtype=_f32()), pred.new_empty(_saved_shape(pred, target), dtype=_f32())
-
-
-def _f32():
-    import torch
-
-    return torch.float32
-
-
-def _backward_cuda(grad, pred, target, num_boxes, count, saved, reduction: int, eps: float):
-    if _state is None or _state.use_reference:
-        return _backward_cpu(grad, pred, target, num_boxes, count, saved, reduction, eps)
-    kernel = _state.kernel(pred, target)
-    return kernel.backward(grad, pred, target, num_boxes, count, saved, giou.REDUCTIONS[reduction], eps)
+def _loss_cpu(pred, target, num_boxes=None, reduction="mean", eps=giou.DEFAULT_EPS):
+    return _forward_cpu(pred, target, num_boxes, _reduction_code(reduction), eps)[0]
 
 
 def _backward_cpu(grad, pred, target, num_boxes, count, saved, reduction: int, eps: float):
     _, g = giou.reference_with_grad(pred, target, num_boxes, giou.REDUCTIONS[reduction], eps, grad_out=grad)
-    return g.to(pred.dtype)
+    return g.to(pred.dtype).contiguous()
 
 
-def _register() -> None:
+def _reduction_code(reduction: str) -> int:
+    if reduction not in giou.REDUCTIONS:
+        raise ValueError(f"giou_loss: reduction must be one of {giou.REDUCTIONS}, got {reduction!r}")
+    return giou.REDUCTIONS.index(reduction)
+
+
+def _forward_fake(pred, target, num_boxes, reduction: int, eps: float):
+    import torch
+
+    _check_inputs(pred, target, num_boxes)
+    B, S = pred.shape[0], pred.shape[1]
+    f32 = torch.float32
+    loss = pred.new_empty((B, S) if reduction == 0 else (), dtype=f32)
+    return loss, pred.new_empty((), dtype=f32), pred.new_empty(_saved_shape(pred, target), dtype=f32)
+
+
+def _loss_fake(pred, target, num_boxes=None, reduction="mean", eps=giou.DEFAULT_EPS):
+    return _forward_fake(pred, target, num_boxes, _reduction_code(reduction), eps)[0]
+
+
+def _register_python() -> None:
+    """CPU and fake implementations of the C++-defined ops, once per process."""
     global _registered
     if _registered:
         return
     import torch
 
-    lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+    lib = torch.library.Library(NAMESPACE, "IMPL")
     _LIBS.append(lib)
-    lib.define("giou_loss_forward(Tensor pred, Tensor target, Tensor? num_boxes, int reduction, float eps) "
-               "-> (Tensor, Tensor, Tensor)")
-    lib.define("giou_loss_backward(Tensor grad, Tensor pred, Tensor target, Tensor? num_boxes, Tensor count, "
-               "Tensor saved_grad, int reduction, float eps) -> Tensor")
-    lib.define("giou_loss(Tensor pred, Tensor target, Tensor? num_boxes=None, str reduction=\"mean\", "
-               "float eps=1e-07) -> Tensor")
-    fwd, bwd = f"{NAMESPACE}::giou_loss_forward", f"{NAMESPACE}::giou_loss_backward"
-    torch.library.impl(fwd, "CUDA", lib=lib)(_forward_cuda)
-    torch.library.impl(fwd, "CPU", lib=lib)(_forward_cpu)
-    torch.library.register_fake(fwd, lib=lib)(_forward_fake)
-    torch.library.impl(bwd, "CUDA", lib=lib)(_backward_cuda)
-    torch.library.impl(bwd, "CPU", lib=lib)(_backward_cpu)
-    torch.library.register_fake(bwd, lib=lib)(lambda grad, pred, *rest: torch.empty_like(pred))
-
-    def setup_context(ctx, inputs, output):
-        pred, target, num_boxes, reduction, eps = inputs
-        _, count, saved = output
-        ctx.save_for_backward(pred, target, num_boxes, count, saved)
-        ctx.reduction, ctx.eps = reduction, eps
-        ctx.mark_non_differentiable(count, saved)
-
-    def backward(ctx, grad_loss, _grad_count, _grad_saved):
-        pred, target, num_boxes, count, saved = ctx.saved_tensors
-        grad = torch.ops.tuner.giou_loss_backward(grad_loss.to(torch.float32).contiguous(), pred, target,
-                                                  num_boxes, count, saved, ctx.reduction, ctx.eps)
-        return grad, None, None, None, None
-
-    torch.library.register_autograd(fwd, backward, setup_context=setup_context, lib=lib)
-
-    def giou_loss(pred, target, num_boxes=None, reduction="mean", eps=1e-7):
-        if reduction not in _RED:
-            raise ValueError(f"giou_loss: reduction must be one of {giou.REDUCTIONS}, got {reduction!r}")
-        if num_boxes is not None and num_boxes.dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):
-            num_boxes = num_boxes.to(torch.int64)  # other dtypes reach the checks and get a clear error
-        return torch.ops.tuner.giou_loss_forward(pred, target, num_boxes, _RED[reduction], eps)[0]
-
-    torch.library.impl(f"{NAMESPACE}::giou_loss", "CompositeImplicitAutograd", lib=lib)(giou_loss)
+    ops = {"giou_loss": (_loss_cpu, _loss_fake),
+           "giou_loss_forward": (_forward_cpu, _forward_fake),
+           "giou_loss_backward": (_backward_cpu, lambda grad, pred, *rest: pred.new_empty(pred.shape))}
+    for name, (cpu, fake) in ops.items():
+        qualified = f"{NAMESPACE}::{name}"
+        torch.library.impl(qualified, "CPU", lib=lib)(cpu)
+        torch.library.register_fake(qualified, lib=lib)(fake)
     _registered = True
-
-
-_LIBS: list = []  # keeps the torch.library.Library objects alive

@@ -20,7 +20,9 @@ from tuner.variant import Variant
 
 FAMILY = "giou"
 TEMPLATE = "giou.cu.j2"
-BINDING = "giou_binding.cpp"
+# The torch binding, built once per torch/CUDA version: the search's calls by address and the op.
+BINDING = ("giou_binding.cpp", "giou_op.cpp")
+BINDING_HEADERS = ("giou_binding.h",)
 HEADERS = ("giou_abi.h",)
 
 PRED_DTYPES = ("float32", "float16", "bfloat16")

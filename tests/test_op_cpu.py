@@ -1,0 +1,102 @@
+"""The op's C++ call path, checked on a machine without a GPU: where its kernels are
+registered, which winner a call binds to, and that CPU and CUDA agree on bad input."""
+
+import random
+
+import pytest
+import torch
+
+import tuner
+from tuner import binding, export, runtime
+from tuner.errors import KernelInputError
+from tuner.families import giou
+
+GPU = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
+
+
+def _variant(pred, target, **params):
+    base = {"boxes_per_thread": 2, "padding": "branch", "validation": "hoisted", "block_size": 256,
+            "loads": "vector", "reduction": "atomic", "backward": "recompute", **params}
+    return giou.space(pred, target).variant(**base)
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    winners = [
+        {"variant": _variant("bfloat16", "uint8", block_size=512), "problem": giou.Problem(1024, 256).__dict__},
+        {"variant": _variant("bfloat16", "uint8", block_size=128, backward="fused"),
+         "problem": giou.Problem(64, 256).__dict__},
+        {"variant": _variant("bfloat16", "uint8", block_size=64), "problem": giou.Problem(4096, 32).__dict__},
+    ]
+    return export.write(tmp_path_factory.mktemp("artifact"), winners, GPU)
+
+
+@pytest.fixture(scope="module")
+def op(artifact, shared_home):
+    return tuner.load(artifact)
+
+
+def _kernels(name: str) -> dict[str, str]:
+    """Dispatch key -> where its kernel was registered, from the dispatcher's own dump."""
+    out = {}
+    for line in torch._C._dispatch_dump(name).splitlines():
+        key, sep, rest = line.partition(": registered at ")
+        if sep:
+            out[key.strip()] = rest
+    return out
+
+
+def test_cuda_and_autograd_kernels_are_registered_from_cpp(op):
+    assert op is torch.ops.tuner.giou_loss
+    loss = _kernels("tuner::giou_loss")
+    assert "giou_op.cpp" in loss["CUDA"] and "giou_op.cpp" in loss["Autograd[alias]"]
+    assert "runtime.py" in loss["CPU"] and "runtime.py" in loss["Meta"]  # the reference and the fake
+    for name in ("tuner::giou_loss_forward", "tuner::giou_loss_backward"):
+        assert "giou_op.cpp" in _kernels(name)["CUDA"]
+    # The schema itself is defined in C++ too.
+    assert "giou_op.cpp" in torch._C._dispatch_dump("tuner::giou_loss").split("debug:")[1].splitlines()[0]
+
+
+def test_cpu_and_cuda_agree_on_what_is_an_error(op):
+    p, t, n = giou.make_inputs(4, 6, "float32", "float16", "uniform")
+    for value in (7, -1):  # a validating kernel reports these; the CPU reference raises at once
+        bad = n.clone()
+        bad[1] = value
+        with pytest.raises(KernelInputError, match=r"num_boxes has a value outside \[0, S\]"):
+            op(p, t, bad)
+    t2 = t.clone()
+    t2[0, 0, 1] = float("inf")
+    with pytest.raises(KernelInputError, match="non-finite"):
+        op(p, t2, torch.full_like(n, 6))
+    t2[0, 0, 1] = 0  # a non-finite value in a padding slot is not an error
+    t2[0, 5, 1] = float("nan")
+    assert torch.isfinite(op(p, t2, torch.full((4,), 5)))
+
+
+def test_num_boxes_of_any_integer_dtype(op):
+    p, t, n = giou.make_inputs(4, 6, "float32", "uint8")
+    want = op(p, t, n)
+    for dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):
+        assert torch.equal(op(p, t, n.to(dtype)), want)
+    with pytest.raises(TypeError, match="integer tensor"):
+        op(p, t, n.bool())
+
+
+def test_cpp_picks_the_same_winner_as_python(artifact, op, shared_home):
+    """Binds the artifact's variants (compiled here for sm_90, never run) and asks the
+    C++ table which winner each shape gets."""
+    state = runtime._state
+    state.bind("sm_90")
+    ops = binding.load()
+    rng = random.Random(0)
+    names = {"bfloat16": "BFloat16", "float32": "Float", "float16": "Half", "uint8": "Byte"}
+    for _ in range(200):
+        pred, target = rng.choice(giou.PRED_DTYPES), rng.choice(giou.TARGET_DTYPES)
+        B, S = rng.choice([0, 1, 63, 64, 100, 256, 1023, 2048, 4096, 10**6]), rng.choice([1, 7, 32, 64, 256, 300])
+        want = state.choose(pred, target, B, S)
+        got = ops.chosen(names[pred], names[target], B, S)
+        assert state.bindings[(pred, target)][got] is want, (pred, target, B, S)
+    # One fused winner: every pair binds its parameters, so every forward returns a saved gradient.
+    assert all(state.saves(p, t) for p, t in state.bindings)
+    f = torch.ops.tuner.giou_loss_forward(*giou.make_inputs(3, 5, "float32", "uint8"), 1, 1e-7)
+    assert f[2].shape == (3, 5, 4)
