@@ -5,7 +5,9 @@
 
 Both runs start from the same weights and see the same batches, so their losses
 agree step by step (to bf16 autocast's precision). Prints per step the loss's own
-time (forward and backward of the loss alone, CUDA events) and the whole step's.
+forward and backward three ways: host (until the calls return: what the training
+loop spends issuing them), wall (until the GPU has finished them, the GPU idle
+before) and GPU (CUDA events around them); and the whole step's time.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def main() -> None:
     model = Net(hidden=args.hidden).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed)
-    loss_times, step_times = [], []
+    times: dict[str, list[float]] = {"host": [], "wall": [], "gpu": [], "step": []}
     for step in range(args.steps):
         images, boxes, counts = batch(gen, args.batch, 256, 256, device)
         torch.cuda.synchronize()
@@ -100,22 +102,33 @@ def main() -> None:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         # The loss alone: its forward, and its backward down to pred.
         pred_leaf = pred.detach().requires_grad_(True)
+        torch.cuda.synchronize()
+        h0 = time.perf_counter()
         start.record()
         loss = loss_fn(pred_leaf, boxes, counts)
         loss.backward()
         end.record()
+        h1 = time.perf_counter()
+        torch.cuda.synchronize()
+        h2 = time.perf_counter()
         pred.backward(pred_leaf.grad)
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        step_times.append((time.perf_counter() - t0) * 1e3)
-        loss_times.append(start.elapsed_time(end) * 1e3)
-        print(f"step {step:3d} loss {loss.item():.6f} loss fwd+bwd {loss_times[-1]:8.1f} us "
-              f"step {step_times[-1]:7.2f} ms", flush=True)
-    warm = loss_times[5:] or loss_times
-    print(f"{args.loss}: median loss fwd+bwd {sorted(warm)[len(warm) // 2]:.1f} us, "
-          f"median step {sorted(step_times[5:] or step_times)[len(step_times[5:] or step_times) // 2]:.2f} ms")
+        times["step"].append((time.perf_counter() - t0) * 1e3)
+        times["host"].append((h1 - h0) * 1e6)
+        times["wall"].append((h2 - h0) * 1e6)
+        times["gpu"].append(start.elapsed_time(end) * 1e3)
+        print(f"step {step:3d} loss {loss.item():.6f} loss fwd+bwd: host {times['host'][-1]:7.1f} us, "
+              f"wall {times['wall'][-1]:7.1f} us, GPU {times['gpu'][-1]:7.1f} us; step {times['step'][-1]:7.2f} ms",
+              flush=True)
 
+    def median(key):
+        warm = times[key][5:] or times[key]
+        return sorted(warm)[len(warm) // 2]
+
+    print(f"{args.loss}: median loss fwd+bwd host {median('host'):.1f} us, wall {median('wall'):.1f} us, "
+          f"GPU {median('gpu'):.1f} us; median step {median('step'):.2f} ms")
 
 if __name__ == "__main__":
     main()

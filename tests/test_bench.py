@@ -21,7 +21,8 @@ def test_eager_implementations_match_the_reference(pred, target):
 def test_report_files(tmp_path):
     rows = []
     for impl, f, fb in [("tuned op", 5.0, 12.0), ("padded eager", 300.0, 2000.0),
-                        ("floor: one kernel launch", 4.0, None), ("floor: x.sum().backward()", None, 100.0)]:
+                        ("floor: one kernel launch", 4.0, None), ("floor: x.sum().backward()", None, 100.0),
+                        ("anchor: F.mse_loss (native op)", 10.0, 24.0)]:
         row = {"impl": impl, "pred": "bfloat16", "target": "uint8", "B": 1024, "S": 256}
         if f:
             row.update(fwd_wall_us=f, fwd_kernel_us=f / 2)
@@ -31,6 +32,7 @@ def test_report_files(tmp_path):
     bench.write(rows, tmp_path)
     md = (tmp_path / "bench.md").read_text()
     assert "| padded eager | 300.0 |" in md and "60.00x" in md  # 300 / 5
-    assert "| tuned op | 5.0 | 2.5 | 12.0 | 6.0 | 1.00x | 1.00x | 1.25x | 0.12x |" in md
+    assert "| tuned op | 5.0 | 2.5 | 12.0 | 6.0 | 1.00x | 1.00x | 0.50x | 0.50x | 1.25x | 0.12x |" in md
+    assert "forward **tuned op**, forward+backward **tuned op**" in md
     assert (tmp_path / "bench.csv").read_text().startswith("impl,pred,target,B,S")
     assert (tmp_path / "bench.png").stat().st_size > 1000

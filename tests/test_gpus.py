@@ -40,3 +40,21 @@ def test_short_name():
     assert gpus.short_name(_fake("NVIDIA H100 80GB HBM3")) == "H100"
     assert gpus.short_name(_fake("NVIDIA GeForce RTX 4090")) == "RTX4090"
     assert gpus.short_name(_fake("Some New GPU")) == "Some New GPU"
+
+
+def test_search_without_a_gpu_names_what_was_asked():
+    """On a machine without a GPU, `tuner search --gpu NAME` says why it cannot run, naming the GPU."""
+    import subprocess
+    import sys
+
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a GPU")
+    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--gpu", "L4", "--trials", "1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "--gpu L4" in r.stderr and "--simulate" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--gpu", "H10", "--trials", "1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "unknown GPU 'H10'" in r.stderr and "H100" in r.stderr, r.stderr

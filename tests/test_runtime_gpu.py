@@ -34,7 +34,9 @@ def test_opcheck(op, pred, target):
     import torch
 
     p, t, n = _inputs(pred, target, B=8, S=16)
-    torch.library.opcheck(torch.ops.tuner.giou_loss_forward, (p.requires_grad_(True), t, n, 1, 1e-7))
+    for reduction in ("mean", "none"):
+        torch.library.opcheck(torch.ops.tuner.giou_loss, (p.clone().requires_grad_(True), t, n, reduction))
+    torch.library.opcheck(torch.ops.tuner.giou_loss, (p, t, None, "sum"))
     torch.library.opcheck(torch.ops.tuner.giou_loss_forward, (p, t, None, 0, 1e-7))
 
 
@@ -135,12 +137,13 @@ def test_hostile_inputs_error_or_match_the_reference(op):
 def test_num_boxes_out_of_range(op):
     import torch
 
+    import tuner
     from tuner import runtime
     from tuner.errors import KernelInputError
 
     fn, _ = op
     p, t, n = _inputs("bfloat16", "uint8", B=16, S=32)
-    variant, _ = runtime._state.choose("bfloat16", "uint8", 16, 32)
+    variant = runtime._state.choose("bfloat16", "uint8", 16, 32).variant
     for value in (99, -5):
         bad = n.clone()
         bad[3] = value
@@ -152,12 +155,19 @@ def test_num_boxes_out_of_range(op):
         with pytest.raises(KernelInputError, match="earlier call.*num_boxes"):
             fn(p, t, n)
         _usable(fn)
-        runtime._state.validate = "sync"
+        runtime.set_validate("sync")
         try:
             with pytest.raises(KernelInputError, match="num_boxes"):
                 fn(p, t, bad)
+            _usable(fn)
+            runtime.set_validate("deferred")
+            fn(p, t, bad)  # nothing raised until asked
+            _usable(fn)
+            with pytest.raises(KernelInputError, match="earlier call.*num_boxes"):
+                tuner.check_errors()
+            tuner.check_errors()  # reported once
         finally:
-            runtime._state.validate = "async"
+            runtime.set_validate("async")
         _usable(fn)
 
 
@@ -175,3 +185,118 @@ def test_second_process_loads_without_compiling(op):
     print(r.stdout)
     if before is not None:
         assert sorted(os.listdir(os.path.join(env["TUNER_HOME"], "variants", "sm_90"))) == before
+
+
+def test_reduce_overhead_model(op):
+    """A small model calling the op under torch.compile(mode="reduce-overhead") (CUDA graphs):
+    loss and weight gradients as in eager."""
+    import torch
+
+    fn, _ = op
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 256 * 4, device="cuda")
+    p, t, n = _inputs("bfloat16", "uint8", B=64)
+    x = torch.randn(64, 8, device="cuda")
+
+    def step(x):
+        return fn(p + model(x).view(64, 256, 4).to(torch.bfloat16), t, n)
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # warm-up, record, then replays
+        model.zero_grad()
+        out_c = compiled(x)
+        out_c.backward()
+    g_c = model.weight.grad.clone()
+    model.zero_grad()
+    out_e = step(x)
+    out_e.backward()
+    assert torch.allclose(out_c, out_e, rtol=1e-5)
+    assert torch.allclose(g_c, model.weight.grad, rtol=1e-2, atol=1e-3 * float(g_c.abs().max()))
+
+
+def test_forward_is_one_launch_without_copies(op):
+    """The eager forward issues the variant's kernel(s) and nothing else: no error-word copy,
+    no memset, whatever the validation mode."""
+    import torch
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    from tuner import runtime
+
+    fn, _ = op
+    p, t, n = _inputs("bfloat16", "uint8", B=1024)
+    launches = 2 if runtime._state.choose("bfloat16", "uint8", 1024, 256).variant["validation"] == "kernel" else 1
+    for mode in ("async", "deferred"):
+        runtime.set_validate(mode)
+        fn(p, t, n)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(p, t, n)
+            torch.cuda.synchronize()
+        gpu = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+        assert len(gpu) == launches and not any("Memcpy" in g or "Memset" in g for g in gpu), (mode, gpu)
+    runtime.set_validate("async")
+
+
+def test_bad_input_in_a_graph_replay_is_reported(op):
+    import torch
+
+    import tuner
+    from tuner import runtime
+    from tuner.errors import KernelInputError
+
+    fn, _ = op
+    p, t, n = _inputs("bfloat16", "uint8", B=256)
+    if runtime._state.choose("bfloat16", "uint8", 256, 256).variant["validation"] == "none":
+        pytest.skip("the bf16/uint8 winner of this artifact does not validate")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(p, t, n)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(p, t, n)
+    graph.replay()
+    tuner.check_errors()  # a good replay reports nothing
+    n[5] = 10_000
+    graph.replay()
+    with pytest.raises(KernelInputError, match="num_boxes"):
+        tuner.check_errors()
+    n[5] = 1
+    graph.replay()
+    tuner.check_errors()
+
+
+def test_load_gpu_auto_and_an_untuned_pair(shared_home, op):
+    """tuner.load(gpu="auto") finds the attached GPU's default export; a dtype pair it was not
+    tuned for runs the nearest problem's parameters and warns once, from C++."""
+    import warnings
+
+    import torch
+
+    import tuner
+    from tuner import export, gpus
+
+    _, covering = op
+    v = giou.space("bfloat16", "uint8").variant(
+        boxes_per_thread=2, padding="branch", validation="hoisted", block_size=256, loads="vector",
+        reduction="atomic", backward="fused")
+    attached = gpus.attached()
+    export.write(export.default_dir(gpus.short_name(attached)), [{"variant": v, "problem": giou.Problem().__dict__}],
+                 attached.describe())
+    try:
+        fn = tuner.load(gpu="auto")
+        _usable(fn)
+        p, t, n = _inputs("float32", "float32")
+        with pytest.warns(UserWarning, match="no variant was tuned for pred torch.float32 and target torch.float32"):
+            loss = fn(p, t, n)
+        assert giou.check("untuned", loss, giou.reference(p, t, n), giou.LOSS_TOL)[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fn(p, t, n)  # warned once
+        leaf = p.clone().requires_grad_(True)
+        fn(leaf, t, n).backward()
+        _, want = giou.reference_with_grad(p, t, n)
+        assert giou.check("grad", leaf.grad, want, giou.GRAD_TOL["float32"], torch.float32)[0]
+    finally:
+        tuner.load(covering)  # the module's artifact again

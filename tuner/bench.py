@@ -8,8 +8,12 @@ checked against the float64 reference (forward and gradient) before it is timed.
 
 Two times per call: wall time of back-to-back calls (what a training step pays,
 launch overheads included) and GPU kernel time (the profiler's sum of the
-kernels one call launches). Floors from the same run: one kernel launch through
-the dispatcher, and `x.sum().backward()` on a [B, S, 4] leaf.
+kernels one call launches). Anchors from the same run: one kernel launch through
+the dispatcher, `x.sum().backward()` on a [B, S, 4] leaf (autograd's own cost),
+and `F.mse_loss` on two [B, S, 4] float32 tensors (a native C++ loss with C++
+autograd: what a call of an op costs when no Python runs on its path). The tuned
+op is also timed with its other two ways of reporting bad input (validate="sync"
+and "deferred"), and inside `torch.compile(mode="reduce-overhead")` (CUDA graphs).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
+from tuner import runtime
 from tuner.families import giou
 
 EPS = 1e-7
@@ -153,6 +159,17 @@ def implementations(op, pred_dtype: str, target_dtype: str) -> dict[str, Callabl
     }
 
 
+def reduce_overhead(op) -> Callable:
+    """The tuned op inside torch.compile(mode="reduce-overhead"): its calls replay CUDA graphs.
+    Made per shape, so that no recompilation limit turns it back into eager calls."""
+    compiled = torch.compile(lambda p, t, n: op(p, t, n), mode="reduce-overhead", dynamic=False)
+    return lambda p, t, n, tl, m: compiled(p, t, n)
+
+
+# Rows timed with the tuned op switched to another way of reporting bad input.
+VALIDATE_ROWS = {"tuned op, validate=sync": "sync", "tuned op, validate=deferred": "deferred"}
+
+
 LOOP_MAX_BATCH = 1024  # the per-sample loop takes seconds a call beyond this; left out there
 
 
@@ -169,11 +186,22 @@ def run(op, batches=(64, 256, 1024, 4096), dtypes=(("bfloat16", "uint8"), ("floa
             targets_list = [target[i, : int(c)] for i, c in enumerate(counts.tolist())]
             want, want_grad = giou.reference_with_grad(pred, target, counts, "mean")
             leaf_floor = torch.randn(B, slots, 4, device="cuda", requires_grad=True)
+            x, y = torch.rand(B, slots, 4, device="cuda"), torch.rand(B, slots, 4, device="cuda")
+            leaf_x = x.clone().requires_grad_(True)
+
+            def mse_fwd_bwd():
+                leaf_x.grad = None
+                F.mse_loss(leaf_x, y).backward()
+
             floors = {
                 "floor: one kernel launch": (lambda: one.fill_(1.0), None),
                 "floor: x.sum().backward()": (None, lambda: leaf_floor.sum().backward()),
+                "anchor: F.mse_loss (native op)": (lambda: F.mse_loss(x, y), mse_fwd_bwd),
             }
-            for name, fn in impls.items():
+            tuned = impls["tuned op"]
+            cases = {**impls, **{name: tuned for name in VALIDATE_ROWS},
+                     "tuned op, torch.compile reduce-overhead": reduce_overhead(op)}
+            for name, fn in cases.items():
                 if name == "article loop" and B > LOOP_MAX_BATCH:
                     continue
                 leaf = pred.clone().requires_grad_(True)
@@ -195,6 +223,7 @@ def run(op, batches=(64, 256, 1024, 4096), dtypes=(("bfloat16", "uint8"), ("floa
                 floors[name] = (fwd, fwd_bwd)
             for name, (f, fb) in floors.items():
                 row = {"impl": name, "pred": pred_dtype, "target": target_dtype, "B": B, "S": slots}
+                runtime.set_validate(VALIDATE_ROWS.get(name, "async"))
                 if f is not None:
                     with torch.no_grad():
                         row["fwd_wall_us"] = wall_us(f)
@@ -202,6 +231,7 @@ def run(op, batches=(64, 256, 1024, 4096), dtypes=(("bfloat16", "uint8"), ("floa
                 if fb is not None:
                     row["fwd_bwd_wall_us"] = wall_us(fb)
                     row["fwd_bwd_kernel_us"] = kernel_us(fb)
+                runtime.set_validate("async")
                 rows.append(row)
                 print(_fmt(row), flush=True)
     if out is not None:
@@ -236,11 +266,12 @@ def markdown(rows: list[dict]) -> str:
         tuned = next((r for r in part if r["impl"] == "tuned op"), {})
         launch = next((r for r in part if r["impl"] == "floor: one kernel launch"), {})
         sumb = next((r for r in part if r["impl"] == "floor: x.sum().backward()"), {})
+        mse = next((r for r in part if r["impl"].startswith("anchor: F.mse_loss")), {})
         lines.append(f"\n### pred {pred}, target {target}, B={B}, S={part[0]['S']}\n")
         lines.append("| implementation | fwd wall µs | fwd kernel µs | fwd+bwd wall µs | fwd+bwd kernel µs "
-                     "| fwd wall / tuned | fwd+bwd wall / tuned | fwd wall / launch floor "
-                     "| fwd+bwd wall / sum().backward() floor |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+                     "| fwd wall / tuned | fwd+bwd wall / tuned | fwd wall / F.mse_loss | fwd+bwd wall / F.mse_loss "
+                     "| fwd wall / launch floor | fwd+bwd wall / sum().backward() floor |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in part:
             def v(key):
                 return f"{r[key]:.1f}" if key in r else "-"
@@ -250,8 +281,14 @@ def markdown(rows: list[dict]) -> str:
 
             lines.append(f"| {r['impl']} | {v('fwd_wall_us')} | {v('fwd_kernel_us')} | {v('fwd_bwd_wall_us')} | "
                          f"{v('fwd_bwd_kernel_us')} | {ratio('fwd_wall_us', tuned)} | "
-                         f"{ratio('fwd_bwd_wall_us', tuned)} | {ratio('fwd_wall_us', launch)} | "
+                         f"{ratio('fwd_bwd_wall_us', tuned)} | {ratio('fwd_wall_us', mse)} | "
+                         f"{ratio('fwd_bwd_wall_us', mse)} | {ratio('fwd_wall_us', launch)} | "
                          f"{ratio('fwd_bwd_wall_us', sumb)} |")
+        impls = [r for r in part if not r["impl"].startswith(("floor:", "anchor:"))]
+        fastest = {k: min((r for r in impls if k in r), key=lambda r: r[k], default={}).get("impl", "-")
+                   for k in ("fwd_wall_us", "fwd_bwd_wall_us")}
+        lines.append(f"\nFastest in wall time (floors and anchors aside): forward **{fastest['fwd_wall_us']}**, "
+                     f"forward+backward **{fastest['fwd_bwd_wall_us']}**.")
     return "\n".join(lines) + "\n"
 
 

@@ -57,10 +57,7 @@ class LiveEvaluator(Evaluator):
         from tuner import binding
         from tuner.worker import Worker
 
-        attached = gpus.attached()
-        if not attached.matches(gpu):
-            raise GpuError(f"--gpu {gpu} was asked for, but the attached GPU is {attached.name}; "
-                           f"use --gpu auto (or the attached GPU's name) to tune for it")
+        attached = gpus.attached_for(gpu)
         self.gpu_info = attached.describe()
         self.gpu_label = gpu if gpu.lower() != "auto" else gpus.short_name(attached)
         self.arch = arch or attached.arch

@@ -109,6 +109,25 @@ def attached(index: int = 0) -> Attached:
     return Attached(index)
 
 
+def attached_for(gpu: str) -> Attached:
+    """The attached GPU, which must be the one `gpu` names (a search runs on the GPU it tunes for)."""
+    import torch
+
+    if gpu.lower() != "auto":
+        arch_of(gpu)  # an unknown name is an error that lists the known ones
+    if not torch.cuda.is_available():
+        if gpu.lower() == "auto":
+            attached()  # its message
+        raise GpuError(f"--gpu {gpu}: a search times variants on the GPU it tunes for, and no CUDA GPU is "
+                       f"attached here; run it on a machine whose GPU is {gpu}, or replay recorded measurements with "
+                       f"--simulate FILE (`tuner build --gpu {gpu}` compiles the variants without a GPU)")
+    found = attached()
+    if not found.matches(gpu):
+        raise GpuError(f"--gpu {gpu} was asked for, but the attached GPU is {found.name}; "
+                       f"use --gpu auto (or the attached GPU's name) to tune for it")
+    return found
+
+
 def driver_version() -> str:
     """The NVIDIA driver version, or '' when it cannot be read."""
     import subprocess
