@@ -29,12 +29,17 @@ const TunerGiouVtable* table(int64_t address) {
 
 namespace {
 
-// One workspace per (device, stream). Its words start zeroed and every forward leaves
-// them zeroed (the last block resets them), except the sticky error word. `flags` is
-// host memory the GPU writes to (one byte per error bit): reading it is a plain load.
-// The workspace only grows; the error word is carried over when it does.
+// One workspace per (device, stream): 32-bit words that start zeroed, and every
+// forward leaves them zeroed (the last block resets them) except the sticky error
+// word; and `flags`, host memory the GPU writes to (one byte per error bit), so that
+// reading them is a plain load. The memory comes from cudaMalloc / cudaHostAlloc, not
+// from torch's allocator: a workspace first used while a CUDA graph is being captured or
+// recorded (torch.compile's cudagraph trees) must not live in the graph's memory pool,
+// and it outlives every graph that captured it (workspaces only grow; outgrown words
+// stay allocated, since a captured graph may still use them).
 struct Workspace {
-  at::Tensor words;
+  unsigned* words = nullptr;
+  int64_t capacity = 0;
   unsigned char* flags = nullptr;         // host pointer
   unsigned char* flags_device = nullptr;  // the same memory as the kernel sees it
   cudaStream_t stream = nullptr;
@@ -44,15 +49,29 @@ struct Workspace {
 std::mutex workspace_mutex;
 std::map<std::pair<int, cudaStream_t>, Workspace> workspaces;
 
-Workspace& workspace_for(const at::Tensor& like, cudaStream_t stream, int64_t words) {
+// Allocating is not allowed while a stream captures in the default (global) mode; these
+// calls touch no stream, so this thread relaxes the mode for them.
+struct RelaxedCapture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode)); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+};
+
+Workspace& workspace_for(int device, cudaStream_t stream, int64_t words) {
   std::lock_guard<std::mutex> lock(workspace_mutex);
-  const int device = static_cast<int>(like.get_device());
   Workspace& ws = workspaces[std::make_pair(device, stream)];
-  if (ws.words.defined() && ws.words.numel() >= words) return ws;
-  auto fresh = at::zeros({std::max<int64_t>(words, 1024)}, like.options().dtype(at::kInt));
-  if (ws.words.defined()) {
-    fresh.narrow(0, TUNER_GIOU_WS_ERROR, 1).copy_(ws.words.narrow(0, TUNER_GIOU_WS_ERROR, 1));
-  } else {
+  if (ws.capacity >= words) return ws;
+  const int64_t capacity = std::max<int64_t>(words, 1024);
+  RelaxedCapture relaxed;
+  void* fresh = nullptr;
+  C10_CUDA_CHECK(cudaMalloc(&fresh, capacity * sizeof(unsigned)));
+  // Zeroed on a private stream of the device, so that nothing lands in a graph being captured.
+  static std::map<int, cudaStream_t> zeroing_streams;
+  cudaStream_t& zeroing = zeroing_streams[device];
+  if (zeroing == nullptr) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking));
+  C10_CUDA_CHECK(cudaMemsetAsync(fresh, 0, capacity * sizeof(unsigned), zeroing));
+  C10_CUDA_CHECK(cudaStreamSynchronize(zeroing));
+  if (ws.flags == nullptr) {
     void* host = nullptr;
     C10_CUDA_CHECK(cudaHostAlloc(&host, 8, cudaHostAllocMapped | cudaHostAllocPortable));
     std::memset(host, 0, 8);
@@ -63,7 +82,8 @@ Workspace& workspace_for(const at::Tensor& like, cudaStream_t stream, int64_t wo
     ws.stream = stream;
     ws.device = device;
   }
-  ws.words = fresh;
+  ws.words = static_cast<unsigned*>(fresh);
+  ws.capacity = capacity;
   return ws;
 }
 
@@ -85,7 +105,7 @@ int64_t take_landed(Workspace& ws) {
     }
   }
   if (bits) {
-    C10_CUDA_CHECK(cudaMemsetAsync(ws.words.data_ptr<int>() + TUNER_GIOU_WS_ERROR, 0, sizeof(int), ws.stream));
+    C10_CUDA_CHECK(cudaMemsetAsync(ws.words + TUNER_GIOU_WS_ERROR, 0, sizeof(unsigned), ws.stream));
   }
   return bits;
 }
@@ -165,7 +185,7 @@ void run_forward(const TunerGiouVtable* vt, const at::Tensor& pred, const at::Te
     count.zero_();
     return;
   }
-  Workspace& ws = workspace_for(pred, stream, vt->workspace_words(c.B, c.S));
+  Workspace& ws = workspace_for(static_cast<int>(pred.get_device()), stream, vt->workspace_words(c.B, c.S));
   // Under graph capture nothing may sync or be enqueued besides the launch: reports
   // then wait for a later eager call on this stream or for take_errors().
   const bool validates = vt->validates && check != CHECK_DEFERRED && !capturing(stream);
@@ -184,7 +204,7 @@ void run_forward(const TunerGiouVtable* vt, const at::Tensor& pred, const at::Te
   a.out = out.data_ptr<float>();
   a.count_out = count.data_ptr<float>();
   a.saved_grad = saved_grad != nullptr ? saved_grad->data_ptr<float>() : nullptr;
-  a.workspace = reinterpret_cast<unsigned*>(ws.words.data_ptr<int>());
+  a.workspace = ws.words;
   a.error_flags = ws.flags_device;
   const int rc = vt->forward(&a, stream);
   TORCH_CHECK(rc == 0, "giou_loss: variant ", vt->name, " failed to launch: ",
@@ -234,6 +254,7 @@ int64_t take_errors() {
   int synced = -1;
   for (auto& entry : workspaces) {
     Workspace& ws = entry.second;
+    if (ws.flags == nullptr) continue;
     if (ws.device != synced) {
       c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ws.device));
       C10_CUDA_CHECK(cudaDeviceSynchronize());
