@@ -19,10 +19,16 @@
 
 namespace tuner_giou {
 
+std::string text(c10::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 const TunerGiouVtable* table(int64_t address) {
   auto* t = reinterpret_cast<const TunerGiouVtable*>(address);
   TORCH_CHECK(t != nullptr, "giou_loss: null variant table");
-  TORCH_CHECK(t->abi == TUNER_GIOU_ABI, "giou_loss: variant ", t->name, " has ABI ", t->abi,
+  TORCH_CHECK(t->abi == TUNER_GIOU_ABI, "giou_loss: variant ", t->name, " has ABI ", text(t->abi),
               " but this binding speaks ABI ", TUNER_GIOU_ABI, "; rebuild the variant");
   return t;
 }
@@ -112,12 +118,12 @@ int64_t take_landed(Workspace& ws) {
 
 void check_boxes(const char* what, const at::Tensor& t, const char* want_dtype, const TunerGiouVtable* vt) {
   TORCH_CHECK(t.is_cuda(), "giou_loss: ", what, " must be a CUDA tensor, got ", t.device());
-  TORCH_CHECK(t.dim() == 3 && t.size(2) == 4, "giou_loss: ", what, " must have shape [B, S, 4], got ", t.sizes());
+  TORCH_CHECK(t.dim() == 3 && t.size(2) == 4, "giou_loss: ", what, " must have shape [B, S, 4], got ", text(t.sizes()));
   TORCH_CHECK(std::strcmp(c10::toString(t.scalar_type()), want_dtype) == 0, "giou_loss: variant ", vt->name,
               " takes ", what, " of dtype ", want_dtype, ", got ", t.scalar_type());
   TORCH_CHECK(t.is_contiguous(), "giou_loss: ", what, " must be contiguous");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % vt->alignment == 0, "giou_loss: ", what,
-              " must be aligned to ", vt->alignment, " bytes for variant ", vt->name);
+              " must be aligned to ", text(vt->alignment), " bytes for variant ", vt->name);
 }
 
 struct Common {
@@ -129,11 +135,11 @@ Common check_common(const TunerGiouVtable* vt, const at::Tensor& pred, const at:
                     const std::optional<at::Tensor>& num_boxes) {
   check_boxes("pred", pred, vt->pred_dtype, vt);
   check_boxes("target", target, vt->target_dtype, vt);
-  TORCH_CHECK(target.sizes() == pred.sizes(), "giou_loss: pred ", pred.sizes(), " and target ", target.sizes(),
+  TORCH_CHECK(target.sizes() == pred.sizes(), "giou_loss: pred ", text(pred.sizes()), " and target ", text(target.sizes()),
               " must have the same shape");
   TORCH_CHECK(target.device() == pred.device(), "giou_loss: pred is on ", pred.device(), " but target is on ",
               target.device());
-  TORCH_CHECK(pred.numel() < INT_MAX, "giou_loss: at most ", INT_MAX / 4, " boxes per call");
+  TORCH_CHECK(pred.numel() < INT_MAX, "giou_loss: at most ", text(INT_MAX / 4), " boxes per call");
   Common c{static_cast<int>(pred.size(0)), static_cast<int>(pred.size(1)), nullptr};
   if (num_boxes.has_value()) {
     const auto& n = *num_boxes;
@@ -149,7 +155,7 @@ Common check_common(const TunerGiouVtable* vt, const at::Tensor& pred, const at:
 void check_float_out(const char* what, const at::Tensor& t, const at::Tensor& pred, int64_t numel) {
   TORCH_CHECK(t.device() == pred.device() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
                   t.numel() == numel,
-              "giou_loss: ", what, " must be a contiguous float32 tensor of ", numel, " elements on ", pred.device());
+              "giou_loss: ", what, " must be a contiguous float32 tensor of ", text(numel), " elements on ", pred.device());
 }
 
 void check_reduction(int64_t reduction) {

@@ -33,6 +33,12 @@ void run_backward(const TunerGiouVtable* vt, const at::Tensor& grad_out, const a
                   const at::Tensor& target, const std::optional<at::Tensor>& num_boxes, const at::Tensor& count,
                   const at::Tensor& saved_grad, int64_t reduction, double eps, const at::Tensor& grad_pred);
 
+// A shape or a number as text for error messages. Integers never go through c10::str's
+// stream from this library: built with another compiler than torch, that instantiates
+// libstdc++'s integer formatting here, and it crashed on torch's streams.
+std::string text(c10::IntArrayRef shape);
+inline std::string text(int64_t value) { return std::to_string(value); }
+
 // Waits for every device with a workspace, then reads and clears all error flags; their OR.
 int64_t take_errors();
 std::string error_text(int64_t bits);

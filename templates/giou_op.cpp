@@ -137,9 +137,9 @@ int64_t reduction_code(c10::string_view reduction) {
 // The checks and messages of the Python CPU implementation (tuner/runtime.py).
 void check_inputs(const at::Tensor& pred, const at::Tensor& target, const std::optional<at::Tensor>& num_boxes) {
   TORCH_CHECK_VALUE(pred.dim() == 3 && pred.size(2) == 4, "giou_loss: pred must have shape [B, S, 4], got ",
-                    pred.sizes());
-  TORCH_CHECK_VALUE(target.sizes() == pred.sizes(), "giou_loss: target ", target.sizes(),
-                    " must have pred's shape ", pred.sizes());
+                    text(pred.sizes()));
+  TORCH_CHECK_VALUE(target.sizes() == pred.sizes(), "giou_loss: target ", text(target.sizes()),
+                    " must have pred's shape ", text(pred.sizes()));
   TORCH_CHECK_TYPE(pred_index(pred.scalar_type()) >= 0, "giou_loss: pred must be float32, float16 or bfloat16, got ",
                    dtype_name(pred.scalar_type()));
   TORCH_CHECK_TYPE(target_index(target.scalar_type()) >= 0,
@@ -154,7 +154,7 @@ void check_inputs(const at::Tensor& pred, const at::Tensor& target, const std::o
     TORCH_CHECK_TYPE(at::isIntegralType(n.scalar_type(), /*includeBool=*/false),
                      "giou_loss: num_boxes must be an integer tensor, got ", dtype_name(n.scalar_type()));
     TORCH_CHECK_VALUE(n.dim() == 1 && n.size(0) == pred.size(0), "giou_loss: num_boxes must have shape [B] = [",
-                      pred.size(0), "], got ", n.sizes());
+                      text(pred.size(0)), "], got ", text(n.sizes()));
   }
 }
 

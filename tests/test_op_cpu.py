@@ -100,3 +100,24 @@ def test_cpp_picks_the_same_winner_as_python(artifact, op, shared_home):
     assert all(state.saves(p, t) for p, t in state.bindings)
     f = torch.ops.tuner.giou_loss_forward(*giou.make_inputs(3, 5, "float32", "uint8"), 1, 1e-7)
     assert f[2].shape == (3, 5, 4)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda p, t, n: (p.double(), t, n),
+    lambda p, t, n: (p, t.to(torch.int32), n),
+    lambda p, t, n: (p, t[:, :3], n),
+    lambda p, t, n: (p[..., :3], t[..., :3], n),
+    lambda p, t, n: (p, t, n.float()),
+    lambda p, t, n: (p, t, n[:2]),
+])
+def test_cpp_checks_raise_what_the_cpu_path_raises(op, bad):
+    """The CUDA kernel's input checks (C++) run here by sending CPU tensors straight to it:
+    same exception type and message as the Python CPU implementation."""
+    p, t, n = giou.make_inputs(4, 5, "float32", "uint8")
+    args = bad(p, t, n)
+    with pytest.raises((ValueError, TypeError)) as want:
+        op(*args)
+    cuda_kernel = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    with pytest.raises(type(want.value)) as got:
+        torch.ops.tuner.giou_loss.default.redispatch(cuda_kernel, *args, "mean", 1e-7)
+    assert str(got.value).splitlines()[0] == str(want.value).splitlines()[0]
