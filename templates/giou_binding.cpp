@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Exceptions.h>
 
 #include <climits>
 #include <cstring>
@@ -116,6 +117,26 @@ int64_t take_landed(Workspace& ws) {
   return bits;
 }
 
+// Bad input that a kernel found surfaces as tuner.errors.KernelInputError (a ValueError),
+// as a Python exception set here and carried through the dispatcher by python_error.
+[[noreturn]] void raise_input_error(const std::string& message) {
+  if (Py_IsInitialized()) {
+    pybind11::gil_scoped_acquire gil;
+    PyObject* module = PyImport_ImportModule("tuner.errors");
+    PyObject* type = module != nullptr ? PyObject_GetAttrString(module, "KernelInputError") : nullptr;
+    Py_XDECREF(module);
+    if (type != nullptr) {
+      PyErr_SetString(type, message.c_str());
+      Py_DECREF(type);
+      python_error error;
+      error.persist();
+      throw error;
+    }
+    PyErr_Clear();
+  }
+  TORCH_CHECK_VALUE(false, message);
+}
+
 void check_boxes(const char* what, const at::Tensor& t, const char* want_dtype, const TunerGiouVtable* vt) {
   TORCH_CHECK(t.is_cuda(), "giou_loss: ", what, " must be a CUDA tensor, got ", t.device());
   TORCH_CHECK(t.dim() == 3 && t.size(2) == 4, "giou_loss: ", what, " must have shape [B, S, 4], got ", text(t.sizes()));
@@ -197,7 +218,7 @@ void run_forward(const TunerGiouVtable* vt, const at::Tensor& pred, const at::Te
   const bool validates = vt->validates && check != CHECK_DEFERRED && !capturing(stream);
   if (validates && check == CHECK_ASYNC) {
     const int64_t earlier = take_landed(ws);
-    TORCH_CHECK_VALUE(earlier == 0, "giou_loss: invalid input in an earlier call: ", error_text(earlier));
+    if (earlier) raise_input_error("giou_loss: invalid input in an earlier call: " + error_text(earlier));
   }
   TunerGiouArgs a;
   a.pred = pred.data_ptr();
@@ -218,7 +239,7 @@ void run_forward(const TunerGiouVtable* vt, const at::Tensor& pred, const at::Te
   if (validates && check == CHECK_SYNC) {
     C10_CUDA_CHECK(cudaStreamSynchronize(stream));
     const int64_t bits = take_landed(ws);
-    TORCH_CHECK_VALUE(bits == 0, "giou_loss: invalid input: ", error_text(bits));
+    if (bits) raise_input_error("giou_loss: invalid input: " + error_text(bits));
   }
 }
 
