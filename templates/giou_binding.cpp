@@ -117,26 +117,6 @@ int64_t take_landed(Workspace& ws) {
   return bits;
 }
 
-// Bad input that a kernel found surfaces as tuner.errors.KernelInputError (a ValueError),
-// as a Python exception set here and carried through the dispatcher by python_error.
-[[noreturn]] void raise_input_error(const std::string& message) {
-  if (Py_IsInitialized()) {
-    pybind11::gil_scoped_acquire gil;
-    PyObject* module = PyImport_ImportModule("tuner.errors");
-    PyObject* type = module != nullptr ? PyObject_GetAttrString(module, "KernelInputError") : nullptr;
-    Py_XDECREF(module);
-    if (type != nullptr) {
-      PyErr_SetString(type, message.c_str());
-      Py_DECREF(type);
-      python_error error;
-      error.persist();
-      throw error;
-    }
-    PyErr_Clear();
-  }
-  TORCH_CHECK_VALUE(false, message);
-}
-
 void check_boxes(const char* what, const at::Tensor& t, const char* want_dtype, const TunerGiouVtable* vt) {
   TORCH_CHECK(t.is_cuda(), "giou_loss: ", what, " must be a CUDA tensor, got ", t.device());
   TORCH_CHECK(t.dim() == 3 && t.size(2) == 4, "giou_loss: ", what, " must have shape [B, S, 4], got ", text(t.sizes()));
@@ -184,6 +164,39 @@ void check_reduction(int64_t reduction) {
 }
 
 }  // namespace
+
+// Bad input that a kernel found surfaces as tuner.errors.KernelInputError (a ValueError),
+// as a Python exception set here and carried through the dispatcher by python_error.
+[[noreturn]] void raise_input_error(const std::string& message) {
+  if (Py_IsInitialized()) {
+    pybind11::gil_scoped_acquire gil;
+    PyObject* module = PyImport_ImportModule("tuner.errors");
+    PyObject* type = module != nullptr ? PyObject_GetAttrString(module, "KernelInputError") : nullptr;
+    Py_XDECREF(module);
+    if (type != nullptr) {
+      PyErr_SetString(type, message.c_str());
+      Py_DECREF(type);
+      python_error error;
+      error.persist();
+      throw error;
+    }
+    PyErr_Clear();
+  }
+  TORCH_CHECK_VALUE(false, message);
+}
+
+void warn(const std::string& message) {
+  if (!Py_IsInitialized()) {
+    TORCH_WARN(message);
+    return;
+  }
+  pybind11::gil_scoped_acquire gil;
+  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) {  // a filter made it an error
+    python_error error;
+    error.persist();
+    throw error;
+  }
+}
 
 std::string error_text(int64_t bits) {
   std::string text;

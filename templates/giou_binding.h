@@ -39,6 +39,13 @@ void run_backward(const TunerGiouVtable* vt, const at::Tensor& grad_out, const a
 std::string text(c10::IntArrayRef shape);
 inline std::string text(int64_t value) { return std::to_string(value); }
 
+// Raises tuner.errors.KernelInputError (a ValueError) in Python; a c10::ValueError without it.
+[[noreturn]] void raise_input_error(const std::string& message);
+
+// A Python UserWarning where Python runs (TORCH_WARN reaches Python only through some call
+// paths, and not through torch.ops), else TORCH_WARN.
+void warn(const std::string& message);
+
 // Waits for every device with a workspace, then reads and clears all error flags; their OR.
 int64_t take_errors();
 std::string error_text(int64_t bits);

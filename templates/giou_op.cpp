@@ -120,8 +120,8 @@ const Winner& choose(const Pair& pair, const at::Tensor& pred, const at::Tensor&
               dtype_name(pred.scalar_type()), " and target ", dtype_name(target.scalar_type()));
   const Winner& best = pair.winners[nearest(pair, pred.size(0), pred.size(1))];
   if (!best.tuned_for.empty() && !pair.warned->exchange(true)) {
-    TORCH_WARN("giou_loss: no variant was tuned for pred ", dtype_name(pred.scalar_type()), " and target ",
-               dtype_name(target.scalar_type()), "; using the parameters tuned for ", best.tuned_for);
+    warn("giou_loss: no variant was tuned for pred " + dtype_name(pred.scalar_type()) + " and target " +
+         dtype_name(target.scalar_type()) + "; using the parameters tuned for " + best.tuned_for);
   }
   return best;
 }

@@ -189,29 +189,36 @@ def test_second_process_loads_without_compiling(op):
 
 def test_reduce_overhead_model(op):
     """A small model calling the op under torch.compile(mode="reduce-overhead") (CUDA graphs):
-    loss and weight gradients as in eager."""
+    replays give the loss and weight gradients of the same graph compiled without CUDA graphs,
+    and of eager within bfloat16 rounding (inductor rounds p + model(x) once, eager twice)."""
     import torch
 
     fn, _ = op
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 256 * 4, device="cuda")
     p, t, n = _inputs("bfloat16", "uint8", B=64)
-    x = torch.randn(64, 8, device="cuda")
 
     def step(x):
         return fn(p + model(x).view(64, 256, 4).to(torch.bfloat16), t, n)
 
-    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
-    for _ in range(4):  # warm-up, record, then replays
+    def run(f, x):
         model.zero_grad()
-        out_c = compiled(x)
-        out_c.backward()
-    g_c = model.weight.grad.clone()
-    model.zero_grad()
-    out_e = step(x)
-    out_e.backward()
-    assert torch.allclose(out_c, out_e, rtol=1e-5)
-    assert torch.allclose(g_c, model.weight.grad, rtol=1e-2, atol=1e-3 * float(g_c.abs().max()))
+        out = f(x)
+        out.backward()
+        return out.detach().clone(), model.weight.grad.clone()
+
+    graphed = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    plain = torch.compile(step, fullgraph=True)
+    for i in range(4):  # warm-up, record, then replays, each on new data
+        x = torch.randn(64, 8, device="cuda")
+        out_g, grad_g = run(graphed, x)
+        out_p, grad_p = run(plain, x)
+        out_e, grad_e = run(step, x)
+        scale = float(grad_p.abs().max())
+        assert torch.allclose(out_g, out_p, rtol=1e-5), i
+        assert torch.allclose(grad_g, grad_p, rtol=1e-4, atol=1e-5 * scale), i
+        assert torch.allclose(out_g, out_e, rtol=1e-3), i
+        assert torch.allclose(grad_g, grad_e, rtol=5e-2, atol=2e-2 * scale), i
 
 
 def test_forward_is_one_launch_without_copies(op):
