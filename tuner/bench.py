@@ -104,24 +104,45 @@ class SimpleKernel:
 
 # ------------------------------------------------------------------- timing
 
-def wall_us(fn: Callable[[], object], budget_s: float = 0.25) -> float:
-    """Median over rounds of back-to-back calls, host clock, synchronised per round."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    one = max(time.perf_counter() - t0, 1e-6)
-    calls = max(1, min(200, int(budget_s / 5 / one)))
-    rounds = []
-    for _ in range(5 if one < 0.05 else 2):
+def wall_us(timed: dict[str, tuple[Callable[[], object], str]], budget_s: float = 0.25,
+            rounds: int = 7) -> dict[str, float]:
+    """Per name, the median over rounds of back-to-back calls (host clock, synchronised per
+    round). The rounds of all names are interleaved, so that the host's and the GPU's drift
+    during a run falls on every row alike and the ratios between rows hold. `timed` maps a
+    name to (call, validate mode of the tuned op while it runs)."""
+    plan = {}
+    for name, (fn, mode) in timed.items():
+        runtime.set_validate(mode)
+        fn()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
+        fn()
         torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(rounds)
+        one = max(time.perf_counter() - t0, 1e-6)
+        # calls per round, and rounds: the per-sample loop takes a second or more a call
+        plan[name] = (max(1, min(200, int(budget_s / rounds / one))), rounds if one < 0.05 else 2)
+    times: dict[str, list[float]] = {name: [] for name in timed}
+    for r in range(rounds):
+        for name, (fn, mode) in timed.items():
+            calls, wanted = plan[name]
+            if r >= wanted:
+                continue
+            runtime.set_validate(mode)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+    runtime.set_validate("async")
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def _no_grad(fn: Callable[[], object]) -> Callable[[], object]:
+    def call():
+        with torch.no_grad():
+            return fn()
+    return call
 
 
 def kernel_us(fn: Callable[[], object], calls: int = 10) -> float:
@@ -221,15 +242,18 @@ def run(op, batches=(64, 256, 1024, 4096), dtypes=(("bfloat16", "uint8"), ("floa
                     fn(leaf, target, counts, targets_list, mask).backward()
 
                 floors[name] = (fwd, fwd_bwd)
+            fwd_wall = wall_us({name: (_no_grad(f), VALIDATE_ROWS.get(name, "async"))
+                                for name, (f, _) in floors.items() if f is not None})
+            fwd_bwd_wall = wall_us({name: (fb, VALIDATE_ROWS.get(name, "async"))
+                                    for name, (_, fb) in floors.items() if fb is not None})
             for name, (f, fb) in floors.items():
                 row = {"impl": name, "pred": pred_dtype, "target": target_dtype, "B": B, "S": slots}
                 runtime.set_validate(VALIDATE_ROWS.get(name, "async"))
                 if f is not None:
-                    with torch.no_grad():
-                        row["fwd_wall_us"] = wall_us(f)
-                        row["fwd_kernel_us"] = kernel_us(f)
+                    row["fwd_wall_us"] = fwd_wall[name]
+                    row["fwd_kernel_us"] = kernel_us(_no_grad(f))
                 if fb is not None:
-                    row["fwd_bwd_wall_us"] = wall_us(fb)
+                    row["fwd_bwd_wall_us"] = fwd_bwd_wall[name]
                     row["fwd_bwd_kernel_us"] = kernel_us(fb)
                 runtime.set_validate("async")
                 rows.append(row)
