@@ -34,5 +34,8 @@ def test_report_files(tmp_path):
     assert "| padded eager | 300.0 |" in md and "60.00x" in md  # 300 / 5
     assert "| tuned op | 5.0 | 2.5 | 12.0 | 6.0 | 1.00x | 1.00x | 0.50x | 0.50x | 1.25x | 0.12x |" in md
     assert "forward **tuned op**, forward+backward **tuned op**" in md
+    assert "**pred bfloat16, target uint8: forward+backward wall µs per call (GPU kernel µs)**" in md
+    assert "| tuned op | 12.0 (6.0) |" in md and "| floor: one kernel launch | 4.0 (2.0) |" in md
     assert (tmp_path / "bench.csv").read_text().startswith("impl,pred,target,B,S")
+    assert bench.read(tmp_path / "bench.csv") == rows
     assert (tmp_path / "bench.png").stat().st_size > 1000

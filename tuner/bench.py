@@ -278,8 +278,45 @@ def write(rows: list[dict], out: Path) -> None:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    (out / "bench.md").write_text(markdown(rows))
+    (out / "bench.md").write_text(summary(rows) + markdown(rows))
     plot(rows, out / "bench.png")
+
+
+def read(path: Path) -> list[dict]:
+    """Rows of a bench.csv, numbers as numbers (to rewrite its report)."""
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            row = {k: v for k, v in r.items() if v != ""}
+            row.update(B=int(row["B"]), S=int(row["S"]))
+            row.update({k: float(v) for k, v in row.items() if k.endswith("_us")})
+            rows.append(row)
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    """Per dtype pair, wall µs per call (GPU kernel µs) of every row across batch sizes:
+    forward+backward, then forward. Floors and anchors last."""
+    lines = []
+    for pred, target in dict.fromkeys((r["pred"], r["target"]) for r in rows):
+        part = [r for r in rows if (r["pred"], r["target"]) == (pred, target)]
+        batches = sorted({r["B"] for r in part})
+        impls = list(dict.fromkeys(r["impl"] for r in part))
+        impls.sort(key=lambda name: name.startswith(("floor:", "anchor:")))
+        at = {(r["impl"], r["B"]): r for r in part}
+        for what, key in (("forward+backward", "fwd_bwd"), ("forward", "fwd")):
+            shown = [i for i in impls if any(f"{key}_wall_us" in at.get((i, B), {}) for B in batches)]
+            lines.append(f"\n**pred {pred}, target {target}: {what} wall µs per call (GPU kernel µs)**\n")
+            lines.append("| implementation | " + " | ".join(f"B={B}" for B in batches) + " |")
+            lines.append("|---|" + "---:|" * len(batches))
+            for impl in shown:
+                cells = []
+                for B in batches:
+                    r = at.get((impl, B), {})
+                    wall, kernel = r.get(f"{key}_wall_us"), r.get(f"{key}_kernel_us")
+                    cells.append("not run" if wall is None else f"{wall:,.1f} ({kernel:,.1f})")
+                lines.append(f"| {impl} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(rows: list[dict]) -> str:
