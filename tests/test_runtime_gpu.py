@@ -22,6 +22,31 @@ def op(shared_home, tmp_path_factory):
     return tuner.load(out), out
 
 
+@pytest.fixture
+def validating(op, tmp_path):
+    """The op loaded from an artifact whose bfloat16/uint8 winner validates its input (hoisted);
+    the module's artifact is loaded again afterwards."""
+    import tuner
+    from tuner import export, gpus
+
+    _, covering = op
+    v = giou.space("bfloat16", "uint8").variant(
+        boxes_per_thread=2, padding="branch", validation="hoisted", block_size=256, loads="vector",
+        reduction="atomic", backward="fused")
+    out = export.write(tmp_path, [{"variant": v, "problem": giou.Problem().__dict__}],
+                       gpus.attached().describe())
+    try:
+        yield tuner.load(out), out
+    finally:
+        tuner.load(covering)
+
+
+@pytest.fixture(params=["covering set", "validating winner"])
+def either(request):
+    """Each of the two artifacts in turn: a winner that does not validate, and one that does."""
+    return request.getfixturevalue("op" if request.param == "covering set" else "validating")
+
+
 PAIRS = [(p, t) for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES]
 
 
@@ -75,7 +100,7 @@ def test_torch_compile_fullgraph(op):
 def test_cuda_graph_capture(op):
     import torch
 
-    fn, _ = op
+    fn, _ = either
     p, t, n = _inputs("bfloat16", "uint8", B=1024)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -101,7 +126,7 @@ def _usable(fn):
 def test_hostile_inputs_error_or_match_the_reference(op):
     import torch
 
-    fn, _ = op
+    fn, _ = either
     p, t, n = _inputs("bfloat16", "uint8", B=16, S=32)
     with pytest.raises(ValueError, match="target is on cpu"):
         fn(p, t.cpu(), n)
@@ -134,14 +159,14 @@ def test_hostile_inputs_error_or_match_the_reference(op):
     _usable(fn)
 
 
-def test_num_boxes_out_of_range(op):
+def test_num_boxes_out_of_range(either):
     import torch
 
     import tuner
     from tuner import runtime
     from tuner.errors import KernelInputError
 
-    fn, _ = op
+    fn, _ = either
     p, t, n = _inputs("bfloat16", "uint8", B=16, S=32)
     variant = runtime._state.choose("bfloat16", "uint8", 16, 32).variant
     for value in (99, -5):
@@ -221,7 +246,7 @@ def test_reduce_overhead_model(op):
         assert torch.allclose(out_g, out_e, rtol=1e-3), i
 
 
-def test_forward_is_one_launch_without_copies(op):
+def test_forward_is_one_launch_without_copies(either):
     """The eager forward issues the variant's kernel(s) and nothing else: no error-word copy,
     no memset, whatever the validation mode."""
     import torch
@@ -229,7 +254,7 @@ def test_forward_is_one_launch_without_copies(op):
 
     from tuner import runtime
 
-    fn, _ = op
+    fn, _ = either
     p, t, n = _inputs("bfloat16", "uint8", B=1024)
     launches = 2 if runtime._state.choose("bfloat16", "uint8", 1024, 256).variant["validation"] == "kernel" else 1
     for mode in ("async", "deferred"):
@@ -244,17 +269,16 @@ def test_forward_is_one_launch_without_copies(op):
     runtime.set_validate("async")
 
 
-def test_bad_input_in_a_graph_replay_is_reported(op):
+def test_bad_input_in_a_graph_replay_is_reported(validating):
     import torch
 
     import tuner
     from tuner import runtime
     from tuner.errors import KernelInputError
 
-    fn, _ = op
+    fn, _ = validating
     p, t, n = _inputs("bfloat16", "uint8", B=256)
-    if runtime._state.choose("bfloat16", "uint8", 256, 256).variant["validation"] == "none":
-        pytest.skip("the bf16/uint8 winner of this artifact does not validate")
+    assert runtime._state.choose("bfloat16", "uint8", 256, 256).variant["validation"] == "hoisted"
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -142,6 +143,7 @@ def register() -> None:
     f = open(folder / re.sub(r"[^A-Za-z0-9.-]", "_", owner()), "w")
     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     _registration = f
+    atexit.register(f.close)
 
 
 def others_alive() -> bool:
