@@ -100,7 +100,7 @@ def test_torch_compile_fullgraph(op):
 def test_cuda_graph_capture(op):
     import torch
 
-    fn, _ = either
+    fn, _ = op
     p, t, n = _inputs("bfloat16", "uint8", B=1024)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -126,7 +126,7 @@ def _usable(fn):
 def test_hostile_inputs_error_or_match_the_reference(op):
     import torch
 
-    fn, _ = either
+    fn, _ = op
     p, t, n = _inputs("bfloat16", "uint8", B=16, S=32)
     with pytest.raises(ValueError, match="target is on cpu"):
         fn(p, t.cpu(), n)
