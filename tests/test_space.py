@@ -56,3 +56,14 @@ def test_covering_set_covers_every_value_and_dtype_pair():
 def test_unknown_dtype_is_refused():
     with pytest.raises(SpaceError, match="float64"):
         giou.space("float64", "uint8")
+
+
+def test_families_are_found_by_folder():
+    from tuner import families
+    from tuner.errors import SpaceError
+
+    assert "giou" in families.names()
+    assert families.get("giou").FAMILY == "giou"
+    assert (families.templates("giou") / families.get("giou").TEMPLATE).is_file()
+    with pytest.raises(SpaceError, match="unknown kernel family 'nope'; known: .*giou"):
+        families.get("nope")

@@ -15,7 +15,7 @@ from tuner.render import header_text, templates_dir
 def _key() -> str:
     import torch
 
-    source = "".join((templates_dir() / f).read_text() for f in giou.BINDING + giou.BINDING_HEADERS)
+    source = "".join((templates_dir(giou.FAMILY) / f).read_text() for f in giou.BINDING + giou.BINDING_HEADERS)
     source += header_text(giou.FAMILY)
     h = hashlib.sha256(f"{source}\0{torch_version()}\0{torch.version.cuda}\0{toolkit.nvcc_version()}".encode())
     return h.hexdigest()[:16]
@@ -51,8 +51,8 @@ def load(verbose: bool = False):
     build_dir.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(
         name=name,
-        sources=[str(templates_dir() / f) for f in giou.BINDING],
-        extra_include_paths=[str(templates_dir())],
+        sources=[str(templates_dir(giou.FAMILY) / f) for f in giou.BINDING],
+        extra_include_paths=[str(templates_dir(giou.FAMILY))],
         extra_cflags=["-O2"],
         build_directory=str(build_dir),
         with_cuda=True,

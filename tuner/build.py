@@ -228,15 +228,16 @@ def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, job
         lines = [
             "ninja_required_version = 1.3",
             f"nvcc = {nvcc}",
-            f"flags = {' '.join(flags(arch))} -I{templates_dir()}",
+            f"flags = {' '.join(flags(arch))}",
             "rule nvcc",
-            "  command = $nvcc $flags -o $out $in > $out.log 2>&1",
+            "  command = $nvcc $flags $include -o $out $in > $out.log 2>&1",
             "  description = nvcc $out",
         ]
         for key, (variant, source) in todo.items():
             stem = f"{variant.family}-{key}"
             (tmp / f"{stem}.cu").write_text(source)
             lines.append(f"build {stem}.so: nvcc {stem}.cu")
+            lines.append(f"  include = -I{templates_dir(variant.family)}")
         (tmp / "build.ninja").write_text("\n".join(lines) + "\n")
         cmd = [_ninja(), "-C", str(tmp), "-k", "0", "-j", str(jobs)]
         started = time.monotonic()

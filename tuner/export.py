@@ -101,13 +101,13 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict) -> Path:
             "objective_us": w.get("objective_us"), "retimed": w.get("retimed", False), "study": w.get("study"),
             "verification": w.get("verification", {}),
         })
-    header = (templates_dir() / "giou_abi.h").read_text()
+    header = (templates_dir(giou.FAMILY) / "giou_abi.h").read_text()
     (out / "giou_abi.h").write_text(header)
     manifest = {
         "format": FORMAT, "family": giou.FAMILY, "tuner": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": gpu, "arch": gpu.get("arch"), "header_sha256": sha256(header),
-        "template_sha256": sha256((templates_dir() / giou.TEMPLATE).read_text()),
+        "template_sha256": sha256((templates_dir(giou.FAMILY) / giou.TEMPLATE).read_text()),
         "entries": entries,
     }
     manifest["checksum"] = manifest_checksum(manifest)

@@ -13,7 +13,7 @@ _ABI = 2
 
 
 class _Vtable(ctypes.Structure):
-    # Mirrors TunerGiouVtable in templates/giou_abi.h.
+    # Mirrors TunerGiouVtable in templates/giou/giou_abi.h.
     _fields_ = [
         ("abi", ctypes.c_int),
         ("name", ctypes.c_char_p),

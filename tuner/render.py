@@ -12,19 +12,15 @@ from tuner.errors import BuildError
 from tuner.variant import Variant
 
 
-def templates_dir() -> Path:
-    """`templates/` of a source checkout, or the copy installed inside the package."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "templates", here / "templates"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("tuner's templates folder is missing from this installation")
+def templates_dir(family: str) -> Path:
+    """A family's templates: `templates/<family>/`."""
+    return families.templates(family)
 
 
 @functools.lru_cache(maxsize=None)
-def _environment() -> jinja2.Environment:
+def _environment(family: str) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=jinja2.FileSystemLoader(str(templates_dir(family))),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -36,7 +32,7 @@ def render(variant: Variant) -> str:
     """The variant's CUDA source; a template error names the variant."""
     family = families.get(variant.family)
     try:
-        return _environment().get_template(family.TEMPLATE).render(**family.render_context(variant))
+        return _environment(variant.family).get_template(family.TEMPLATE).render(**family.render_context(variant))
     except jinja2.TemplateError as exc:
         where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
         raise BuildError(variant.name, f"template {family.TEMPLATE}{where}: {exc}") from exc
@@ -45,4 +41,4 @@ def render(variant: Variant) -> str:
 def header_text(family_name: str) -> str:
     """The headers a family's sources include, concatenated (part of every content hash)."""
     family = families.get(family_name)
-    return "".join((templates_dir() / h).read_text() for h in family.HEADERS)
+    return "".join((templates_dir(family_name) / h).read_text() for h in family.HEADERS)

@@ -1,6 +1,6 @@
 """Load an exported artifact and bind its winners to `torch.ops.tuner.giou_loss`.
 
-The op lives in C++ (templates/giou_op.cpp, part of the binding built once per
+The op lives in C++ (templates/giou/giou_op.cpp, part of the binding built once per
 torch/CUDA version), as pytorch/extension-cpp does it: its schema, its CUDA kernels,
 its autograd (a `torch::autograd::Function` calling the backward kernel) and its
 input checks, so that an eager call is one dispatcher hop and runs no Python:
@@ -81,7 +81,7 @@ class TunedGiou:
 
     def choose(self, pred_dtype: str, target_dtype: str, batch: int, slots: int) -> Entry:
         """The winner a call runs: nearest tuned shape in log distance, the first of equals
-        (the rule templates/giou_op.cpp applies per call)."""
+        (the rule templates/giou/giou_op.cpp applies per call)."""
         candidates = self.bindings[(pred_dtype, target_dtype)]
         if not candidates:
             raise TunerError("the artifact holds no tuned variant")
@@ -209,7 +209,7 @@ _LIBS: list = []  # keeps the torch.library.Library objects alive
 
 
 def _check_inputs(pred, target, num_boxes) -> None:
-    """The C++ kernels' checks and messages (templates/giou_op.cpp), for the CPU and fake paths."""
+    """The C++ kernels' checks and messages (templates/giou/giou_op.cpp), for the CPU and fake paths."""
     import torch
 
     if pred.dim() != 3 or pred.shape[-1] != 4:

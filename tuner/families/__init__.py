@@ -1,16 +1,42 @@
-"""Kernel families: each is one module (space, reference, inputs) plus its templates."""
+"""Kernel families. A family is a package here, `tuner/families/<name>/` (its space, reference,
+inputs and checks), and a folder of templates, `templates/<name>/` (Jinja2 kernel templates, the
+C ABI header, the torch binding sources). Adding both folders adds the family: it is found by
+name, and no core module lists it."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from pathlib import Path
 from types import ModuleType
 
 from tuner.errors import SpaceError
 
 
-def get(name: str) -> ModuleType:
-    """The family module by name, imported on first use."""
-    if name == "giou":
-        from tuner.families import giou
+def names() -> list[str]:
+    """The families installed: the packages under tuner/families."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg)
 
-        return giou
-    raise SpaceError(f"unknown kernel family {name!r}; known: giou")
+
+def get(name: str) -> ModuleType:
+    """The family package by name, imported on first use."""
+    if name not in names():
+        raise SpaceError(f"unknown kernel family {name!r}; known: {', '.join(names())}")
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def templates_root() -> Path:
+    """`templates/` of a source checkout, or the copy installed inside the package."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent / "templates", here / "templates"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("tuner's templates folder is missing from this installation")
+
+
+def templates(name: str) -> Path:
+    """A family's template folder, `templates/<name>/`."""
+    folder = templates_root() / name
+    if not folder.is_dir():
+        raise SpaceError(f"kernel family {name!r} has no templates folder {folder}")
+    return folder
