@@ -18,7 +18,7 @@ def kernels(shared_home):
     import torch
 
     from tuner import build, gpus
-    from tuner.kernel import GiouKernel
+    from tuner.families.giou.kernel import GiouKernel
 
     arch = gpus.attached().arch
     cover = giou.covering_set()
@@ -47,7 +47,7 @@ def _counts(B, S, kind, device):
 
 
 def _run(kernel, variant, B, S, reduction, counts_kind, use_counts):
-    from tuner.verify import verify
+    from tuner.families.giou.verify import verify
 
     counts = _counts(B, S, counts_kind, "cpu")
     verdict = verify(kernel, variant["pred"], variant["target"], B, S, reduction, counts=counts,

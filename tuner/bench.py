@@ -74,7 +74,7 @@ class SimpleKernel:
 
     def __init__(self, pred_dtype: str, target_dtype: str):
         from tuner import build, gpus
-        from tuner.kernel import GiouKernel
+        from tuner.families.giou.kernel import GiouKernel
 
         v = giou.space(pred_dtype, target_dtype).variant(
             boxes_per_thread=1, padding="branch", validation="none", block_size=256, loads="scalar",

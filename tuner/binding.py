@@ -1,4 +1,5 @@
-"""The torch binding of the GIoU family: built once per torch/CUDA version with cpp_extension."""
+"""A family's torch binding: its C++ sources (`BINDING` in templates/<family>/), built once per
+torch/CUDA version with cpp_extension and loaded as a library of torch ops."""
 
 from __future__ import annotations
 
@@ -6,39 +7,40 @@ import functools
 import hashlib
 import os
 
-from tuner import paths, toolkit
+from tuner import families, paths, toolkit
 from tuner.build import torch_version
-from tuner.families import giou
 from tuner.render import header_text, templates_dir
 
 
-def _key() -> str:
+def _key(family: str) -> str:
     import torch
 
-    source = "".join((templates_dir(giou.FAMILY) / f).read_text() for f in giou.BINDING + giou.BINDING_HEADERS)
-    source += header_text(giou.FAMILY)
+    fam = families.get(family)
+    source = "".join((templates_dir(family) / f).read_text() for f in fam.BINDING + fam.BINDING_HEADERS)
+    source += header_text(family)
     h = hashlib.sha256(f"{source}\0{torch_version()}\0{torch.version.cuda}\0{toolkit.nvcc_version()}".encode())
     return h.hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=None)
-def load(verbose: bool = False):
-    """Build (first time only) and load the binding; returns `torch.ops.tuner_giou`.
-
-    Loading it also defines `tuner::giou_loss` and its CUDA and Autograd kernels.
+def load(family: str, verbose: bool = False):
+    """Build (first time only) and load a family's binding; returns its op namespace,
+    `torch.ops.<family.OPS_NAMESPACE>`. Loading it also defines the ops it registers (the
+    family's user-facing op and its CUDA and Autograd kernels).
 
     The build includes torch/extension.h and so takes about a minute; it is shared
-    by every variant and cached under variants/_binding/<hash>/.
+    by every variant of the family and cached under variants/_binding/<hash>/.
     """
     import torch
 
-    key = _key()
-    name = f"tuner_giou_binding_{key}"
+    fam = families.get(family)
+    key = _key(family)
+    name = f"tuner_{family}_binding_{key}"
     build_dir = paths.variants_dir() / "_binding" / key
     built = build_dir / f"{name}.so"
     if built.exists():  # built before: load it without asking ninja (keeps a cached start under 2 s)
         torch.ops.load_library(str(built))
-        return torch.ops.tuner_giou
+        return getattr(torch.ops, fam.OPS_NAMESPACE)
 
     toolkit.export_cuda_home()
     if not torch.cuda.is_available():
@@ -51,12 +53,12 @@ def load(verbose: bool = False):
     build_dir.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(
         name=name,
-        sources=[str(templates_dir(giou.FAMILY) / f) for f in giou.BINDING],
-        extra_include_paths=[str(templates_dir(giou.FAMILY))],
+        sources=[str(templates_dir(family) / f) for f in fam.BINDING],
+        extra_include_paths=[str(templates_dir(family))],
         extra_cflags=["-O2"],
         build_directory=str(build_dir),
         with_cuda=True,
         is_python_module=False,
         verbose=verbose,
     )
-    return torch.ops.tuner_giou
+    return getattr(torch.ops, fam.OPS_NAMESPACE)

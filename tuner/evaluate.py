@@ -12,7 +12,6 @@ from pathlib import Path
 
 from tuner import build, gpus, records
 from tuner.errors import GpuError, TunerError
-from tuner.families import giou
 from tuner.variant import Variant
 
 
@@ -50,9 +49,10 @@ class Evaluator:
 
 
 class LiveEvaluator(Evaluator):
-    """Compile with nvcc, run in a worker process on the attached GPU."""
+    """Compile with nvcc, run in a worker process on the attached GPU. `problem` is a family's
+    Problem (a dataclass with `family` and `key()`)."""
 
-    def __init__(self, gpu: str, problem: giou.Problem, objective: str, arch: str | None = None,
+    def __init__(self, gpu: str, problem, objective: str, arch: str | None = None,
                  jobs: int | None = None, eval_timeout: float = 60.0, log_path: Path | None = None):
         from tuner import binding
         from tuner.worker import Worker
@@ -65,7 +65,7 @@ class LiveEvaluator(Evaluator):
         self.objective = objective
         self.jobs = jobs or os.cpu_count() or 1
         self.batch_size = max(2 * self.jobs, 8)
-        binding.load()  # build the torch binding here once, not in each worker start
+        binding.load(problem.family)  # build the torch binding here once, not in each worker start
         self.worker = Worker(attached.index, timeout=eval_timeout, log_path=str(log_path) if log_path else None)
 
     @property
@@ -76,13 +76,14 @@ class LiveEvaluator(Evaluator):
         return {b.variant.name: _build_result(b) for b in build.build(variants, self.arch, jobs=self.jobs)}
 
     def evaluate(self, variant, prepared):
-        return self.worker.evaluate({"kind": "evaluate", "so": prepared["so"], "name": variant.name,
-                                     "problem": self.problem.__dict__, "objective": self.objective})
+        return self.worker.evaluate({"kind": "evaluate", "family": variant.family, "so": prepared["so"],
+                                     "name": variant.name, "problem": self.problem.__dict__,
+                                     "objective": self.objective})
 
     def retime(self, variants, prepared, objective):
         jobs = [{"so": prepared[v.name]["so"], "name": v.name} for v in variants if prepared[v.name]["so"]]
-        result = self.worker.evaluate({"kind": "retime", "kernels": jobs, "problem": self.problem.__dict__,
-                                       "objective": objective})
+        result = self.worker.evaluate({"kind": "retime", "family": self.problem.family, "kernels": jobs,
+                                       "problem": self.problem.__dict__, "objective": objective})
         return result.get("timings", {})
 
     def close(self):
@@ -92,7 +93,7 @@ class LiveEvaluator(Evaluator):
 class SimulatedEvaluator(Evaluator):
     """Replays a measurement log (as Kernel Tuner's simulation mode does): no GPU, no compiler."""
 
-    def __init__(self, path: Path, problem: giou.Problem, objective: str, gpu: str, delay: float = 0.0):
+    def __init__(self, path: Path, problem, objective: str, gpu: str, delay: float = 0.0):
         path = Path(path)
         self.delay = delay  # seconds per evaluation, so that tests can kill a search mid-way
         if not path.exists():

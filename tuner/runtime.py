@@ -101,9 +101,9 @@ class TunedGiou:
         """Build every bound variant for `arch` (one parallel batch, cached) and hand the C
         tables to the op."""
         from tuner import binding
-        from tuner.kernel import GiouKernel
+        from tuner.families.giou.kernel import GiouKernel
 
-        ops = binding.load()
+        ops = binding.load("giou")
         if not self.use_reference:
             table = self.bindings
             unique = {e.variant.name: e for entries in table.values() for e in entries}
@@ -158,7 +158,7 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, validat
     state = TunedGiou(directory, manifest, validate, fallback)
     from tuner import binding
 
-    binding.load()  # defines the op and its C++ kernels
+    binding.load("giou")  # defines the op and its C++ kernels
     _register_python()
     if torch.cuda.is_available():
         attached = gpus.attached()
@@ -185,7 +185,7 @@ def set_validate(mode: str) -> None:
     _state.validate = mode
     from tuner import binding
 
-    binding.load().set_check(VALIDATE[mode])
+    binding.load("giou").set_check(VALIDATE[mode])
 
 
 def check_errors() -> None:
@@ -196,10 +196,10 @@ def check_errors() -> None:
         return
     from tuner import binding
 
-    bits = int(binding.load().take_errors())
+    bits = int(binding.load("giou").take_errors())
     if bits:
         raise KernelInputError("giou_loss: invalid input in an earlier call: " +
-                               binding.load().describe_errors(bits))
+                               binding.load("giou").describe_errors(bits))
 
 
 # ----------------------------------------------- the Python side: CPU and fake

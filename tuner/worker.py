@@ -46,91 +46,60 @@ def classify(message: str) -> str | None:
 # ------------------------------------------------------------------- child
 
 class _Child:
-    """State kept across jobs in the child: timing inputs, the L2 flush buffer."""
+    """State kept across jobs in the child: each family's evaluation hooks, the L2 flush buffer."""
 
     def __init__(self, device_index: int):
         import torch
 
-        from tuner import binding, timing
+        from tuner import timing
 
         torch.cuda.set_device(device_index)
-        binding.load()
         self.flush = timing.L2Flush()
-        self.inputs: dict[tuple, tuple] = {}
+        self.families: dict[str, Any] = {}
 
-    def timing_inputs(self, problem: dict) -> tuple:
-        """Fixed random inputs per problem, so that variants are timed on the same data."""
-        from tuner.families import giou
+    def family(self, name: str):
+        """The family's `Evaluation` (load, check, calls, errors), made once per process."""
+        if name not in self.families:
+            from tuner import families
 
-        key = tuple(sorted(problem.items()))
-        if key not in self.inputs:
-            self.inputs[key] = giou.make_inputs(problem["batch"], problem["slots"], problem["pred"],
-                                                problem["target"], problem["distribution"], device="cuda",
-                                                seed=1234)
-        return self.inputs[key]
+            self.families[name] = families.get(name).Evaluation()
+        return self.families[name]
 
     def run(self, job: dict) -> dict:
         from tuner import timing
-        from tuner.kernel import GiouKernel
-        from tuner.verify import verify
 
-        problem, red = job["problem"], job["problem"]["reduction"]
+        family = self.family(job["family"])
         result: dict[str, Any] = {"status": "fail"}
         started = time.monotonic()
-        kernel = GiouKernel(job["so"], job["name"])
-        # Correct first: the problem's own shape, then an odd one that ends mid-block.
-        worst_loss = worst_grad = 0.0
-        for batch, slots in ((problem["batch"], problem["slots"]), (3, 7)):
-            verdict = verify(kernel, problem["pred"], problem["target"], batch, slots, red, problem["distribution"])
-            worst_loss, worst_grad = max(worst_loss, verdict.loss_error), max(worst_grad, verdict.grad_error)
-            if not verdict.ok:
-                return {**result, "reason": verdict.reason, "message": verdict.message,
-                        "verify_s": time.monotonic() - started}
-        result.update(loss_error=worst_loss, grad_error=worst_grad, verify_s=time.monotonic() - started)
+        kernel = family.load(job["so"], job["name"])
+        verdict = family.check(kernel, job["problem"])
+        errors = {k: v for k, v in verdict.items() if k not in ("ok", "reason", "message")}
+        if not verdict["ok"]:
+            return {**result, "reason": verdict["reason"], "message": verdict["message"], **errors,
+                    "verify_s": time.monotonic() - started}
+        result.update(errors, verify_s=time.monotonic() - started)
 
         started = time.monotonic()
-        fwd_fn, bwd_fn = self.callables(kernel, problem, job["objective"])
+        fwd_fn, bwd_fn = family.calls(kernel, job["problem"], job["objective"])
         cfg = job.get("timing", {})
         result["fwd"] = timing.bench(fwd_fn, flush=self.flush, **cfg).as_dict()
         if bwd_fn is not None:
             result["bwd"] = timing.bench(bwd_fn, flush=self.flush, **cfg).as_dict()
-        errors = kernel.take_errors()  # generated inputs are valid: a flag here is a kernel bug
-        if errors:
-            return {**result, "reason": "wrong result", "message": f"validation flagged valid inputs ({errors})"}
+        flagged = family.errors(kernel)  # generated inputs are valid: a flag here is a kernel bug
+        if flagged:
+            return {**result, "reason": "wrong result", "message": f"validation flagged valid inputs ({flagged})"}
         result["time_s"] = time.monotonic() - started
         result["status"] = "ok"
         return result
 
-    def callables(self, kernel, problem: dict, objective: str):
-        """Forward and backward calls on fixed inputs with preallocated outputs (no sync)."""
-        import torch
-
-        red = problem["reduction"]
-        pred, target, nb = self.timing_inputs(problem)
-        need_grad = objective != "fwd"
-        out, count, saved = kernel.forward(pred, target, nb, red, need_grad=need_grad, check=False)
-
-        def fwd():
-            kernel.forward(pred, target, nb, red, need_grad=need_grad, check=False, out=out, count=count,
-                           saved_grad=saved)
-
-        if objective == "fwd":
-            return fwd, None
-        grad_out, grad = torch.ones_like(out), torch.empty_like(pred)
-
-        def bwd():
-            kernel.backward(grad_out, pred, target, nb, count, saved, red, grad_pred=grad)
-
-        return fwd, bwd
-
     def retime(self, job: dict) -> dict:
         """The finalists timed in turns, with more repetitions than in the search."""
         from tuner import timing
-        from tuner.kernel import GiouKernel
 
+        family = self.family(job["family"])
         fwd, bwd = {}, {}
         for k in job["kernels"]:
-            f, b = self.callables(GiouKernel(k["so"], k["name"]), job["problem"], job["objective"])
+            f, b = family.calls(family.load(k["so"], k["name"]), job["problem"], job["objective"])
             fwd[k["name"]] = f
             if b is not None:
                 bwd[k["name"]] = b

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from tuner.space import Constraint, Dim, Space, covering
 from tuner.variant import Variant
@@ -23,6 +23,7 @@ TEMPLATE = "giou.cu.j2"
 # The torch binding, built once per torch/CUDA version: the search's calls by address and the op.
 BINDING = ("giou_binding.cpp", "giou_op.cpp")
 BINDING_HEADERS = ("giou_binding.h",)
+OPS_NAMESPACE = "tuner_giou"  # the binding's low-level ops (calls by a variant's table address)
 HEADERS = ("giou_abi.h",)
 
 PRED_DTYPES = ("float32", "float16", "bfloat16")
@@ -184,6 +185,7 @@ DISTRIBUTIONS = ("article", "uniform", "full")
 class Problem:
     """What a kernel is tuned for: sizes, dtypes and how many boxes images hold."""
 
+    family: ClassVar[str] = FAMILY
     batch: int = 1024
     slots: int = 256
     pred: str = "bfloat16"
@@ -284,3 +286,12 @@ def check(name: str, got, want, tol: float, dtype=None) -> tuple[bool, float, st
     msg = f"{name}: relative error {err:.3g} (tolerance {tol:.3g})"
     return ok, err, msg
 
+
+
+def __getattr__(name: str):
+    # The worker's hooks (tuner.worker): imported only where kernels run.
+    if name == "Evaluation":
+        from tuner.families.giou.evaluate import Evaluation
+
+        return Evaluation
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

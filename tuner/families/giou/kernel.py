@@ -54,7 +54,7 @@ class GiouKernel:
         self.alignment = table.alignment
         self.saves_grad = bool(table.saves_grad)
         self.validates = bool(table.validates)
-        self.ops = binding.load()
+        self.ops = binding.load("giou")
 
     def _ready(self, t):
         """Contiguous and aligned for this variant's loads (a copy only when needed)."""

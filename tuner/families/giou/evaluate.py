@@ -1,0 +1,72 @@
+"""What the search's worker needs of the GIoU family: load a built variant, check it against
+the float64 reference, and give its forward and backward as calls to time."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tuner.families.giou.kernel import GiouKernel
+from tuner.families.giou.verify import verify
+
+
+class Evaluation:
+    """Per worker process: the torch binding loaded once, timing inputs made once per problem."""
+
+    def __init__(self):
+        from tuner import binding
+
+        binding.load("giou")
+        self.inputs: dict[tuple, tuple] = {}
+
+    def load(self, so: str, name: str) -> GiouKernel:
+        return GiouKernel(so, name)
+
+    def check(self, kernel: GiouKernel, problem: dict) -> dict[str, Any]:
+        """Correct first: the problem's own shape, then an odd one that ends mid-block. Returns
+        {"ok", "reason", "message"} and the worst errors seen (`loss_error`, `grad_error`)."""
+        worst = {"loss_error": 0.0, "grad_error": 0.0}
+        for batch, slots in ((problem["batch"], problem["slots"]), (3, 7)):
+            v = verify(kernel, problem["pred"], problem["target"], batch, slots, problem["reduction"],
+                       problem["distribution"])
+            worst = {"loss_error": max(worst["loss_error"], v.loss_error),
+                     "grad_error": max(worst["grad_error"], v.grad_error)}
+            if not v.ok:
+                return {"ok": False, "reason": v.reason, "message": v.message, **worst}
+        return {"ok": True, "reason": "", "message": "", **worst}
+
+    def timing_inputs(self, problem: dict) -> tuple:
+        """Fixed random inputs per problem, so that variants are timed on the same data."""
+        from tuner.families import giou
+
+        key = tuple(sorted(problem.items()))
+        if key not in self.inputs:
+            self.inputs[key] = giou.make_inputs(problem["batch"], problem["slots"], problem["pred"],
+                                                problem["target"], problem["distribution"], device="cuda",
+                                                seed=1234)
+        return self.inputs[key]
+
+    def calls(self, kernel: GiouKernel, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
+        """Forward and backward calls on fixed inputs with preallocated outputs (no sync)."""
+        import torch
+
+        red = problem["reduction"]
+        pred, target, nb = self.timing_inputs(problem)
+        need_grad = objective != "fwd"
+        out, count, saved = kernel.forward(pred, target, nb, red, need_grad=need_grad, check=False)
+
+        def fwd():
+            kernel.forward(pred, target, nb, red, need_grad=need_grad, check=False, out=out, count=count,
+                           saved_grad=saved)
+
+        if objective == "fwd":
+            return fwd, None
+        grad_out, grad = torch.ones_like(out), torch.empty_like(pred)
+
+        def bwd():
+            kernel.backward(grad_out, pred, target, nb, count, saved, red, grad_pred=grad)
+
+        return fwd, bwd
+
+    def errors(self, kernel: GiouKernel) -> int:
+        """Error bits the kernels flagged since the last call (generated inputs are valid)."""
+        return kernel.take_errors()
