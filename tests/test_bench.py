@@ -5,6 +5,7 @@ import torch
 
 from tuner import bench
 from tuner.families import giou
+from tuner.families.giou import bench as giou_bench
 
 
 @pytest.mark.parametrize("pred,target", [("float32", "uint8"), ("bfloat16", "float32")])
@@ -13,8 +14,8 @@ def test_eager_implementations_match_the_reference(pred, target):
     mask = torch.arange(32)[None, :] < n[:, None]
     tl = [t[i, : int(c)] for i, c in enumerate(n.tolist())]
     want = giou.reference(p, t, n)
-    for got in (bench.loop_loss(p, tl), bench.concat_loss(p, tl, mask), bench.padded_loss(p, t, n),
-                bench.torchvision_loss(p, t, n)):
+    for got in (giou_bench.loop_loss(p, tl), giou_bench.concat_loss(p, tl, mask), giou_bench.padded_loss(p, t, n),
+                giou_bench.torchvision_loss(p, t, n)):
         assert giou.check("loss", got, want, 1e-4)[0]
 
 
@@ -29,12 +30,15 @@ def test_report_files(tmp_path):
         if fb:
             row.update(fwd_bwd_wall_us=fb, fwd_bwd_kernel_us=fb / 2)
         rows.append(row)
-    bench.write(rows, tmp_path)
+    bench.write(rows, tmp_path, size="B")
     md = (tmp_path / "bench.md").read_text()
     assert "| padded eager | 300.0 |" in md and "60.00x" in md  # 300 / 5
-    assert "| tuned op | 5.0 | 2.5 | 12.0 | 6.0 | 1.00x | 1.00x | 0.50x | 0.50x | 1.25x | 0.12x |" in md
+    assert ("| fwd wall / tuned | fwd+bwd wall / tuned | fwd wall / one kernel launch | "
+            "fwd+bwd wall / x.sum().backward() | fwd wall / F.mse_loss (native op) | "
+            "fwd+bwd wall / F.mse_loss (native op) |") in md
+    assert "| tuned op | 5.0 | 2.5 | 12.0 | 6.0 | 1.00x | 1.00x | 1.25x | 0.12x | 0.50x | 0.50x |" in md
     assert "forward **tuned op**, forward+backward **tuned op**" in md
-    assert "**pred bfloat16, target uint8: forward+backward wall µs per call (GPU kernel µs)**" in md
+    assert "**pred=bfloat16, target=uint8, S=256: forward+backward wall µs per call (GPU kernel µs)**" in md
     assert "| tuned op | 12.0 (6.0) |" in md and "| floor: one kernel launch | 4.0 (2.0) |" in md
     assert (tmp_path / "bench.csv").read_text().startswith("impl,pred,target,B,S")
     assert bench.read(tmp_path / "bench.csv") == rows

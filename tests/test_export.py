@@ -9,6 +9,7 @@ import tuner
 from tuner import export, runtime, search
 from tuner.errors import TunerError
 from tuner.families import giou
+from tuner.families.giou import op as giou_op
 
 from test_search import REAL, _cfg
 
@@ -68,11 +69,11 @@ def _entry(pred, target, batch, slots, **params):
     base = {"boxes_per_thread": 2, "padding": "branch", "validation": "hoisted", "block_size": 256,
             "loads": "vector", "reduction": "atomic", "backward": "recompute", **params}
     v = space.variant(**base)
-    return runtime.Entry({"pred": pred, "target": target, "batch": batch, "slots": slots}, v, "")
+    return giou_op.Entry({"pred": pred, "target": target, "batch": batch, "slots": slots}, v, "")
 
 
 def test_dispatch_picks_the_dtype_pair_and_nearest_shape():
-    state = runtime.TunedGiou(None, None)
+    state = giou_op.TunedGiou(None, None)
     state.entries = [_entry("bfloat16", "uint8", 1024, 256, block_size=512),
                      _entry("bfloat16", "uint8", 64, 256, block_size=128),
                      _entry("float32", "float32", 1024, 256, block_size=64)]

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from tuner.families import giou
+from tuner.families.giou import op as giou_op
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -81,7 +82,7 @@ def test_hostile_inputs(op, B, S, pair, scale, degenerate, nonfinite, view, coun
     if view and B:  # the same values through a non-contiguous view
         pc = pc.transpose(0, 1).contiguous().transpose(0, 1)
         tc = tc.transpose(0, 1).contiguous().transpose(0, 1)
-    variant = runtime._state.choose(pred_dtype, target_dtype, B, S).variant
+    variant = giou_op._state.choose(pred_dtype, target_dtype, B, S).variant
     valid = giou.valid_mask(t, nb)
     # What validation reports: counts outside [0, S], and non-finite valid target boxes
     # (a float16 target scaled past 65504 is inf).

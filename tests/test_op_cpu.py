@@ -10,6 +10,7 @@ import tuner
 from tuner import binding, export, runtime
 from tuner.errors import KernelInputError
 from tuner.families import giou
+from tuner.families.giou import op as giou_op
 
 GPU = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
 
@@ -50,7 +51,7 @@ def test_cuda_and_autograd_kernels_are_registered_from_cpp(op):
     assert op is torch.ops.tuner.giou_loss
     loss = _kernels("tuner::giou_loss")
     assert "giou_op.cpp" in loss["CUDA"] and "giou_op.cpp" in loss["Autograd[alias]"]
-    assert "runtime.py" in loss["CPU"] and "runtime.py" in loss["Meta"]  # the reference and the fake
+    assert "op.py" in loss["CPU"] and "op.py" in loss["Meta"]  # the reference and the fake
     for name in ("tuner::giou_loss_forward", "tuner::giou_loss_backward"):
         assert "giou_op.cpp" in _kernels(name)["CUDA"]
     # The schema itself is defined in C++ too.
@@ -85,7 +86,7 @@ def test_num_boxes_of_any_integer_dtype(op):
 def test_cpp_picks_the_same_winner_as_python(artifact, op, shared_home):
     """Binds the artifact's variants (compiled here for sm_90, never run) and asks the
     C++ table which winner each shape gets."""
-    state = runtime._state
+    state = giou_op._state
     state.bind("sm_90")
     ops = binding.load("giou")
     rng = random.Random(0)

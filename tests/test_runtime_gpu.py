@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tuner.families import giou
+from tuner.families.giou import op as giou_op
 
 pytestmark = pytest.mark.gpu
 
@@ -168,7 +169,7 @@ def test_num_boxes_out_of_range(either):
 
     fn, _ = either
     p, t, n = _inputs("bfloat16", "uint8", B=16, S=32)
-    variant = runtime._state.choose("bfloat16", "uint8", 16, 32).variant
+    variant = giou_op._state.choose("bfloat16", "uint8", 16, 32).variant
     for value in (99, -5):
         bad = n.clone()
         bad[3] = value
@@ -256,7 +257,7 @@ def test_forward_is_one_launch_without_copies(either):
 
     fn, _ = either
     p, t, n = _inputs("bfloat16", "uint8", B=1024)
-    launches = 2 if runtime._state.choose("bfloat16", "uint8", 1024, 256).variant["validation"] == "kernel" else 1
+    launches = 2 if giou_op._state.choose("bfloat16", "uint8", 1024, 256).variant["validation"] == "kernel" else 1
     for mode in ("async", "deferred"):
         runtime.set_validate(mode)
         fn(p, t, n)
@@ -278,7 +279,7 @@ def test_bad_input_in_a_graph_replay_is_reported(validating):
 
     fn, _ = validating
     p, t, n = _inputs("bfloat16", "uint8", B=256)
-    assert runtime._state.choose("bfloat16", "uint8", 256, 256).variant["validation"] == "hoisted"
+    assert giou_op._state.choose("bfloat16", "uint8", 256, 256).variant["validation"] == "hoisted"
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -313,7 +314,7 @@ def test_load_gpu_auto_and_an_untuned_pair(shared_home, op):
         boxes_per_thread=2, padding="branch", validation="hoisted", block_size=256, loads="vector",
         reduction="atomic", backward="fused")
     attached = gpus.attached()
-    export.write(export.default_dir(gpus.short_name(attached)), [{"variant": v, "problem": giou.Problem().__dict__}],
+    export.write(export.default_dir(gpus.short_name(attached), "giou"), [{"variant": v, "problem": giou.Problem().__dict__}],
                  attached.describe())
     try:
         fn = tuner.load(gpu="auto")

@@ -28,22 +28,20 @@ def _target_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _dtype_parser() -> argparse.ArgumentParser:
+def _family_parser() -> argparse.ArgumentParser:
+    from tuner import families
+
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--pred", default="bfloat16", help="pred dtype: float32, float16, bfloat16 (default)")
-    p.add_argument("--target", default="uint8", help="target dtype: uint8 (default), float16, bfloat16, float32")
-    p.add_argument("--all-dtypes", action="store_true", help="every (pred, target) dtype pair")
-    p.add_argument("--device-assert", action="store_true",
-                   help="variants that also stop on a device-side assert when validation fails (opt-in)")
+    p.add_argument("--family", default=families.DEFAULT, choices=families.names(),
+                   help=f"kernel family (default {families.DEFAULT})")
     return p
 
 
-def _spaces(args):
-    from tuner.families import giou
+def _cli(args):
+    """The family's command-line part (its options, spaces, problem and bench)."""
+    from tuner import families
 
-    if args.all_dtypes:
-        return [giou.space(p, t, args.device_assert) for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES]
-    return [giou.space(args.pred, args.target, args.device_assert)]
+    return families.part(args.family, "cli")
 
 
 def _spread(variants: list, limit: int | None) -> list:
@@ -61,13 +59,16 @@ def cmd_variants(args: argparse.Namespace) -> int:
 
     arch = gpus.resolve(args.gpu, args.arch)
     rows = []
-    for space in _spaces(args):
+    for space in _cli(args).spaces(args):
         for v in space:
             rows.append({"name": v.name, **v.as_dict()})
     if args.json:
         print(json.dumps({"arch": arch, "count": len(rows), "variants": rows}, indent=1))
         return 0
-    table = pd.DataFrame(rows).drop(columns=["name", "device_assert"])
+    table = pd.DataFrame(rows).drop(columns=["name"])
+    # opt-in and test-only dimensions say nothing while every row has the same off value
+    table = table.drop(columns=[c for c in table if table[c].isna().all()
+                                or (table[c].dtype == bool and not table[c].any())])
     print(f"{len(rows)} valid variants for {arch}")
     shown = table if args.limit == 0 else table.head(args.limit)
     print(shown.to_string(index=False))
@@ -80,14 +81,13 @@ def cmd_variants(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from tuner import build
-    from tuner.families import giou
+    from tuner import build, families
 
     arch = gpus.resolve(args.gpu, args.arch)
     if args.covering:
-        variants = giou.covering_set()
+        variants = families.get(args.family).covering_set()
     else:
-        variants = _spread([v for s in _spaces(args) for v in s], args.limit)
+        variants = _spread([v for s in _cli(args).spaces(args) for v in s], args.limit)
     started = time.monotonic()
     results = build.build(variants, arch, jobs=args.jobs)
     wall = time.monotonic() - started
@@ -112,18 +112,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _problem_parser() -> argparse.ArgumentParser:
-    from tuner.families import giou
-
+def _study_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--batch", type=int, default=1024, help="images per batch, B (default 1024)")
-    p.add_argument("--slots", type=int, default=256, help="box slots per image, S (default 256)")
-    p.add_argument("--pred", default="bfloat16", help="pred dtype (default bfloat16)")
-    p.add_argument("--target", default="uint8", help="target dtype (default uint8)")
-    p.add_argument("--boxes", default="article", choices=giou.DISTRIBUTIONS,
-                   help="boxes per image: article = floor(|N(0,3)|) clipped to the slots (default), "
-                        "uniform, full")
-    p.add_argument("--reduction", default="mean", choices=giou.REDUCTIONS)
     p.add_argument("--objective", default="fwd+bwd", choices=("fwd", "bwd", "fwd+bwd"))
     p.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")
     p.add_argument("--study", help="study name (default: family-GPU-problem-objective)")
@@ -131,19 +121,11 @@ def _problem_parser() -> argparse.ArgumentParser:
 
 
 def _problem(args):
-    from tuner.errors import TunerError
-    from tuner.families import giou
-
-    if args.batch < 1 or args.slots < 1:
-        raise TunerError("--batch and --slots must be positive")
-    giou.space(args.pred, args.target)  # checks the dtypes
-    return giou.Problem(args.batch, args.slots, giou.dtype_name(args.pred), giou.dtype_name(args.target),
-                        args.boxes, args.reduction)
+    return _cli(args).problem(args)
 
 
 def _study_name(args) -> str:
     from tuner import study
-    from tuner.families import giou
 
     if args.study:
         return args.study
@@ -152,7 +134,7 @@ def _study_name(args) -> str:
     gpu = args.gpu
     if gpu.lower() == "auto":
         gpu = gpus.short_name(gpus.attached())
-    return study.study_name(giou.FAMILY, gpu, _problem(args).key(), args.objective)
+    return study.study_name(args.family, gpu, _problem(args).key(), args.objective)
 
 
 @command
@@ -187,10 +169,9 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def _show(st, k: int) -> str:
     from tuner import study
-    from tuner.families import giou
 
-    problem = st.user_attrs.get("problem", {})
-    frame = study.trials_frame(st, giou.space(problem.get("pred", "bfloat16"), problem.get("target", "uint8")))
+    space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
+    frame = study.trials_frame(st, space)
     lines = [f"study {st.study_name}"]
     gpu = st.user_attrs.get("gpu", {})
     if gpu:
@@ -204,7 +185,7 @@ def _show(st, k: int) -> str:
     best = study.top(frame, k)
     if best.empty:
         return "\n".join(lines + ["  no verified variant yet"])
-    cols = [d.name for d in giou.DIMS] + ["objective_us", "fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us",
+    cols = [d.name for d in space.dims] + ["objective_us", "fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us",
                                           "regs_fwd", "regs_bwd", "spill_bytes"]
     lines.append(f"\ntop {len(best)} in the search:")
     lines.append(best[[c for c in cols if c in best]].round(2).to_string(index=False))
@@ -226,12 +207,11 @@ def _show(st, k: int) -> str:
 @command
 def cmd_show(args: argparse.Namespace) -> int:
     from tuner import study
-    from tuner.families import giou
 
     st = study.load(_study_name(args), args.storage)
     if args.json:
-        problem = st.user_attrs.get("problem", {})
-        frame = study.trials_frame(st, giou.space(problem.get("pred", "bfloat16"), problem.get("target", "uint8")))
+        space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
+        frame = study.trials_frame(st, space)
         print(json.dumps({"study": st.study_name, "attrs": st.user_attrs,
                           "trials": json.loads(frame.to_json(orient="records"))}, indent=1, default=str))
     else:
@@ -259,7 +239,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 @command
 def cmd_export_best(args: argparse.Namespace) -> int:
-    from tuner import export, study
+    from tuner import export, families, study
 
     if args.study:
         names = [args.study]
@@ -268,20 +248,19 @@ def cmd_export_best(args: argparse.Namespace) -> int:
         label = args.gpu
         if label.lower() == "auto":
             label = gpus.short_name(gpus.attached())
-        names = export.studies_for(label, args.storage)
+        names = export.studies_for(label, args.family, args.storage)
         if not names:
             raise TunerError(f"no studies for {label} in {study.storage_url(args.storage)}; "
                              f"run `tuner search --gpu {args.gpu}` first")
     else:
         raise TunerError("say what to export: --gpu H100 (all its studies) or --study NAME")
-    out = export.export(names, args.out or export.default_dir(label), args.storage)
+    out = export.export(names, args.out or export.default_dir(label, args.family), args.storage)
     manifest = export.read(out)
+    describe = families.part(manifest["family"], "cli").describe
     for e in manifest["entries"]:
-        p = e["problem"]
-        print(f"{p['pred']}/{p['target']} B={p['batch']} S={p['slots']}: {e['variant']} "
-              f"({e['objective']} {e['objective_us']:.2f} us)")
+        print(f"{describe(e['problem'])}: {e['variant']} ({e['objective']} {e['objective_us']:.2f} us)")
     print(f"exported {len(manifest['entries'])} tuned variant(s) for {manifest['gpu'].get('gpu_name')} to {out}")
-    print(f'load it with: giou_loss = tuner.load("{out}")')
+    print(f'load it with: op = tuner.load("{out}")')
     return 0
 
 
@@ -290,18 +269,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     import tuner
-    from tuner import bench
 
     attached = gpus.attached()
     if args.gpu and not attached.matches(args.gpu):
         raise TunerError(f"--gpu {args.gpu} was asked for, but the attached GPU is {attached.name}")
-    op = tuner.load(args.artifact) if args.artifact else tuner.load(gpu=args.gpu or "auto")
-    batches = tuple(int(b) for b in args.batches.split(","))
-    dtypes = tuple(tuple(pair.split("/")) for pair in args.dtypes.split(","))
+    op = tuner.load(args.artifact) if args.artifact else tuner.load(gpu=args.gpu or "auto", family=args.family)
     info = attached.describe()
     print(f"# {info['gpu_name']} ({info['arch']}), driver {info['driver']}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}")
-    bench.run(op, batches, dtypes, out=args.out)
+    _cli(args).bench(op, args)
     print(f"wrote {args.out}/bench.csv, bench.md, bench.png")
     return 0
 
@@ -323,24 +299,41 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
+def _family_of(argv: list[str] | None) -> str:
+    """--family, read ahead: the other options of a command depend on it."""
+    from tuner import families
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--family", default=families.DEFAULT)
+    name = pre.parse_known_args(argv)[0].family
+    return name if name in families.names() else families.DEFAULT  # an unknown one: argparse says so
+
+
+def parser(family: str | None = None) -> argparse.ArgumentParser:
+    from tuner import families
+
+    fam = families.part(family or families.DEFAULT, "cli")
     p = argparse.ArgumentParser(prog="tuner", description="Tune CUDA kernel variants of PyTorch ops.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
-    target, dtypes = _target_parser(), _dtype_parser()
+    target, family_opt = _target_parser(), _family_parser()
+    dtypes = argparse.ArgumentParser(add_help=False)
+    fam.add_space_args(dtypes)
 
-    s = sub.add_parser("variants", parents=[target, dtypes], help="list the valid variants")
+    s = sub.add_parser("variants", parents=[family_opt, target, dtypes], help="list the valid variants")
     s.add_argument("--json", action="store_true")
     s.add_argument("--limit", type=int, default=40, help="rows to print (0: all)")
 
-    s = sub.add_parser("build", parents=[target, dtypes], help="compile variants (no GPU needed)")
+    s = sub.add_parser("build", parents=[family_opt, target, dtypes], help="compile variants (no GPU needed)")
     s.add_argument("--limit", type=int, help="build this many variants, spread over the space")
     s.add_argument("--jobs", type=int, help="parallel compiles (default: all cores)")
     s.add_argument("--covering", action="store_true",
                    help="the covering set: every value of every dimension, every dtype pair")
     s.add_argument("--json", action="store_true")
-    problem = _problem_parser()
-    s = sub.add_parser("search", parents=[target, problem], help="search for the fastest correct variant")
+    problem = argparse.ArgumentParser(add_help=False)
+    fam.add_problem_args(problem)
+    problem = [family_opt, target, problem, _study_parser()]
+    s = sub.add_parser("search", parents=problem, help="search for the fastest correct variant")
     s.add_argument("--trials", type=int, default=200, help="finished trials the study should reach")
     s.add_argument("--timeout", type=float, help="stop asking for new trials after this many seconds")
     s.add_argument("--sampler", default="tpe", choices=("tpe", "random", "grid"))
@@ -359,22 +352,21 @@ def parser() -> argparse.ArgumentParser:
                         "(compile, oob, assert, hang, wrong, nan, resources)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    s = sub.add_parser("show", parents=[target, problem], help="print a stored study")
+    s = sub.add_parser("show", parents=problem, help="print a stored study")
     s.add_argument("--json", action="store_true")
     s.add_argument("--top-k", type=int, default=10)
 
-    s = sub.add_parser("export-best", parents=[target], help="export the winners of a GPU's studies")
+    s = sub.add_parser("export-best", parents=[family_opt, target], help="export the winners of a GPU's studies")
     s.add_argument("--study", help="export this study only")
-    s.add_argument("--out", type=Path, help="artifact folder (default: exports/giou-<GPU> under $TUNER_HOME)")
+    s.add_argument("--out", type=Path, help="artifact folder (default: exports/<family>-<GPU> under $TUNER_HOME)")
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")
 
-    s = sub.add_parser("bench", parents=[target], help="time the tuned op against what users run today")
+    s = sub.add_parser("bench", parents=[family_opt, target], help="time the tuned op against what users run today")
     s.add_argument("--artifact", type=Path, help="exported folder (default: the attached GPU's export)")
-    s.add_argument("--batches", default="64,256,1024,4096")
-    s.add_argument("--dtypes", default="bfloat16/uint8,float32/float32", help="pred/target pairs")
+    fam.add_bench_args(s)
     s.add_argument("--out", type=Path, default=Path("bench-results"))
 
-    s = sub.add_parser("report", parents=[target, problem], help="CSV, importances and plots of a study")
+    s = sub.add_parser("report", parents=problem, help="CSV, importances and plots of a study")
     s.add_argument("--out", type=Path, help="folder (default: reports/<study>)")
 
     s = sub.add_parser("list", help="list stored studies")
@@ -383,7 +375,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser(_family_of(argv)).parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except TunerError as exc:

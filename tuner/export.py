@@ -16,11 +16,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tuner import __version__, paths
+from tuner import __version__, families, paths
 from tuner import study as studies
 from tuner.errors import TunerError
-from tuner.families import giou
-from tuner.render import render, templates_dir
+from tuner.render import header_text, render, templates_dir
 from tuner.variant import Variant
 
 MANIFEST = "manifest.json"
@@ -36,9 +35,9 @@ def manifest_checksum(manifest: dict) -> str:
     return sha256(json.dumps(body, sort_keys=True))
 
 
-def default_dir(gpu: str) -> Path:
-    """Where `export-best` writes and `tuner.load(gpu=...)` looks: exports/giou-<GPU>."""
-    return paths.home() / "exports" / ("giou-" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-"))
+def default_dir(gpu: str, family: str) -> Path:
+    """Where `export-best` writes and `tuner.load(gpu=...)` looks: exports/<family>-<GPU>."""
+    return paths.home() / "exports" / (family + "-" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-"))
 
 
 def _winner(st) -> dict[str, Any]:
@@ -46,7 +45,7 @@ def _winner(st) -> dict[str, Any]:
     problem = st.user_attrs.get("problem")
     if not problem:
         raise TunerError(f"study {st.study_name!r} was not made by `tuner search` (no problem recorded)")
-    space = giou.space(problem["pred"], problem["target"])
+    space = studies.family_of(st).space_for(problem)
     frame = studies.trials_frame(st, space)
     best = studies.top(frame, 1)
     if best.empty:
@@ -88,6 +87,10 @@ def export(study_names: list[str], out: Path, storage: str | None = None) -> Pat
 def write(out: Path, winners: list[dict[str, Any]], gpu: dict) -> Path:
     """Write an artifact: each winner's source, the ABI header and the manifest (written last)."""
     out = Path(out)
+    names = {w["variant"].family for w in winners}
+    if len(names) != 1:
+        raise TunerError(f"an artifact holds one kernel family; these winners are of {sorted(names)}")
+    family = families.get(names.pop())
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for w in winners:
@@ -101,13 +104,13 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict) -> Path:
             "objective_us": w.get("objective_us"), "retimed": w.get("retimed", False), "study": w.get("study"),
             "verification": w.get("verification", {}),
         })
-    header = (templates_dir(giou.FAMILY) / "giou_abi.h").read_text()
-    (out / "giou_abi.h").write_text(header)
+    for name in family.HEADERS:  # the sources include them
+        (out / name).write_text((templates_dir(family.FAMILY) / name).read_text())
     manifest = {
-        "format": FORMAT, "family": giou.FAMILY, "tuner": __version__,
+        "format": FORMAT, "family": family.FAMILY, "tuner": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": gpu, "arch": gpu.get("arch"), "header_sha256": sha256(header),
-        "template_sha256": sha256((templates_dir(giou.FAMILY) / giou.TEMPLATE).read_text()),
+        "gpu": gpu, "arch": gpu.get("arch"), "header_sha256": sha256(header_text(family.FAMILY)),
+        "template_sha256": sha256((templates_dir(family.FAMILY) / family.TEMPLATE).read_text()),
         "entries": entries,
     }
     manifest["checksum"] = manifest_checksum(manifest)
@@ -117,9 +120,9 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict) -> Path:
     return out
 
 
-def studies_for(gpu_label: str, storage: str | None = None) -> list[str]:
-    """Studies of the GIoU family on one GPU (all its problems and shape buckets)."""
-    prefix = f"{giou.FAMILY}-{gpu_label}-"
+def studies_for(gpu_label: str, family: str, storage: str | None = None) -> list[str]:
+    """Studies of a family on one GPU (all its problems and shape buckets)."""
+    prefix = f"{family}-{gpu_label}-"
     return sorted(s.study_name for s in studies.summaries(storage) if s.study_name.startswith(prefix))
 
 
@@ -133,13 +136,20 @@ def read(directory: Path) -> dict:
         raise TunerError(f"{directory} is not a tuner artifact: no {MANIFEST} (make one with `tuner export-best`)") from exc
     except ValueError as exc:
         raise TunerError(f"{path} is not valid JSON: {exc}") from exc
-    if manifest.get("format") != FORMAT or manifest.get("family") != giou.FAMILY:
+    if manifest.get("format") != FORMAT or manifest.get("family") not in families.names():
         raise TunerError(f"{path}: unsupported artifact (format {manifest.get('format')}, "
-                         f"family {manifest.get('family')})")
+                         f"family {manifest.get('family')}; installed families: {', '.join(families.names())})")
     if manifest.get("checksum") != manifest_checksum(manifest):
         raise TunerError(f"{path} was edited after export (its checksum does not match); refusing to load it")
-    for name, expected in [("giou_abi.h", manifest["header_sha256"])] + [
-            (e["source"], e["source_sha256"]) for e in manifest["entries"]]:
+    headers = families.get(manifest["family"]).HEADERS
+    try:
+        header = "".join((directory / name).read_text() for name in headers)
+    except FileNotFoundError as exc:
+        raise TunerError(f"artifact {directory} is missing {exc.filename}") from exc
+    if sha256(header) != manifest["header_sha256"]:
+        raise TunerError(f"{directory}: {', '.join(headers)} do not match the hash in {MANIFEST}: edited after "
+                         "export; refusing to load it")
+    for name, expected in [(e["source"], e["source_sha256"]) for e in manifest["entries"]]:
         try:
             text = (directory / name).read_text()
         except FileNotFoundError as exc:

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 from tuner import study as studies
-from tuner.families import giou
 
 
 def report(st, out: Path) -> dict:
@@ -14,7 +13,7 @@ def report(st, out: Path) -> dict:
     import optuna
 
     problem = st.user_attrs.get("problem", {})
-    space = giou.space(problem.get("pred", "bfloat16"), problem.get("target", "uint8"))
+    space = studies.family_of(st).space_for(problem)
     frame = studies.trials_frame(st, space)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "trials.csv", index=False)

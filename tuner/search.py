@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner import paths, records
+from tuner import families, paths, records
 from tuner import study as studies
 from tuner.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
-from tuner.families import giou
 from tuner.variant import Variant
 
 OBJECTIVES = ("fwd", "bwd", "fwd+bwd")
@@ -29,7 +28,7 @@ SAMPLERS = ("tpe", "random", "grid")
 @dataclass
 class SearchConfig:
     gpu: str
-    problem: giou.Problem
+    problem: Any  # a family's Problem: a dataclass with `family` and `key()`
     trials: int = 200
     timeout: float | None = None
     sampler: str = "tpe"
@@ -43,7 +42,7 @@ class SearchConfig:
     batch: int | None = None
     top_k: int = 5
     eval_timeout: float = 60.0
-    plant_faults: tuple[str, ...] = ()  # test only: variants with these faults (see giou.FAULTS)
+    plant_faults: tuple[str, ...] = ()  # test only: variants with these faults (see the family's FAULTS)
     import_records: Path | None = None
     seed: int | None = None
     progress: bool = True
@@ -114,9 +113,10 @@ class Search:
 
         self.cfg = cfg
         self.evaluator = evaluator
-        self.space = giou.space(cfg.problem.pred, cfg.problem.target)
+        self.family = families.get(cfg.problem.family)
+        self.space = self.family.space_for(cfg.problem.__dict__)
         self.dists = _distributions(self.space)
-        self.name = cfg.study or studies.study_name(giou.FAMILY, evaluator.gpu_label, cfg.problem.key(),
+        self.name = cfg.study or studies.study_name(self.family.FAMILY, evaluator.gpu_label, cfg.problem.key(),
                                                     cfg.objective)
         self.storage = studies.storage(cfg.storage)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -130,7 +130,7 @@ class Search:
 
     def _record_identity(self) -> None:
         attrs = self.study.user_attrs
-        identity = {"family": giou.FAMILY, "problem": self.cfg.problem.__dict__, "objective": self.cfg.objective,
+        identity = {"family": self.family.FAMILY, "problem": self.cfg.problem.__dict__, "objective": self.cfg.objective,
                     "gpu": self.evaluator.gpu_info}
         for key, value in identity.items():
             if key not in attrs:
@@ -333,10 +333,10 @@ class Search:
         known = {t.user_attrs.get("fault") for t in self.study.get_trials(deepcopy=False)}
         base = self.space.tuned(next(iter(self.space)))
         for fault in faults:
-            if fault not in giou.FAULTS:
+            if fault not in self.family.FAULTS:
                 from tuner.errors import TunerError
 
-                raise TunerError(f"unknown fault {fault!r}; known: {', '.join(giou.FAULTS)}")
+                raise TunerError(f"unknown fault {fault!r}; known: {', '.join(self.family.FAULTS)}")
             if fault not in known:
                 self.study.enqueue_trial(base, user_attrs={"fault": fault, "owner": studies.owner()})
 

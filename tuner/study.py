@@ -237,3 +237,13 @@ def top(frame, k: int = 5):
     """The k fastest verified variants; planted-fault variants never count, even if they passed."""
     done = frame[(frame["state"] == "COMPLETE") & (frame["fault"] == "")].drop_duplicates("variant")
     return done.sort_values("objective_us").head(k)
+
+
+def family_of(st):
+    """The kernel family a study was made for (`tuner search` records it)."""
+    from tuner import families
+
+    name = st.user_attrs.get("family")
+    if not name:
+        raise TunerError(f"study {st.study_name!r} was not made by `tuner search` (no family recorded)")
+    return families.get(name)

@@ -62,7 +62,7 @@ class _Child:
         if name not in self.families:
             from tuner import families
 
-            self.families[name] = families.get(name).Evaluation()
+            self.families[name] = families.part(name, "evaluate").Evaluation()
         return self.families[name]
 
     def run(self, job: dict) -> dict:

@@ -25,6 +25,17 @@ def get(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{name}")
 
 
+def part(name: str, module: str) -> ModuleType:
+    """A module of a family's package, imported on first use. What core asks of each:
+    `cli` (options, spaces, problem, bench), `evaluate` (Evaluation, for the worker), `op`
+    (load_op, set_validate, check_errors), `bench` (its rows)."""
+    get(name)
+    return importlib.import_module(f"{__name__}.{name}.{module}")
+
+
+DEFAULT = "giou"  # the family a command works on when --family is not given
+
+
 def templates_root() -> Path:
     """`templates/` of a source checkout, or the copy installed inside the package."""
     here = Path(__file__).resolve().parent.parent

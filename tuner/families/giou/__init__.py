@@ -84,6 +84,11 @@ def space(pred: str = "bfloat16", target: str = "uint8", device_assert: bool = F
     )
 
 
+def space_for(problem: dict) -> Space:
+    """The space a problem (a Problem's fields, as studies and artifacts record them) is tuned in."""
+    return space(problem.get("pred", "bfloat16"), problem.get("target", "uint8"))
+
+
 def all_spaces() -> list[Space]:
     return [space(p, t) for p in PRED_DTYPES for t in TARGET_DTYPES]
 
@@ -287,11 +292,3 @@ def check(name: str, got, want, tol: float, dtype=None) -> tuple[bool, float, st
     return ok, err, msg
 
 
-
-def __getattr__(name: str):
-    # The worker's hooks (tuner.worker): imported only where kernels run.
-    if name == "Evaluation":
-        from tuner.families.giou.evaluate import Evaluation
-
-        return Evaluation
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,60 @@
+"""The GIoU family's command-line options: which spaces `variants`/`build` list, and the
+problem `search`/`show`/`report` tune for."""
+
+from __future__ import annotations
+
+import argparse
+
+from tuner.errors import TunerError
+from tuner.families import giou
+
+
+def add_space_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pred", default="bfloat16", help="pred dtype: float32, float16, bfloat16 (default)")
+    p.add_argument("--target", default="uint8", help="target dtype: uint8 (default), float16, bfloat16, float32")
+    p.add_argument("--all-dtypes", action="store_true", help="every (pred, target) dtype pair")
+    p.add_argument("--device-assert", action="store_true",
+                   help="variants that also stop on a device-side assert when validation fails (opt-in)")
+
+
+def spaces(args) -> list:
+    if args.all_dtypes:
+        return [giou.space(p, t, args.device_assert) for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES]
+    return [giou.space(args.pred, args.target, args.device_assert)]
+
+
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch", type=int, default=1024, help="images per batch, B (default 1024)")
+    p.add_argument("--slots", type=int, default=256, help="box slots per image, S (default 256)")
+    p.add_argument("--pred", default="bfloat16", help="pred dtype (default bfloat16)")
+    p.add_argument("--target", default="uint8", help="target dtype (default uint8)")
+    p.add_argument("--boxes", default="article", choices=giou.DISTRIBUTIONS,
+                   help="boxes per image: article = floor(|N(0,3)|) clipped to the slots (default), "
+                        "uniform, full")
+    p.add_argument("--reduction", default="mean", choices=giou.REDUCTIONS)
+
+
+def problem(args) -> giou.Problem:
+    if args.batch < 1 or args.slots < 1:
+        raise TunerError("--batch and --slots must be positive")
+    giou.space(args.pred, args.target)  # checks the dtypes
+    return giou.Problem(args.batch, args.slots, giou.dtype_name(args.pred), giou.dtype_name(args.target),
+                        args.boxes, args.reduction)
+
+
+def describe(problem: dict) -> str:
+    """A tuned problem in one line (export-best's listing)."""
+    return f"{problem['pred']}/{problem['target']} B={problem['batch']} S={problem['slots']}"
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batches", default="64,256,1024,4096")
+    p.add_argument("--dtypes", default="bfloat16/uint8,float32/float32", help="pred/target pairs")
+
+
+def bench(op, args) -> list[dict]:
+    from tuner.families.giou import bench as giou_bench
+
+    batches = tuple(int(b) for b in args.batches.split(","))
+    dtypes = tuple(tuple(pair.split("/")) for pair in args.dtypes.split(","))
+    return giou_bench.run(op, batches, dtypes, out=args.out)
