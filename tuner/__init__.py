@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 
 def load(directory=None, **kwargs):
-    """Load a tuned artifact and return `torch.ops.tuner.giou_loss` (see tuner.runtime.load)."""
+    """Load a tuned artifact and return its family's op (see tuner.runtime.load)."""
     from tuner import runtime
 
     return runtime.load(directory, **kwargs)

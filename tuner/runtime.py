@@ -21,12 +21,12 @@ _loaded: dict[str, ModuleType] = {}  # family name -> its op module, once an art
 
 def load(directory: str | Path | None = None, *, gpu: str | None = None, family: str | None = None,
          **options):
-    """Load a tuned artifact and return its family's op (e.g. `torch.ops.tuner.giou_loss`).
+    """Load a tuned artifact and return its family's op (`torch.ops.tuner.<op>`).
 
     `load("DIR")` loads an exported folder, whatever family it holds; `load(gpu="auto")` (or
     `gpu="H100"`) finds the default export of that GPU under $TUNER_HOME/exports, of `family`
     when several families were exported for it. Other keywords go to the family's `load_op`
-    (for GIoU: `validate="async"|"sync"|"deferred"`, `fallback="rebuild"|"reference"`).
+    (tuner/families/<name>/op.py: how bad input is reported, what to do on another GPU).
     """
     if directory is None:
         if gpu is None:

@@ -11,7 +11,7 @@ from typing import Any, Iterator, Mapping
 class Variant:
     """Parameter values of one kernel variant, in the family's dimension order.
 
-    `name` is stable and readable (`giou.bfloat16.uint8.k4.branch.hoisted.b256.vector.atomic.recompute`);
+    `name` is stable and readable (the family, then each dimension's value in order, dot-separated);
     the content hash of what gets compiled (see `tuner.build`) names the files.
     """
 

@@ -1,16 +1,41 @@
 """Kernel families. A family is a package here, `tuner/families/<name>/` (its space, reference,
 inputs and checks), and a folder of templates, `templates/<name>/` (Jinja2 kernel templates, the
 C ABI header, the torch binding sources). Adding both folders adds the family: it is found by
-name, and no core module lists it."""
+name, and no core module lists it.
+
+Families can also live outside tuner: folders named in $TUNER_FAMILY_PATH (separated by
+os.pathsep) hold more family packages, each with its templates in a `templates/` folder of its
+own (or where its `TEMPLATES` attribute points)."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from pathlib import Path
 from types import ModuleType
 
 from tuner.errors import SpaceError
+
+
+ENV_PATH = "TUNER_FAMILY_PATH"
+
+
+def add_path(folder: str | os.PathLike) -> None:
+    """Find families in `folder` too (for this process and the processes it starts)."""
+    folder = str(Path(folder).resolve())
+    if folder not in __path__:
+        __path__.append(folder)
+    known = [p for p in os.environ.get(ENV_PATH, "").split(os.pathsep) if p]
+    if folder not in known:
+        os.environ[ENV_PATH] = os.pathsep.join(known + [folder])
+    importlib.invalidate_caches()
+
+
+def _from_environment() -> None:
+    for folder in os.environ.get(ENV_PATH, "").split(os.pathsep):
+        if folder and str(Path(folder).resolve()) not in __path__:
+            __path__.append(str(Path(folder).resolve()))
 
 
 def names() -> list[str]:
@@ -46,8 +71,12 @@ def templates_root() -> Path:
 
 
 def templates(name: str) -> Path:
-    """A family's template folder, `templates/<name>/`."""
-    folder = templates_root() / name
+    """A family's template folder: its `TEMPLATES`, else `templates/<name>/`."""
+    own = getattr(get(name), "TEMPLATES", None)
+    folder = Path(own) if own else templates_root() / name
     if not folder.is_dir():
         raise SpaceError(f"kernel family {name!r} has no templates folder {folder}")
     return folder
+
+
+_from_environment()

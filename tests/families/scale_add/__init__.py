@@ -1,0 +1,56 @@
+"""A tiny kernel family defined outside tuner: out = alpha * x + y on float32 vectors.
+
+It exists to hold the boundary between tuner's core and its families: tests/test_family_plugin.py
+takes it through `variants`, `build`, a simulated search, `export-best` and `tuner.load` with no
+edit to tuner itself. Everything a family gives core is here and in cli.py and op.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tuner.space import Constraint, Dim, Space, covering
+from tuner.variant import Variant
+
+FAMILY = "scale_add"
+TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATE = "scale_add.cu.j2"
+HEADERS = ("scale_add_abi.h",)
+FAULTS: tuple[str, ...] = ()
+
+DIMS = (
+    Dim("block_size", (64, 128, 256), "threads per block"),
+    Dim("items", (1, 2, 4), "elements per thread"),
+)
+CONSTRAINTS = (Constraint("at most 512 elements per block", lambda p: p["block_size"] * p["items"] <= 512),)
+
+
+@dataclass(frozen=True)
+class Problem:
+    family: ClassVar[str] = FAMILY
+    n: int = 1 << 20
+
+    def key(self) -> str:
+        return f"N{self.n}"
+
+
+def space(_problem: dict | None = None) -> Space:
+    return Space(FAMILY, {}, DIMS, CONSTRAINTS)
+
+
+def space_for(problem: dict) -> Space:
+    return space(problem)
+
+
+def covering_set() -> list[Variant]:
+    return covering([space()])
+
+
+def render_context(variant: Variant) -> dict[str, Any]:
+    return {**variant.as_dict(), "name": variant.name}
+
+
+def reference(x, y, alpha: float):
+    return (alpha * x.double() + y.double()).to(x.dtype)

@@ -1,0 +1,76 @@
+"""The boundary between tuner's core and its families, held by a family that lives in tests/:
+`scale_add` (out = alpha * x + y) goes through variants, build, a simulated search, export-best
+and load without any edit to tuner. If core starts to assume something of GIoU, this fails."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tuner import cli, families
+
+HERE = Path(__file__).parent / "families"
+
+
+@pytest.fixture
+def scale_add(tuner_home):
+    families.add_path(HERE)
+    return families.get("scale_add")
+
+
+def _records(path, fam, gpu_name="NVIDIA H100 80GB HBM3"):
+    """A measurement log like a search's, one record per variant: faster with more work per thread."""
+    space = fam.space()
+    gpu = {"gpu_name": gpu_name, "arch": "sm_90", "torch": torch.__version__, "cuda": "13.0"}
+    with open(path, "w") as f:
+        for v in space:
+            fwd = 10.0 / v["items"] + v["block_size"] / 1000
+            f.write(json.dumps({
+                "problem": fam.Problem().key(), "variant": v.name, "params": space.tuned(v), "gpu": gpu,
+                "status": "ok", "compile_s": 1.0, "fwd": {"median_us": fwd, "spread_us": 0.1},
+                "bwd": {"median_us": fwd, "spread_us": 0.1}, "loss_error": 0.0, "grad_error": 0.0,
+                "regs_fwd": 10, "regs_bwd": 10, "spill_bytes": 0}) + "\n")
+    return path
+
+
+def test_a_family_outside_tuner_goes_end_to_end(scale_add, tuner_home, capsys):
+    import tuner
+
+    assert "scale_add" in families.names()
+    assert cli.main(["variants", "--family", "scale_add", "--arch", "sm_90", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["count"] == len(scale_add.space()) == 8  # 3 x 3 less the one over 512 per block
+
+    assert cli.main(["build", "--family", "scale_add", "--arch", "sm_90", "--limit", "2", "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)["builds"]
+    assert len(built) == 2 and all(b["ok"] for b in built)
+    assert all(b["name"].startswith("scale_add.") for b in built)
+    assert len(list((tuner_home / "variants" / "sm_90").glob("scale_add-*.so"))) == 2
+
+    log = _records(tuner_home / "scale_add.jsonl", scale_add)
+    assert cli.main(["search", "--family", "scale_add", "--gpu", "H100", "--simulate", str(log),
+                     "--sampler", "grid", "--trials", "8", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "study scale_add-H100-N1048576-fwd+bwd" in out
+
+    assert cli.main(["export-best", "--family", "scale_add", "--gpu", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert "n=1048576: scale_add.b64.4 (fwd+bwd" in out
+    artifact = tuner_home / "exports" / "scale_add-H100"
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["family"] == "scale_add"
+    assert manifest["entries"][0]["params"] == {"block_size": 64, "items": 4}  # the fastest recorded
+    assert (artifact / "scale_add_abi.h").is_file()
+
+    op = tuner.load(artifact)
+    assert op is torch.ops.tuner.scale_add
+    assert tuner.load(gpu="H100", family="scale_add") is op
+    x, y = torch.randn(1000), torch.randn(1000)
+    torch.testing.assert_close(op(x, y, 2.5), 2.5 * x + y)
+
+
+def test_an_unknown_family_is_named_with_the_known_ones(tuner_home, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["variants", "--family", "nope", "--arch", "sm_90"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
