@@ -74,3 +74,16 @@ def test_an_unknown_family_is_named_with_the_known_ones(tuner_home, capsys):
     with pytest.raises(SystemExit):
         cli.main(["variants", "--family", "nope", "--arch", "sm_90"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_a_family_outside_tuner_runs_its_winner_on_the_gpu(scale_add, tuner_home):
+    import tuner
+    from tuner import export, gpus
+
+    v = scale_add.space().variant(block_size=128, items=2)
+    out = export.write(tuner_home / "artifact", [{"variant": v, "problem": scale_add.Problem(4096).__dict__}],
+                       gpus.attached().describe())
+    op = tuner.load(out)
+    x, y = torch.randn(100_003, device="cuda"), torch.randn(100_003, device="cuda")
+    torch.testing.assert_close(op(x, y, -1.5), -1.5 * x + y)
