@@ -122,3 +122,16 @@ def test_cpp_checks_raise_what_the_cpu_path_raises(op, bad):
     with pytest.raises(type(want.value)) as got:
         torch.ops.tuner.giou_loss.default.redispatch(cuda_kernel, *args, "mean", 1e-7)
     assert str(got.value).splitlines()[0] == str(want.value).splitlines()[0]
+
+
+def test_fake_impls_are_found_where_the_cpp_says(op):
+    """torch.compile traces the op with fake tensors; the C++ library names the Python module that
+    holds the fake impls, and torch checks that name on first use."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        p, t = torch.empty(8, 16, 4, dtype=torch.bfloat16), torch.empty(8, 16, 4, dtype=torch.uint8)
+        n = torch.empty(8, dtype=torch.int64)
+        loss = torch.ops.tuner.giou_loss(p, t, n, "none")
+        fwd = torch.ops.tuner.giou_loss_forward(p, t, n, 1, 1e-7)
+    assert loss.shape == (8, 16) and fwd[0].shape == ()

@@ -345,7 +345,7 @@ int64_t chosen(const std::string& pred, const std::string& target, int64_t batch
 }  // namespace tuner_giou
 
 TORCH_LIBRARY_FRAGMENT(tuner, m) {
-  m.set_python_module("tuner.runtime");
+  m.set_python_module("tuner.families.giou.op");
   m.def("giou_loss(Tensor pred, Tensor target, Tensor? num_boxes=None, str reduction=\"mean\", float eps=1e-07) "
         "-> Tensor");
   m.def("giou_loss_forward(Tensor pred, Tensor target, Tensor? num_boxes, int reduction, float eps) "
