@@ -89,8 +89,9 @@ ptxas info    : Used 32 registers, used 0 barriers
 
 
 def test_parse_ptxas():
-    info = build.parse_ptxas(PTXAS)
+    info = build.parse_ptxas(PTXAS, giou.KERNEL_ARGS)
     assert info["registers"] == {"forward_mean": 40, "backward_mean": 32}
+    assert build.parse_ptxas(PTXAS)["registers"] == {"forward_1": 40, "backward_1": 32}  # a family without names
     assert info["spill_bytes"] == 8 and info["smem_bytes"] == 33 and info["stack_bytes"] == 8
 
 

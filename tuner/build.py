@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from tuner import paths, toolkit
+from tuner import families, paths, toolkit
 from tuner.errors import BuildError, ToolchainError
 from tuner.render import header_text, render, templates_dir
 from tuner.variant import Variant
@@ -54,6 +54,11 @@ class Build:
     stack_bytes: int = 0
     error: str = ""
     so: Path | None = None
+
+    def regs(self, kind: str) -> int | None:
+        """The most registers a kernel of this kind (forward, backward) uses, over its instances."""
+        found = [n for k, n in self.registers.items() if k == kind or k.startswith(kind + "_")]
+        return max(found) if found else None
 
     def summary(self) -> dict:
         return {
@@ -97,23 +102,24 @@ _SMEM = re.compile(r"(\d+) bytes smem")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def _kind(mangled: str) -> str:
-    """forward/backward/validate + reduction from a mangled kernel name."""
+def _kind(mangled: str, labels: dict[str, str]) -> str:
+    """forward/backward/validate + the kernel's integer template argument (named by the family's
+    `KERNEL_ARGS`, e.g. GIoU's reductions) from a mangled kernel name."""
     for kind in ("forward", "backward", "validate"):
         if f"{kind}_kernel" in mangled:
-            red = re.search(r"ILi(\d)E", mangled)
-            return kind + ({"0": "_none", "1": "_mean", "2": "_sum"}[red.group(1)] if red else "")
+            arg = re.search(r"ILi(\d+)E", mangled)
+            return kind + (f"_{labels.get(arg.group(1), arg.group(1))}" if arg else "")
     return mangled
 
 
-def parse_ptxas(log: str) -> dict:
+def parse_ptxas(log: str, labels: dict[str, str] | None = None) -> dict:
     """Registers per kernel, worst spill (stores + loads), shared memory and stack frame."""
     regs: dict[str, int] = {}
     spill = smem = stack = 0
     current = None
     for line in log.splitlines():
         if m := _ENTRY.search(line):
-            current = _kind(m.group(1))
+            current = _kind(m.group(1), labels or {})
         elif (m := _FRAME.search(line)) and current:
             stack = max(stack, int(m.group(1)))
             spill = max(spill, int(m.group(2)) + int(m.group(3)))
@@ -254,7 +260,7 @@ def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, job
             so, log = tmp / f"{stem}.so", tmp / f"{stem}.so.log"
             log_text = log.read_text(errors="replace") if log.exists() else ""
             ok = f"{stem}.so" in times and so.exists()
-            ptx = parse_ptxas(log_text)
+            ptx = parse_ptxas(log_text, getattr(families.get(variant.family), "KERNEL_ARGS", {}))
             meta = {"name": variant.name, "params": variant.as_dict(), "key": key, "arch": arch, "ok": ok,
                     "compile_s": times.get(f"{stem}.so", wall), **ptx,
                     "error": "" if ok else (_compiler_error(log_text) or ninja_out.strip()[-4000:])}

@@ -93,8 +93,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     wall = time.monotonic() - started
     rows = [{
         "variant": b.variant.name, "ok": b.ok, "cached": b.cached, "compile_s": round(b.compile_s, 2),
-        "regs_fwd": b.registers.get("forward_mean", b.registers.get("forward_none", "")),
-        "regs_bwd": b.registers.get("backward_mean", ""), "spill_bytes": b.spill_bytes,
+        "regs_fwd": b.regs("forward") or "", "regs_bwd": b.regs("backward") or "", "spill_bytes": b.spill_bytes,
         "smem_bytes": b.smem_bytes,
     } for b in results]
     if args.json:

@@ -18,7 +18,7 @@ from tuner.variant import Variant
 def _build_result(b: build.Build) -> dict:
     result = {
         "status": "ok" if b.ok else "fail", "compile_s": b.compile_s, "compiled": not b.cached,
-        "regs_fwd": b.registers.get("forward_mean"), "regs_bwd": b.registers.get("backward_mean"),
+        "regs_fwd": b.regs("forward"), "regs_bwd": b.regs("backward"),
         "spill_bytes": b.spill_bytes, "so": str(b.so) if b.so else None,
     }
     if not b.ok:

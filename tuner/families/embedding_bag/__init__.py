@@ -27,6 +27,7 @@ HEADERS = ("embedding_bag_abi.h",)
 BINDING: tuple[str, ...] = ()
 BINDING_HEADERS: tuple[str, ...] = ()
 OPS_NAMESPACE = "tuner_embedding_bag"
+KERNEL_ARGS = {"0": "sum", "1": "mean", "2": "max"}  # the kernels' template argument: the mode
 FAULTS: tuple[str, ...] = ()
 
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16")

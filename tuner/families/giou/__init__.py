@@ -23,7 +23,8 @@ TEMPLATE = "giou.cu.j2"
 # The torch binding, built once per torch/CUDA version: the search's calls by address and the op.
 BINDING = ("giou_binding.cpp", "giou_op.cpp")
 BINDING_HEADERS = ("giou_binding.h",)
-OPS_NAMESPACE = "tuner_giou"  # the binding's low-level ops (calls by a variant's table address)
+OPS_NAMESPACE = "tuner_giou"
+KERNEL_ARGS = {"0": "none", "1": "mean", "2": "sum"}  # the kernels' template argument: the reduction  # the binding's low-level ops (calls by a variant's table address)
 HEADERS = ("giou_abi.h",)
 
 PRED_DTYPES = ("float32", "float16", "bfloat16")

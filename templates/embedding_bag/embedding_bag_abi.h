@@ -1,0 +1,38 @@
+// The C interface every EmbeddingBag variant exports (no torch headers: a variant
+// compiles in about 2 s). The host hands indices as 1-D with offsets that include the
+// end (bags + 1 of them), whatever form the user gave.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#define TUNER_EMBEDDING_BAG_ABI 1
+
+// Error bits of the sticky error word; flags[i] mirrors bit i in host-mapped memory.
+#define TUNER_EB_BAD_INDEX 1u   // an index outside [0, rows)
+#define TUNER_EB_BAD_OFFSET 2u  // offsets decreasing or outside [0, n]
+#define TUNER_EB_ERROR_BITS 2
+
+enum { TUNER_EB_SUM = 0, TUNER_EB_MEAN = 1, TUNER_EB_MAX = 2 };
+
+typedef struct {
+  const void* weight;              // [rows, dim], the variant's weight dtype
+  const void* indices;             // [n], the variant's index dtype
+  const void* offsets;             // [bags + 1], index dtype; bag b is [offsets[b], offsets[b + 1])
+  const void* per_sample_weights;  // [n] weight dtype, or null (sum only)
+  void* out;                       // [bags, dim] weight dtype
+  long long* max_indices;          // [bags, dim] for max (-1 in empty bags), or null
+  long long rows, dim, bags, n;
+  int mode;                        // TUNER_EB_SUM / MEAN / MAX
+  long long padding_idx;           // -1: none
+  unsigned* error_word;            // device word, sticky error bits (zeroed by the host)
+  unsigned char* error_flags;      // host-mapped bytes, one per bit, or null
+} TunerEmbeddingBagArgs;
+
+typedef struct {
+  int abi;
+  const char* name;
+  const char* weight_dtype;  // torch's names: "Float", "Half", "BFloat16"
+  const char* index_dtype;   // "Long", "Int"
+  int vec;                   // feature elements per load (rows must be aligned to vec elements)
+  int validates;             // whether bad indices and offsets are reported (else only clamped)
+  int (*forward)(const TunerEmbeddingBagArgs* a, cudaStream_t stream);
+} TunerEmbeddingBagVtable;
