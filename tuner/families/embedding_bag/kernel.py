@@ -66,6 +66,15 @@ class EmbeddingBagKernel:
     def forward(self, weight, indices, offsets=None, mode: str = "mean", per_sample_weights=None,
                 include_last_offset: bool = False, padding_idx: int | None = None, out=None, max_indices=None):
         """(out [bags, dim], max_indices or None), as torch.nn.functional.embedding_bag computes."""
+        call, out, max_indices = self.prepare(weight, indices, offsets, mode, per_sample_weights,
+                                              include_last_offset, padding_idx, out, max_indices)
+        call()
+        return out, max_indices
+
+    def prepare(self, weight, indices, offsets=None, mode: str = "mean", per_sample_weights=None,
+                include_last_offset: bool = False, padding_idx: int | None = None, out=None, max_indices=None):
+        """(call, out, max_indices): `call()` launches the forward on these tensors and the current
+        stream with nothing else done in Python, as the search times it."""
         import torch
 
         weight = weight.contiguous()
@@ -77,20 +86,28 @@ class EmbeddingBagKernel:
         elif not include_last_offset:
             offsets = torch.cat([offsets, offsets.new_tensor([indices.numel()])])
         indices, offsets = indices.contiguous(), offsets.to(indices.dtype).contiguous()
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.contiguous()
         bags = offsets.numel() - 1
         if out is None:
             out = torch.empty(bags, weight.shape[1], dtype=weight.dtype, device=weight.device)
         if mode == "max" and max_indices is None:
             max_indices = torch.empty(bags, weight.shape[1], dtype=torch.int64, device=weight.device)
         a = _Args(weight.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
-                  per_sample_weights.contiguous().data_ptr() if per_sample_weights is not None else None,
+                  per_sample_weights.data_ptr() if per_sample_weights is not None else None,
                   out.data_ptr(), max_indices.data_ptr() if mode == "max" else None,
                   weight.shape[0], weight.shape[1], bags, indices.numel(), MODE_CODES[mode],
                   -1 if padding_idx is None else padding_idx, self._error.data_ptr(), None)
-        rc = self._forward(ctypes.byref(a), torch.cuda.current_stream().cuda_stream)
-        if rc:
-            raise RuntimeError(f"{self.name}: launch failed (CUDA error {rc})")
-        return out, (max_indices if mode == "max" else None)
+        keep = (weight, indices, offsets, per_sample_weights, out, max_indices)  # alive while `call` is
+        stream, ref, forward, name = torch.cuda.current_stream().cuda_stream, ctypes.byref(a), self._forward, self.name
+
+        def call():
+            rc = forward(ref, stream)
+            if rc:
+                raise RuntimeError(f"{name}: launch failed (CUDA error {rc})")
+            return keep
+
+        return call, out, (max_indices if mode == "max" else None)
 
     def take_errors(self) -> int:
         bits = int(self._error.item())

@@ -1,0 +1,54 @@
+"""The EmbeddingBag family's command-line options."""
+
+from __future__ import annotations
+
+import argparse
+
+from tuner.errors import TunerError
+from tuner.families import embedding_bag as eb
+
+
+def add_space_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weight", default="float32", help="weight dtype: float32 (default), float16, bfloat16")
+    p.add_argument("--index", default="int64", help="indices/offsets dtype: int64 (default), int32")
+    p.add_argument("--all-dtypes", action="store_true", help="every (weight, index) dtype pair")
+
+
+def spaces(args) -> list:
+    if args.all_dtypes:
+        return eb.all_spaces()
+    return [eb.space(args.weight, args.index)]
+
+
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    d = eb.Problem()
+    p.add_argument("--rows", type=int, default=d.rows, help=f"embedding rows (default {d.rows:,}, the PR's)")
+    p.add_argument("--dim", type=int, default=d.dim, help=f"embedding dim (default {d.dim})")
+    p.add_argument("--bags", type=int, default=d.bags, help=f"bags (default {d.bags})")
+    p.add_argument("--bag-size", type=int, default=d.bag_size, help=f"mean indices per bag (default {d.bag_size})")
+    p.add_argument("--mode", default=d.mode, choices=eb.MODES)
+    p.add_argument("--weight", default=d.weight, help="weight dtype (default float32)")
+    p.add_argument("--index", default=d.index, help="index dtype (default int64)")
+    p.add_argument("--ids", default=d.distribution, choices=eb.DISTRIBUTIONS,
+                   help="index distribution: random (default), one_hot, multi_hot")
+
+
+def problem(args) -> eb.Problem:
+    if min(args.rows, args.dim, args.bags) < 1 or args.bag_size < 0:
+        raise TunerError("--rows, --dim and --bags must be positive, --bag-size not negative")
+    eb.space(args.weight, args.index)  # checks the dtypes
+    return eb.Problem(args.rows, args.dim, args.bags, args.bag_size, args.mode, eb.dtype_name(args.weight),
+                      eb.dtype_name(args.index), args.ids)
+
+
+def describe(problem: dict) -> str:
+    return (f"{problem['weight']}/{problem['index']} {problem['rows']}x{problem['dim']} "
+            f"bags={problem['bags']} L={problem['bag_size']} {problem['mode']} {problem['distribution']}")
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def bench(op, args) -> list[dict]:
+    raise TunerError("the embedding_bag benchmark is not written yet")
