@@ -34,6 +34,8 @@ def load(family: str, verbose: bool = False):
     import torch
 
     fam = families.get(family)
+    if not fam.BINDING:
+        return None  # a family whose variants are called without a torch binding
     key = _key(family)
     name = f"tuner_{family}_binding_{key}"
     build_dir = paths.variants_dir() / "_binding" / key
