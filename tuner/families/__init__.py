@@ -55,7 +55,17 @@ def part(name: str, module: str) -> ModuleType:
     `cli` (options, spaces, problem, bench), `evaluate` (Evaluation, for the worker), `op`
     (load_op, set_validate, check_errors), `bench` (its rows)."""
     get(name)
-    return importlib.import_module(f"{__name__}.{name}.{module}")
+    try:
+        return importlib.import_module(f"{__name__}.{name}.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}.{module}":
+            raise
+        raise SpaceError(f"kernel family {name!r} has no {module}.py yet: it cannot "
+                         f"{_PURPOSE.get(module, 'do this')}") from exc
+
+
+_PURPOSE = {"cli": "be used from the command line", "evaluate": "be searched on a GPU",
+            "op": "be loaded as an op", "bench": "be benchmarked"}
 
 
 DEFAULT = "giou"  # the family a command works on when --family is not given
