@@ -21,15 +21,19 @@ from tuner import runtime
 
 # ------------------------------------------------------------------- timing
 
-def wall_us(timed: dict[str, tuple[Callable[[], object], str]], budget_s: float = 0.25,
+def wall_us(timed: dict[str, tuple[Callable[[], object], str | None]], budget_s: float = 0.25,
             rounds: int = 7) -> dict[str, float]:
     """Per name, the median over rounds of back-to-back calls (host clock, synchronised per
     round). The rounds of all names are interleaved, so that the host's and the GPU's drift
     during a run falls on every row alike and the ratios between rows hold. `timed` maps a
-    name to (call, validate mode of the tuned op while it runs)."""
+    name to (call, how the loaded op reports bad input while it runs, or None to leave it)."""
+    def validate(mode):
+        if mode is not None:
+            runtime.set_validate(mode)
+
     plan = {}
     for name, (fn, mode) in timed.items():
-        runtime.set_validate(mode)
+        validate(mode)
         fn()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -44,14 +48,15 @@ def wall_us(timed: dict[str, tuple[Callable[[], object], str]], budget_s: float 
             calls, wanted = plan[name]
             if r >= wanted:
                 continue
-            runtime.set_validate(mode)
+            validate(mode)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - t0) / calls * 1e6)
-    runtime.set_validate("async")
+    if any(mode is not None for _, mode in timed.values()):
+        runtime.set_validate("async")
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -171,7 +176,8 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         groups.setdefault(tuple(_config(r).items()), []).append(r)
     for key, part in groups.items():
-        tuned = next((r for r in part if r["impl"] == "tuned op"), {})
+        # the family's tuned row comes first among the rows that are not floors or anchors
+        tuned = next((r for r in part if not r["impl"].startswith(("floor:", "anchor:"))), {})
         bases = [r for r in part if r["impl"].startswith(("floor:", "anchor:"))]
         ratios = [(f"{what} wall / tuned", f"{m}_wall_us", tuned) for what, m in (("fwd", "fwd"), ("fwd+bwd", "fwd_bwd"))]
         for b in bases:

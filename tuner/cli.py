@@ -267,16 +267,16 @@ def cmd_export_best(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    import tuner
+    from tuner import runtime
 
     attached = gpus.attached()
     if args.gpu and not attached.matches(args.gpu):
         raise TunerError(f"--gpu {args.gpu} was asked for, but the attached GPU is {attached.name}")
-    op = tuner.load(args.artifact) if args.artifact else tuner.load(gpu=args.gpu or "auto", family=args.family)
+    directory = args.artifact or runtime.find_export(args.gpu or "auto", args.family)
     info = attached.describe()
     print(f"# {info['gpu_name']} ({info['arch']}), driver {info['driver']}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}")
-    _cli(args).bench(op, args)
+    _cli(args).bench(directory, args)
     print(f"wrote {args.out}/bench.csv, bench.md, bench.png")
     return 0
 

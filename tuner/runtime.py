@@ -31,7 +31,7 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
     if directory is None:
         if gpu is None:
             raise TunerError("tuner.load needs an artifact folder or gpu=... (e.g. gpu='auto')")
-        directory = _default_export(gpu, family)
+        directory = find_export(gpu, family)
     directory = Path(directory)
     manifest = artifacts.read(directory)
     if family is not None and manifest["family"] != family:
@@ -44,7 +44,9 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
     return loaded
 
 
-def _default_export(gpu: str, family: str | None) -> Path:
+def find_export(gpu: str, family: str | None) -> Path:
+    """The default export of a GPU (its short name or "auto"): of `family`, or of the one family
+    exported for it."""
     label = gpus.short_name(gpus.attached()) if gpu.lower() == "auto" else gpu
     if family is not None:
         return artifacts.default_dir(label, family)

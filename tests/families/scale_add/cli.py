@@ -35,5 +35,5 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     pass
 
 
-def bench(op, args) -> list[dict]:
+def bench(directory, args) -> list[dict]:
     raise TunerError("scale_add has no benchmark")

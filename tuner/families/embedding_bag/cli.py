@@ -50,5 +50,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     pass
 
 
-def bench(op, args) -> list[dict]:
-    raise TunerError("the embedding_bag benchmark is not written yet")
+def bench(directory, args) -> list[dict]:
+    from tuner.families.embedding_bag import bench as eb_bench
+
+    return eb_bench.run(directory, out=args.out)

@@ -52,9 +52,11 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", default="bfloat16/uint8,float32/float32", help="pred/target pairs")
 
 
-def bench(op, args) -> list[dict]:
+def bench(directory, args) -> list[dict]:
+    import tuner
     from tuner.families.giou import bench as giou_bench
 
+    op = tuner.load(directory)
     batches = tuple(int(b) for b in args.batches.split(","))
     dtypes = tuple(tuple(pair.split("/")) for pair in args.dtypes.split(","))
     return giou_bench.run(op, batches, dtypes, out=args.out)
