@@ -104,7 +104,7 @@ _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 
 def _kind(mangled: str, labels: dict[str, str]) -> str:
     """forward/backward/validate + the kernel's integer template argument (named by the family's
-    `KERNEL_ARGS`, e.g. GIoU's reductions) from a mangled kernel name."""
+    `KERNEL_ARGS`, e.g. a reduction or a mode) from a mangled kernel name."""
     for kind in ("forward", "backward", "validate"):
         if f"{kind}_kernel" in mangled:
             arg = re.search(r"ILi(\d+)E", mangled)
