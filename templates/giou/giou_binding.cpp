@@ -163,6 +163,19 @@ void check_reduction(int64_t reduction) {
   TORCH_CHECK(reduction >= 0 && reduction <= 2, "giou_loss: reduction code must be 0 (none), 1 (mean) or 2 (sum)");
 }
 
+// The fields the forward's and the backward's argument structs share.
+template <typename Args>
+void fill_common(Args& a, const at::Tensor& pred, const at::Tensor& target, const Common& c, int64_t reduction,
+                 double eps) {
+  a.pred = pred.data_ptr();
+  a.target = target.data_ptr();
+  a.num_boxes = c.num_boxes;
+  a.B = c.B;
+  a.S = c.S;
+  a.reduction = static_cast<int>(reduction);
+  a.eps = static_cast<float>(eps);
+}
+
 }  // namespace
 
 // Bad input that a kernel found surfaces as tuner.errors.KernelInputError (a ValueError),
@@ -234,13 +247,7 @@ void run_forward(const TunerGiouVtable* vt, const at::Tensor& pred, const at::Te
     if (earlier) raise_input_error("giou_loss: invalid input in an earlier call: " + error_text(earlier));
   }
   TunerGiouArgs a;
-  a.pred = pred.data_ptr();
-  a.target = target.data_ptr();
-  a.num_boxes = c.num_boxes;
-  a.B = c.B;
-  a.S = c.S;
-  a.reduction = static_cast<int>(reduction);
-  a.eps = static_cast<float>(eps);
+  fill_common(a, pred, target, c, reduction, eps);
   a.out = out.data_ptr<float>();
   a.count_out = count.data_ptr<float>();
   a.saved_grad = saved_grad != nullptr ? saved_grad->data_ptr<float>() : nullptr;
@@ -272,13 +279,7 @@ void run_backward(const TunerGiouVtable* vt, const at::Tensor& grad_out, const a
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (c.B * c.S == 0) return;
   TunerGiouBackwardArgs a;
-  a.pred = pred.data_ptr();
-  a.target = target.data_ptr();
-  a.num_boxes = c.num_boxes;
-  a.B = c.B;
-  a.S = c.S;
-  a.reduction = static_cast<int>(reduction);
-  a.eps = static_cast<float>(eps);
+  fill_common(a, pred, target, c, reduction, eps);
   a.grad_out = grad_out.data_ptr<float>();
   a.count = count.data_ptr<float>();
   a.saved_grad = vt->saves_grad ? saved_grad.data_ptr<float>() : nullptr;
