@@ -84,7 +84,7 @@ def main() -> None:
     if args.loss == "tuned":
         import tuner
 
-        loss_fn = tuner.load(args.artifact) if args.artifact else tuner.load(gpu="auto")
+        loss_fn = tuner.load(args.artifact) if args.artifact else tuner.load(gpu="auto", family="giou")
     else:
         loss_fn = eager_padded_loss
 
