@@ -76,7 +76,7 @@ class LiveEvaluator(Evaluator):
         return {b.variant.name: _build_result(b) for b in build.build(variants, self.arch, jobs=self.jobs)}
 
     def evaluate(self, variant, prepared):
-        return self.worker.evaluate({"kind": "evaluate", "family": variant.family, "so": prepared["so"],
+        return self.worker.evaluate({"kind": "evaluate", "family": self.problem.family, "so": prepared["so"],
                                      "name": variant.name, "problem": self.problem.__dict__,
                                      "objective": self.objective})
 

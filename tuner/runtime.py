@@ -1,9 +1,9 @@
 """Load an exported artifact: the family it holds binds its winners to its op, which is returned.
 
-The families' ops live in C++ (each family's torch binding): a call is one dispatcher hop
-into the family's CUDA and Autograd kernels, which pick a winner bound here at load. What
-is off the CUDA path (the CPU reference, the fake implementation for torch.compile) is
-registered from Python by the family.
+Each family's `op` module does the binding. GIoU's op lives in C++ (its torch binding): a call
+is one dispatcher hop into CUDA and Autograd kernels that pick a winner bound at load, and only
+what is off the CUDA path (the CPU reference, the fake implementation for torch.compile) is
+registered from Python.
 """
 
 from __future__ import annotations

@@ -21,11 +21,16 @@ from tuner.errors import SpaceError
 ENV_PATH = "TUNER_FAMILY_PATH"
 
 
-def add_path(folder: str | os.PathLike) -> None:
-    """Find families in `folder` too (for this process and the processes it starts)."""
+def _search(folder: str | os.PathLike) -> str:
     folder = str(Path(folder).resolve())
     if folder not in __path__:
         __path__.append(folder)
+    return folder
+
+
+def add_path(folder: str | os.PathLike) -> None:
+    """Find families in `folder` too (for this process and the processes it starts)."""
+    folder = _search(folder)
     known = [p for p in os.environ.get(ENV_PATH, "").split(os.pathsep) if p]
     if folder not in known:
         os.environ[ENV_PATH] = os.pathsep.join(known + [folder])
@@ -34,8 +39,8 @@ def add_path(folder: str | os.PathLike) -> None:
 
 def _from_environment() -> None:
     for folder in os.environ.get(ENV_PATH, "").split(os.pathsep):
-        if folder and str(Path(folder).resolve()) not in __path__:
-            __path__.append(str(Path(folder).resolve()))
+        if folder:
+            _search(folder)
 
 
 def names() -> list[str]:
