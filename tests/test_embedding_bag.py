@@ -13,7 +13,10 @@ def test_space_constraints_hold():
         assert len(s) > 0
         for v in s:
             assert v["vec"] * {"float32": 4, "float16": 2, "bfloat16": 2}[v["weight"]] <= 16
-    assert len(eb.space("bfloat16", "int32")) > len(eb.space("float32", "int64"))  # vec 8 only for 16-bit
+            assert v["backward"] == "sorted" or v["weight"] == "float32"
+    assert {v["vec"] for v in eb.space("bfloat16", "int32")} == {1, 2, 4, 8}
+    assert {v["vec"] for v in eb.space("float32", "int64")} == {1, 2, 4}
+    assert {v["backward"] for v in eb.space("float32", "int64")} == {"atomic", "sorted"}
 
 
 def _small(mode, distribution="random", weight="float32", index="int64"):

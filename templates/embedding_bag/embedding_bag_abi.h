@@ -4,7 +4,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#define TUNER_EMBEDDING_BAG_ABI 1
+#define TUNER_EMBEDDING_BAG_ABI 2
 
 // Error bits of the sticky error word; flags[i] mirrors bit i in host-mapped memory.
 #define TUNER_EB_BAD_INDEX 1u   // an index outside [0, rows)
@@ -20,12 +20,36 @@ typedef struct {
   const void* per_sample_weights;  // [n] weight dtype, or null (sum only)
   void* out;                       // [bags, dim] weight dtype
   long long* max_indices;          // [bags, dim] for max (-1 in empty bags), or null
+  float* bag_count;                // [bags]: entries counted per bag (padding left out), or null
   long long rows, dim, bags, n;
   int mode;                        // TUNER_EB_SUM / MEAN / MAX
   long long padding_idx;           // -1: none
   unsigned* error_word;            // device word, sticky error bits (zeroed by the host)
   unsigned char* error_flags;      // host-mapped bytes, one per bit, or null
 } TunerEmbeddingBagArgs;
+
+// The backward: the dense gradient of weight (zeroed by the host) and, for sum with
+// per_sample_weights, their gradient. Entries out of range or equal to padding_idx add
+// nothing. Variants with `sorted` set need the indices sorted by the host (stable),
+// with their original positions, and two scratch buffers.
+typedef struct {
+  const void* grad_out;            // [bags, dim] weight dtype
+  const void* weight;              // [rows, dim] (for the gradient of per_sample_weights)
+  const void* indices;             // [n] index dtype
+  const void* offsets;             // [bags + 1] index dtype
+  const void* per_sample_weights;  // [n] or null
+  const long long* max_indices;    // [bags, dim] from the forward (max)
+  const float* bag_count;          // [bags] from the forward (mean)
+  const long long* sorted_rows;    // [n] indices sorted, stable (sorted variants)
+  const long long* order;          // [n] position in `indices` of each sorted entry
+  long long* bag_of;               // [n] scratch: the bag of each position
+  float* partials;                 // [ceil(n / piece), dim] scratch
+  void* grad_weight;               // [rows, dim] weight dtype, or null (not wanted)
+  void* grad_per_sample_weights;   // [n] weight dtype, or null
+  long long rows, dim, bags, n;
+  int mode;
+  long long padding_idx;
+} TunerEmbeddingBagBackwardArgs;
 
 typedef struct {
   int abi;
@@ -34,5 +58,8 @@ typedef struct {
   const char* index_dtype;   // "Long", "Int"
   int vec;                   // feature elements per load (rows must be aligned to vec elements)
   int validates;             // whether bad indices and offsets are reported (else only clamped)
+  int sorted;                // whether the backward needs sorted_rows / order / bag_of / partials
+  int piece;                 // sorted entries summed per partial (partials has ceil(n / piece) rows)
   int (*forward)(const TunerEmbeddingBagArgs* a, cudaStream_t stream);
+  int (*backward)(const TunerEmbeddingBagBackwardArgs* a, cudaStream_t stream);
 } TunerEmbeddingBagVtable;

@@ -24,7 +24,8 @@ from tuner.variant import Variant
 FAMILY = "embedding_bag"
 TEMPLATE = "embedding_bag.cu.j2"
 HEADERS = ("embedding_bag_abi.h",)
-BINDING: tuple[str, ...] = ()
+# The torch binding, built once per torch/CUDA version: the search's calls by address and the op.
+BINDING = ("embedding_bag_op.cpp",)
 BINDING_HEADERS: tuple[str, ...] = ()
 OPS_NAMESPACE = "tuner_embedding_bag"
 KERNEL_ARGS = {"0": "sum", "1": "mean", "2": "max"}  # the kernels' template argument: the mode
@@ -43,7 +44,10 @@ DIMS = (
     Dim("vec", (1, 2, 4, 8), "feature elements per load"),
     Dim("unroll", (1, 2, 4, 8), "rows in flight per thread (unroll of the index loop)"),
     Dim("block_size", (64, 128, 256, 512), "threads per block"),
+    Dim("backward", ("atomic", "sorted"),
+        "gradient of weight: float atomics per gathered row, or a sorted, deterministic segment reduction"),
 )
+PIECE = 64  # sorted entries per partial sum in the sorted backward
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -54,6 +58,8 @@ def _constraints(weight: str) -> tuple[Constraint, ...]:
                    lambda p: p["vec"] * _BYTES[weight] <= 16),
         Constraint("a block-per-bag mapping needs no more than 256 threads to cover a row",
                    lambda p: p["mapping"] != "block" or p["block_size"] <= 256),
+        Constraint("atomic scatter-add is for float32 weights: 16-bit atomics lose the sum of a frequent id",
+                   lambda p: p["backward"] != "atomic" or weight == "float32"),
     )
 
 
@@ -94,7 +100,7 @@ _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16",
 def render_context(variant: Variant) -> dict[str, Any]:
     ctx = variant.as_dict()
     ctx.update(name=variant.name, weight_ctype=_CTYPE[ctx["weight"]], index_ctype=_CTYPE[ctx["index"]],
-               group={"warp": 32, "subwarp": 8, "block": ctx["block_size"]}[ctx["mapping"]])
+               group={"warp": 32, "subwarp": 8, "block": ctx["block_size"]}[ctx["mapping"]], piece=PIECE)
     return ctx
 
 
@@ -121,37 +127,81 @@ class Problem:
 
 def reference(weight, indices, offsets=None, mode: str = "mean", per_sample_weights=None,
               include_last_offset: bool = False, padding_idx: int | None = None):
-    """float64 embedding_bag: (output [bags, dim] in float64, the max's chosen index per element
-    or None). Written from segment sums, not from torch's embedding_bag, so that tests compare two
-    implementations."""
+    """float64 embedding_bag: (output [bags, dim] in float64, for max the row each output element
+    came from [bags, dim] (-1 in empty bags), else None). Written from segment sums, not from
+    torch's embedding_bag, so that tests compare two implementations."""
     import torch
 
-    w = weight.double()
-    idx, offs = _flat(indices, offsets, include_last_offset)
+    w = weight.double().cpu()
+    idx, offs, bag_of, keep = _entries(indices, offsets, include_last_offset, padding_idx)
     bags = offs.numel() - 1
-    n = idx.numel()
-    bag_of = torch.repeat_interleave(torch.arange(bags), (offs[1:] - offs[:-1]).clamp(min=0))[:n]
-    keep = torch.ones(n, dtype=torch.bool) if padding_idx is None else idx != padding_idx
-    rows = w[idx.clamp(0, max(w.shape[0] - 1, 0))] if n else w.new_zeros(0, w.shape[1])
+    rows = w[idx.clamp(0, max(w.shape[0] - 1, 0))] if idx.numel() else w.new_zeros(0, w.shape[1])
     if per_sample_weights is not None:
-        rows = rows * per_sample_weights.double()[:, None]
-    rows = rows[keep]
-    bag_of = bag_of[keep]
+        rows = rows * per_sample_weights.double().cpu()[:, None]
     out = w.new_zeros(bags, w.shape[1])
-    chosen = None
     if mode in ("sum", "mean"):
-        out.index_add_(0, bag_of, rows)
+        out.index_add_(0, bag_of[keep], rows[keep])
         if mode == "mean":
-            count = torch.zeros(bags, dtype=torch.float64).index_add_(0, bag_of, torch.ones_like(bag_of,
-                                                                                       dtype=torch.float64))
-            out = out / count.clamp(min=1)[:, None]
-    elif mode == "max":
-        out = out.fill_(float("-inf")).scatter_reduce(0, bag_of[:, None].expand_as(rows), rows, "amax")
-        out[torch.isinf(out) & (out < 0)] = 0.0  # empty bags give zeros, as torch
-        chosen = idx[keep]
-    else:
+            out = out / _counts(bag_of, keep, bags).clamp(min=1)[:, None]
+        return out, None
+    if mode != "max":
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    chosen = torch.full((bags, w.shape[1]), -1, dtype=torch.long)
+    for b in range(bags):  # the first maximum of each column wins, as the kernels pick it
+        mine = keep & (bag_of == b)
+        if mine.any():
+            top, at = rows[mine].max(0)
+            out[b] = top
+            chosen[b] = idx[mine][at]
     return out, chosen
+
+
+def reference_backward(weight, indices, offsets, mode: str, per_sample_weights, grad_out,
+                       include_last_offset: bool = False, padding_idx: int | None = None):
+    """float64 gradients of embedding_bag: (d weight [rows, dim], d per_sample_weights [n] or None),
+    torch's dense gradient (sparse=False)."""
+    import torch
+
+    w = weight.double().cpu()
+    g = grad_out.double().cpu()
+    idx, offs, bag_of, keep = _entries(indices, offsets, include_last_offset, padding_idx)
+    bags = offs.numel() - 1
+    grad_w = torch.zeros_like(w)
+    if mode == "max":
+        _, chosen = reference(weight, indices, offsets, mode, None, include_last_offset, padding_idx)
+        col = torch.arange(w.shape[1]).expand(bags, -1)
+        found = chosen >= 0
+        grad_w.index_put_((chosen[found], col[found]), g[found], accumulate=True)
+        return grad_w, None
+    scale = torch.ones(idx.numel(), dtype=torch.float64)
+    if per_sample_weights is not None:
+        scale = scale * per_sample_weights.double().cpu()
+    if mode == "mean":
+        scale = scale / _counts(bag_of, keep, bags).clamp(min=1)[bag_of]
+    grad_w.index_add_(0, idx[keep], g[bag_of[keep]] * scale[keep][:, None])
+    grad_psw = None
+    if per_sample_weights is not None:
+        rows = w[idx.clamp(0, max(w.shape[0] - 1, 0))]
+        grad_psw = torch.where(keep, (rows * g[bag_of]).sum(1), 0.0) if idx.numel() else scale.new_zeros(0)
+    return grad_w, grad_psw
+
+
+def _counts(bag_of, keep, bags: int):
+    import torch
+
+    return torch.zeros(bags, dtype=torch.float64).index_add_(0, bag_of[keep], torch.ones(int(keep.sum()),
+                                                                                          dtype=torch.float64))
+
+
+def _entries(indices, offsets, include_last_offset: bool, padding_idx: int | None):
+    """(indices 1-D, offsets with the end, bag of each entry, entries that count)."""
+    import torch
+
+    idx, offs = _flat(indices, offsets, include_last_offset)
+    n = idx.numel()
+    bag_of = torch.repeat_interleave(torch.arange(offs.numel() - 1), (offs[1:] - offs[:-1]).clamp(min=0))[:n]
+    keep = torch.ones(n, dtype=torch.bool) if padding_idx is None else idx != padding_idx
+    return idx, offs, bag_of, keep
 
 
 def _flat(indices, offsets, include_last_offset: bool):

@@ -1,5 +1,5 @@
-"""What the search's worker needs of the EmbeddingBag family: load a built variant, check it
-against the float64 reference, and give its forward as a call to time."""
+"""What the search's worker needs of the EmbeddingBag family: load a built variant, check its
+forward and backward against the float64 reference, and give both as calls to time."""
 
 from __future__ import annotations
 
@@ -12,6 +12,35 @@ from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
+def relative_error(got, want) -> float:
+    """Largest error over the largest reference magnitude (a floor keeps all-zero references honest)."""
+    return float((got.cpu().double() - want).abs().max()) / max(float(want.abs().max()), 1e-3) if want.numel() else 0.0
+
+
+def check_case(kernel: EmbeddingBagKernel, q: eb.Problem, mode: str, seed: int, padding: bool = False) -> tuple:
+    """(worst relative error, what failed or "") of one input: the forward into a NaN-filled
+    output, the gradient of weight (and of per_sample_weights for sum) for a random output
+    gradient."""
+    import torch
+
+    w, idx, offs, psw = eb.make_inputs(q, seed=seed, device="cuda", per_sample_weights=mode == "sum")
+    pad = int(idx[0]) if padding and idx.numel() else None
+    out = torch.full((q.bags, q.dim), float("nan"), dtype=w.dtype, device="cuda")
+    call, saved = kernel.prepare(w, idx, offs, mode, psw, padding_idx=pad, out=out)
+    call()
+    want, _ = eb.reference(w, idx, offs, mode, psw, padding_idx=pad)
+    worst = relative_error(out, want)
+    if not worst <= TOL[q.weight]:
+        return worst, "forward"
+    g = torch.randn(q.bags, q.dim, generator=torch.Generator().manual_seed(seed)).to(w.dtype).cuda()
+    grad_w, grad_psw = kernel.backward(saved, g, psw_grad=psw is not None)
+    want_w, want_psw = eb.reference_backward(w, idx, offs, mode, psw, g, padding_idx=pad)
+    err = relative_error(grad_w, want_w)
+    if psw is not None:
+        err = max(err, relative_error(grad_psw, want_psw))
+    return max(worst, err), "" if err <= TOL[q.weight] else "backward"
+
+
 class Evaluation:
     """Per worker process: timing inputs made once per problem (the PR's weight is 2.5 GB)."""
 
@@ -22,42 +51,50 @@ class Evaluation:
         return EmbeddingBagKernel(so, name)
 
     def check(self, kernel: EmbeddingBagKernel, problem: dict) -> dict[str, Any]:
-        """On fresh inputs shaped like the problem but with fewer rows (the float64 reference runs on
-        the CPU), and on an odd shape (dim not a multiple of the loads, empty bags): every mode."""
+        """Every mode on fresh inputs shaped like the problem but with fewer rows (the float64
+        reference runs on the CPU), with the problem's ids and with one very frequent id (long
+        runs of one row in the backward), and on an odd shape (dim not a multiple of the loads,
+        empty bags, a padding_idx)."""
         import torch
 
         p = eb.Problem(**problem)
+        small = dict(rows=min(p.rows, 20_000), bags=min(p.bags, 256))
+        cases = [(dataclasses.replace(p, **small), False),
+                 (dataclasses.replace(p, **small, distribution="one_hot"), False),
+                 (dataclasses.replace(p, rows=97, dim=p.dim + 1, bags=13, bag_size=3), True)]
         worst = 0.0
-        for shape in (dict(rows=min(p.rows, 20_000), bags=min(p.bags, 256)),
-                      dict(rows=97, dim=p.dim + 1, bags=13, bag_size=3)):
-            q = dataclasses.replace(p, **shape)
+        for q, padding in cases:
             for mode in eb.MODES:
-                w, idx, offs, psw = eb.make_inputs(q, seed=int(torch.randint(1 << 30, ()).item()), device="cuda",
-                                                   per_sample_weights=mode == "sum")
-                out = torch.full((q.bags, q.dim), float("nan"), dtype=w.dtype, device="cuda")
-                got, _ = kernel.forward(w, idx, offs, mode, psw, out=out)
-                want, _ = eb.reference(w.cpu(), idx.cpu(), offs.cpu(), mode, None if psw is None else psw.cpu())
-                err = float((got.cpu().double() - want).abs().max()) / max(float(want.abs().max()), 1.0)
+                err, failed = check_case(kernel, q, mode, int(torch.randint(1 << 30, ()).item()), padding)
                 worst = max(worst, err)
-                if not err <= TOL[q.weight]:
-                    finite = bool(torch.isfinite(got).all())
-                    return {"ok": False, "reason": "wrong result" if finite else "nan",
-                            "message": f"{mode} rows={q.rows} dim={q.dim}: relative error {err:.3g}",
-                            "loss_error": worst}
+                if failed:
+                    return {"ok": False, "reason": "wrong result" if err == err else "nan",
+                            "message": f"{failed} {mode} {q.distribution} rows={q.rows} dim={q.dim}: "
+                                       f"relative error {err:.3g}", "loss_error": worst}
         if kernel.take_errors():
             return {"ok": False, "reason": "wrong result", "message": "validation flagged valid inputs",
                     "loss_error": worst}
         return {"ok": True, "reason": "", "message": "", "loss_error": worst}
 
     def calls(self, kernel: EmbeddingBagKernel, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
+        """The forward, and unless the objective is the forward alone, the backward (the dense
+        gradient of weight, into a buffer zeroed once: the op's zeroing is the same for every variant)."""
+        import torch
+
         key = tuple(sorted(problem.items()))
         if key not in self.inputs:
             self.inputs.clear()  # one problem's weight at a time
-            self.inputs[key] = eb.make_inputs(eb.Problem(**problem), seed=1234, device="cuda")
-        w, idx, offs, _ = self.inputs[key]
-        mode = problem["mode"]
-        fwd, _, _ = kernel.prepare(w, idx, offs, mode)
-        return fwd, None  # the backward is not written yet
+            p = eb.Problem(**problem)
+            w, idx, offs, _ = eb.make_inputs(p, seed=1234, device="cuda")
+            g = torch.randn(p.bags, p.dim, generator=torch.Generator().manual_seed(1)).to(w.dtype).cuda()
+            self.inputs[key] = (w, idx, offs, g)
+        w, idx, offs, g = self.inputs[key]
+        fwd, saved = kernel.prepare(w, idx, offs, problem["mode"])
+        fwd()  # the backward reads what the forward saves
+        if objective == "fwd":
+            return fwd, None
+        bwd, _, _ = kernel.prepare_backward(saved, g)
+        return fwd, bwd
 
     def errors(self, kernel: EmbeddingBagKernel) -> int:
         return kernel.take_errors()

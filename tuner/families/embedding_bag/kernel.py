@@ -1,120 +1,130 @@
-"""A built EmbeddingBag variant loaded into this process and called through its C table."""
+"""A built EmbeddingBag variant loaded into this process, called through the family's torch
+binding by its C table's address (templates/embedding_bag/embedding_bag_op.cpp)."""
 
 from __future__ import annotations
 
 import ctypes
 from pathlib import Path
 
+from tuner import binding
 from tuner.errors import BuildError, KernelInputError
 
-_ABI = 1
+_ABI = 2
 MODE_CODES = {"sum": 0, "mean": 1, "max": 2}
-BAD_INDEX, BAD_OFFSET = 1, 2
-
-
-class _Args(ctypes.Structure):
-    # Mirrors TunerEmbeddingBagArgs in templates/embedding_bag/embedding_bag_abi.h.
-    _fields_ = [
-        ("weight", ctypes.c_void_p), ("indices", ctypes.c_void_p), ("offsets", ctypes.c_void_p),
-        ("per_sample_weights", ctypes.c_void_p), ("out", ctypes.c_void_p), ("max_indices", ctypes.c_void_p),
-        ("rows", ctypes.c_longlong), ("dim", ctypes.c_longlong), ("bags", ctypes.c_longlong),
-        ("n", ctypes.c_longlong), ("mode", ctypes.c_int), ("padding_idx", ctypes.c_longlong),
-        ("error_word", ctypes.c_void_p), ("error_flags", ctypes.c_void_p),
-    ]
-
-
-_FORWARD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_Args), ctypes.c_void_p)
+_CHECK = {False: 0, "deferred": 0, True: 1, "sync": 1, "async": 2}
 
 
 class _Vtable(ctypes.Structure):
+    # Mirrors TunerEmbeddingBagVtable in templates/embedding_bag/embedding_bag_abi.h.
     _fields_ = [("abi", ctypes.c_int), ("name", ctypes.c_char_p), ("weight_dtype", ctypes.c_char_p),
                 ("index_dtype", ctypes.c_char_p), ("vec", ctypes.c_int), ("validates", ctypes.c_int),
-                ("forward", _FORWARD)]
+                ("sorted", ctypes.c_int), ("piece", ctypes.c_int), ("forward", ctypes.c_void_p),
+                ("backward", ctypes.c_void_p)]
 
 
-def error_text(bits: int) -> str:
-    parts = []
-    if bits & BAD_INDEX:
-        parts.append("an index is outside [0, num_embeddings)")
-    if bits & BAD_OFFSET:
-        parts.append("offsets decrease or fall outside [0, len(indices)]")
-    return "; ".join(parts)
+def flat(indices, offsets=None, include_last_offset: bool = False):
+    """torch's two input forms as the kernels take them: (1-D indices, offsets with the end)."""
+    import torch
+
+    if indices.dim() == 2:
+        bags, per = indices.shape
+        offsets = torch.arange(bags + 1, device=indices.device, dtype=indices.dtype) * per
+        return indices.reshape(-1).contiguous(), offsets
+    if not include_last_offset:
+        offsets = torch.cat([offsets, offsets.new_tensor([indices.numel()])])
+    return indices.contiguous(), offsets.to(indices.dtype).contiguous()
 
 
 class EmbeddingBagKernel:
-    """The forward of one compiled variant, on the current CUDA stream. Errors the variant's
-    validation finds stay in a device word until `take_errors()` (the search's calls never sync)."""
+    """Forward and backward of one compiled variant on the current CUDA stream. With check
+    "deferred" (the search's), errors the variant's validation finds stay in the binding's
+    error word until `take_errors()`; with "sync" the call raises KernelInputError."""
 
     def __init__(self, so: Path, expected_name: str | None = None):
-        import torch
-
         self.path = Path(so)
         self._lib = ctypes.CDLL(str(self.path))  # kept alive: the table points into it
         fn = self._lib.tuner_embedding_bag_vtable
         fn.restype = ctypes.POINTER(_Vtable)
-        table = fn().contents
+        ptr = fn()
+        table = ptr.contents
         self.name = table.name.decode()
         if table.abi != _ABI:
             raise BuildError(self.name, f"{so} has ABI {table.abi}, expected {_ABI}; rebuild it")
         if expected_name is not None and self.name != expected_name:
             raise BuildError(expected_name, f"{so} holds variant {self.name}, not {expected_name}")
+        self.address = ctypes.cast(ptr, ctypes.c_void_p).value
         self.vec = table.vec
         self.validates = bool(table.validates)
-        self._forward = table.forward
-        self._error = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.sorted = bool(table.sorted)
+        self.ops = binding.load("embedding_bag")
 
     def forward(self, weight, indices, offsets=None, mode: str = "mean", per_sample_weights=None,
-                include_last_offset: bool = False, padding_idx: int | None = None, out=None, max_indices=None):
-        """(out [bags, dim], max_indices or None), as torch.nn.functional.embedding_bag computes."""
-        call, out, max_indices = self.prepare(weight, indices, offsets, mode, per_sample_weights,
-                                              include_last_offset, padding_idx, out, max_indices)
+                include_last_offset: bool = False, padding_idx: int | None = None, *, out=None,
+                check: bool | str = "deferred"):
+        """(out [bags, dim], max_indices or None, bag_count), as F.embedding_bag computes out."""
+        call, saved = self.prepare(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
+                                   padding_idx, out=out, check=check)
         call()
-        return out, max_indices
+        return saved["out"], saved["max_indices"] if mode == "max" else None, saved["bag_count"]
 
     def prepare(self, weight, indices, offsets=None, mode: str = "mean", per_sample_weights=None,
-                include_last_offset: bool = False, padding_idx: int | None = None, out=None, max_indices=None):
-        """(call, out, max_indices): `call()` launches the forward on these tensors and the current
-        stream with nothing else done in Python, as the search times it."""
+                include_last_offset: bool = False, padding_idx: int | None = None, *, out=None,
+                check: bool | str = "deferred"):
+        """(call, saved): `call()` launches the forward on these tensors and the current stream with
+        nothing else done in Python, as the search times it; `saved` holds what the backward needs."""
         import torch
 
+        indices, offsets = flat(indices, offsets, include_last_offset)
         weight = weight.contiguous()
-        if indices.dim() == 2:
-            bags, per = indices.shape
-            offsets = torch.arange(0, bags * per + 1, max(per, 1), device=indices.device,
-                                   dtype=indices.dtype)[: bags + 1]
-            indices = indices.reshape(-1)
-        elif not include_last_offset:
-            offsets = torch.cat([offsets, offsets.new_tensor([indices.numel()])])
-        indices, offsets = indices.contiguous(), offsets.to(indices.dtype).contiguous()
-        if per_sample_weights is not None:
-            per_sample_weights = per_sample_weights.contiguous()
-        bags = offsets.numel() - 1
+        psw = per_sample_weights.reshape(-1).contiguous() if per_sample_weights is not None else None
+        bags, dim = offsets.numel() - 1, weight.shape[1]
         if out is None:
-            out = torch.empty(bags, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        if mode == "max" and max_indices is None:
-            max_indices = torch.empty(bags, weight.shape[1], dtype=torch.int64, device=weight.device)
-        a = _Args(weight.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
-                  per_sample_weights.data_ptr() if per_sample_weights is not None else None,
-                  out.data_ptr(), max_indices.data_ptr() if mode == "max" else None,
-                  weight.shape[0], weight.shape[1], bags, indices.numel(), MODE_CODES[mode],
-                  -1 if padding_idx is None else padding_idx, self._error.data_ptr(), None)
-        keep = (weight, indices, offsets, per_sample_weights, out, max_indices)  # alive while `call` is
-        stream, ref, forward, name = torch.cuda.current_stream().cuda_stream, ctypes.byref(a), self._forward, self.name
+            out = torch.empty(bags, dim, dtype=weight.dtype, device=weight.device)
+        code = MODE_CODES[mode]
+        saved = dict(weight=weight, indices=indices, offsets=offsets, mode=code, psw=psw, out=out,
+                     padding_idx=-1 if padding_idx is None else padding_idx % max(weight.shape[0], 1),
+                     max_indices=torch.empty((bags if mode == "max" else 0, dim), dtype=torch.int64,
+                                             device=weight.device),
+                     bag_count=torch.empty(bags if mode == "mean" else 0, dtype=torch.float32, device=weight.device))
+        forward, address, level = self.ops.forward, self.address, _CHECK[check]
 
         def call():
-            rc = forward(ref, stream)
-            if rc:
-                raise RuntimeError(f"{name}: launch failed (CUDA error {rc})")
-            return keep
+            try:
+                forward(address, weight, indices, offsets, code, psw, saved["padding_idx"], out,
+                        saved["max_indices"], saved["bag_count"], level)
+            except ValueError as exc:
+                raise KernelInputError(str(exc).split("\n")[0]) from exc
 
-        return call, out, (max_indices if mode == "max" else None)
+        return call, saved
+
+    def prepare_backward(self, saved: dict, grad, *, psw_grad: bool = False):
+        """(call, grad_weight, grad_per_sample_weights or None) after a forward prepared with `saved`.
+        The call does not zero grad_weight (the op does): timing repeats it on one buffer."""
+        import torch
+
+        w = saved["weight"]
+        grad = grad.to(w.dtype).contiguous()
+        grad_weight = torch.zeros_like(w)
+        grad_psw = torch.empty(saved["indices"].numel() if psw_grad and saved["psw"] is not None else 0,
+                               dtype=w.dtype, device=w.device)
+        backward, address = self.ops.backward, self.address
+
+        def call():
+            backward(address, grad, w, saved["indices"], saved["offsets"], saved["mode"], saved["psw"],
+                     saved["padding_idx"], saved["max_indices"], saved["bag_count"], grad_weight, grad_psw)
+
+        return call, grad_weight, grad_psw if grad_psw.numel() else None
+
+    def backward(self, saved: dict, grad, *, psw_grad: bool = False):
+        """(grad_weight, grad_per_sample_weights or None), torch's dense gradient."""
+        call, grad_weight, grad_psw = self.prepare_backward(saved, grad, psw_grad=psw_grad)
+        call()
+        return grad_weight, grad_psw
 
     def take_errors(self) -> int:
-        bits = int(self._error.item())
-        self._error.zero_()
-        return bits
+        return int(self.ops.take_errors())
 
     def check_errors(self) -> None:
         bits = self.take_errors()
         if bits:
-            raise KernelInputError(f"embedding_bag: invalid input: {error_text(bits)}")
+            raise KernelInputError(f"embedding_bag: invalid input: {self.ops.describe_errors(bits)}")

@@ -1,0 +1,712 @@
+// The torch side of the EmbeddingBag family, compiled once per torch/CUDA version: the
+// search's calls of any variant by its table's address (tuner_embedding_bag::forward /
+// backward), and the user's op, tuner::embedding_bag, on the call path of a native op:
+// schema, CUDA and Autograd kernels in C++ (pytorch/extension-cpp's pattern), winners
+// bound at tuner.load (stage + publish), each call running the winner of its dtype pair
+// nearest to its shape. CPU and fake implementations are registered from Python
+// (tuner/families/embedding_bag/op.py).
+#include <torch/extension.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Exceptions.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "embedding_bag_abi.h"
+
+namespace tuner_embedding_bag {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+enum Check : int64_t { CHECK_DEFERRED = 0, CHECK_SYNC = 1, CHECK_ASYNC = 2 };
+
+// Numbers through std::to_string: c10::str's integer formatting, instantiated by another
+// compiler than torch's, has crashed on torch's streams (see giou_binding.h).
+std::string text(int64_t v) { return std::to_string(v); }
+std::string text(c10::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return "torch.float64";
+    case at::kFloat: return "torch.float32";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    default: return std::string("torch.") + c10::toString(t);
+  }
+}
+
+// ------------------------------------------------------------------ error reporting
+
+// Raises tuner.errors.KernelInputError (a ValueError) in Python; a c10::ValueError without it.
+[[noreturn]] void raise_input_error(const std::string& message) {
+  if (Py_IsInitialized()) {
+    pybind11::gil_scoped_acquire gil;
+    PyObject* module = PyImport_ImportModule("tuner.errors");
+    PyObject* type = module != nullptr ? PyObject_GetAttrString(module, "KernelInputError") : nullptr;
+    Py_XDECREF(module);
+    if (type != nullptr) {
+      PyErr_SetString(type, message.c_str());
+      Py_DECREF(type);
+      python_error error;
+      error.persist();
+      throw error;
+    }
+    PyErr_Clear();
+  }
+  TORCH_CHECK_VALUE(false, message);
+}
+
+void warn(const std::string& message) {
+  if (!Py_IsInitialized()) {
+    TORCH_WARN(message);
+    return;
+  }
+  pybind11::gil_scoped_acquire gil;
+  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) {
+    python_error error;
+    error.persist();
+    throw error;
+  }
+}
+
+std::string error_text(int64_t bits) {
+  std::string out;
+  if (bits & TUNER_EB_BAD_INDEX) out += "an index is outside [0, num_embeddings)";
+  if (bits & TUNER_EB_BAD_OFFSET) out += std::string(out.empty() ? "" : "; ") + "offsets decrease or fall outside [0, len(indices)]";
+  return out;
+}
+
+// Per (device, stream): the sticky error word on the device and its host-mapped flags (one
+// byte per bit), so that an async check is a plain load. Allocated outside torch's
+// allocator, so that a first use under CUDA graph capture does not land in a graph's pool.
+struct Workspace {
+  unsigned* word = nullptr;
+  unsigned char* flags = nullptr;
+  unsigned char* flags_device = nullptr;
+  cudaStream_t stream = nullptr;
+  int device = 0;
+};
+
+std::mutex workspace_mutex;
+std::map<std::pair<int, cudaStream_t>, Workspace> workspaces;
+
+struct RelaxedCapture {  // allocating is refused while a stream captures in global mode
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode)); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+};
+
+Workspace& workspace_for(int device, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(workspace_mutex);
+  Workspace& ws = workspaces[std::make_pair(device, stream)];
+  if (ws.word != nullptr) return ws;
+  RelaxedCapture relaxed;
+  void* word = nullptr;
+  C10_CUDA_CHECK(cudaMalloc(&word, sizeof(unsigned)));
+  static std::map<int, cudaStream_t> zeroing_streams;  // private: nothing lands in a graph being captured
+  cudaStream_t& zeroing = zeroing_streams[device];
+  if (zeroing == nullptr) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking));
+  C10_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(unsigned), zeroing));
+  C10_CUDA_CHECK(cudaStreamSynchronize(zeroing));
+  void* host = nullptr;
+  C10_CUDA_CHECK(cudaHostAlloc(&host, 8, cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(host, 0, 8);
+  void* dev = nullptr;
+  C10_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+  ws.word = static_cast<unsigned*>(word);
+  ws.flags = static_cast<unsigned char*>(host);
+  ws.flags_device = static_cast<unsigned char*>(dev);
+  ws.stream = stream;
+  ws.device = device;
+  return ws;
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Error bits whose flags have landed, cleared (never waits).
+int64_t take_landed(Workspace& ws) {
+  int64_t bits = 0;
+  for (int i = 0; i < TUNER_EB_ERROR_BITS; ++i) {
+    if (__atomic_load_n(ws.flags + i, __ATOMIC_ACQUIRE)) {
+      bits |= int64_t(1) << i;
+      __atomic_store_n(ws.flags + i, 0, __ATOMIC_RELEASE);
+    }
+  }
+  if (bits) C10_CUDA_CHECK(cudaMemsetAsync(ws.word, 0, sizeof(unsigned), ws.stream));
+  return bits;
+}
+
+// Waits for every device with a workspace, then reads and clears all error flags; their OR.
+int64_t take_errors() {
+  std::lock_guard<std::mutex> lock(workspace_mutex);
+  int64_t bits = 0;
+  for (auto& entry : workspaces) {
+    Workspace& ws = entry.second;
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ws.device));
+    C10_CUDA_CHECK(cudaDeviceSynchronize());
+    bits |= take_landed(ws);
+  }
+  return bits;
+}
+
+// ------------------------------------------------------------------ calling a variant
+
+const TunerEmbeddingBagVtable* table(int64_t address) {
+  auto* t = reinterpret_cast<const TunerEmbeddingBagVtable*>(address);
+  TORCH_CHECK(t != nullptr, "embedding_bag: null variant table");
+  TORCH_CHECK(t->abi == TUNER_EMBEDDING_BAG_ABI, "embedding_bag: variant ", t->name, " has ABI ", text(t->abi),
+              " but this binding speaks ABI ", text(TUNER_EMBEDDING_BAG_ABI), "; rebuild the variant");
+  return t;
+}
+
+bool has(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
+
+// What every call of a variant needs to hold: the variant's dtypes, contiguous inputs on
+// one device, offsets with the end; the weight aligned for the variant's loads.
+void check_call(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, const at::Tensor& indices,
+                const at::Tensor& offsets) {
+  TORCH_CHECK(weight.is_cuda() && weight.dim() == 2 && weight.is_contiguous(),
+              "embedding_bag: weight must be a contiguous 2-D CUDA tensor");
+  TORCH_CHECK(std::strcmp(c10::toString(weight.scalar_type()), vt->weight_dtype) == 0, "embedding_bag: variant ",
+              vt->name, " takes weight of dtype ", vt->weight_dtype, ", got ", dtype_name(weight.scalar_type()));
+  for (const at::Tensor* t : {&indices, &offsets}) {
+    TORCH_CHECK(t->device() == weight.device() && t->dim() == 1 && t->is_contiguous() &&
+                    std::strcmp(c10::toString(t->scalar_type()), vt->index_dtype) == 0,
+                "embedding_bag: variant ", vt->name, " takes contiguous 1-D indices and offsets of dtype ",
+                vt->index_dtype, " on ", weight.device());
+  }
+  TORCH_CHECK(offsets.numel() >= 1, "embedding_bag: offsets must include the end (bags + 1 entries)");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(weight.data_ptr()) % (vt->vec * weight.element_size()) == 0,
+              "embedding_bag: weight must be aligned to ", text(vt->vec * weight.element_size()), " bytes for variant ",
+              vt->name);
+}
+
+void run_forward(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, const at::Tensor& indices,
+                 const at::Tensor& offsets, int64_t mode, const std::optional<at::Tensor>& psw, int64_t padding_idx,
+                 const at::Tensor& out, const at::Tensor& max_indices, const at::Tensor& bag_count, int64_t check) {
+  check_call(vt, weight, indices, offsets);
+  const int64_t bags = offsets.numel() - 1, dim = weight.size(1);
+  TORCH_CHECK(mode >= 0 && mode <= 2, "embedding_bag: mode code must be 0 (sum), 1 (mean) or 2 (max)");
+  TORCH_CHECK(out.scalar_type() == weight.scalar_type() && out.is_contiguous() && out.device() == weight.device() &&
+                  out.numel() == bags * dim,
+              "embedding_bag: out must be a contiguous [bags, dim] tensor of weight's dtype");
+  TORCH_CHECK(mode != TUNER_EB_MAX || (max_indices.scalar_type() == at::kLong && max_indices.numel() == bags * dim &&
+                                       max_indices.is_contiguous()),
+              "embedding_bag: max needs max_indices, a contiguous int64 [bags, dim] tensor");
+  TORCH_CHECK(!has(bag_count) || (bag_count.scalar_type() == at::kFloat && bag_count.numel() == bags),
+              "embedding_bag: bag_count must be a float32 tensor of bags elements");
+  if (psw.has_value()) {
+    TORCH_CHECK(psw->scalar_type() == weight.scalar_type() && psw->numel() == indices.numel() && psw->is_contiguous() &&
+                    psw->device() == weight.device(),
+                "embedding_bag: per_sample_weights must be contiguous, of weight's dtype, one per index");
+  }
+  c10::cuda::CUDAGuard guard(weight.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  Workspace& ws = workspace_for(static_cast<int>(weight.get_device()), stream);
+  // Under graph capture nothing may sync or be enqueued besides the launch.
+  const bool validates = vt->validates && check != CHECK_DEFERRED && !capturing(stream);
+  if (validates && check == CHECK_ASYNC) {
+    const int64_t earlier = take_landed(ws);
+    if (earlier) raise_input_error("embedding_bag: invalid input in an earlier call: " + error_text(earlier));
+  }
+  TunerEmbeddingBagArgs a{};
+  a.weight = weight.data_ptr();
+  a.indices = indices.data_ptr();
+  a.offsets = offsets.data_ptr();
+  a.per_sample_weights = psw.has_value() ? psw->data_ptr() : nullptr;
+  a.out = out.data_ptr();
+  a.max_indices = mode == TUNER_EB_MAX ? static_cast<long long*>(max_indices.data_ptr()) : nullptr;
+  a.bag_count = has(bag_count) ? bag_count.data_ptr<float>() : nullptr;
+  a.rows = weight.size(0);
+  a.dim = dim;
+  a.bags = bags;
+  a.n = indices.numel();
+  a.mode = static_cast<int>(mode);
+  a.padding_idx = padding_idx;
+  a.error_word = ws.word;
+  a.error_flags = ws.flags_device;
+  const int rc = vt->forward(&a, stream);
+  TORCH_CHECK(rc == 0, "embedding_bag: variant ", vt->name, " failed to launch: ",
+              cudaGetErrorString(static_cast<cudaError_t>(rc)));
+  if (validates && check == CHECK_SYNC) {
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const int64_t bits = take_landed(ws);
+    if (bits) raise_input_error("embedding_bag: invalid input: " + error_text(bits));
+  }
+}
+
+// grad_weight must be zeroed by the caller (the search reuses one buffer and leaves it);
+// an empty grad_weight or grad_psw is a gradient not wanted.
+void run_backward(const TunerEmbeddingBagVtable* vt, const at::Tensor& grad, const at::Tensor& weight,
+                  const at::Tensor& indices, const at::Tensor& offsets, int64_t mode,
+                  const std::optional<at::Tensor>& psw, int64_t padding_idx, const at::Tensor& max_indices,
+                  const at::Tensor& bag_count, const at::Tensor& grad_weight, const at::Tensor& grad_psw) {
+  check_call(vt, weight, indices, offsets);
+  const int64_t bags = offsets.numel() - 1, dim = weight.size(1), n = indices.numel();
+  TORCH_CHECK(grad.scalar_type() == weight.scalar_type() && grad.is_contiguous() && grad.numel() == bags * dim &&
+                  reinterpret_cast<uintptr_t>(grad.data_ptr()) % (vt->vec * grad.element_size()) == 0,
+              "embedding_bag: grad must be a contiguous, aligned [bags, dim] tensor of weight's dtype");
+  TORCH_CHECK(!has(grad_weight) || (grad_weight.sizes() == weight.sizes() && grad_weight.is_contiguous() &&
+                                     grad_weight.scalar_type() == weight.scalar_type()),
+              "embedding_bag: grad_weight must be a contiguous tensor like weight (or empty: not wanted)");
+  TORCH_CHECK(mode != TUNER_EB_MAX || max_indices.numel() == bags * dim, "embedding_bag: max needs max_indices");
+  TORCH_CHECK(mode != TUNER_EB_MEAN || (bag_count.scalar_type() == at::kFloat && bag_count.numel() == bags),
+              "embedding_bag: mean needs the forward's bag_count");
+  TORCH_CHECK(!has(grad_psw) || (psw.has_value() && grad_psw.numel() == n && grad_psw.is_contiguous() &&
+                                 grad_psw.scalar_type() == weight.scalar_type()),
+              "embedding_bag: grad_per_sample_weights must be like per_sample_weights");
+  c10::cuda::CUDAGuard guard(weight.device());
+  TunerEmbeddingBagBackwardArgs a{};
+  at::Tensor sorted, order, bag_of, partials;
+  if (vt->sorted && mode != TUNER_EB_MAX && n > 0 && has(grad_weight)) {
+    std::tie(sorted, order) = at::sort(indices.to(at::kLong), /*stable=*/true, 0, false);
+    bag_of = at::empty({n}, indices.options().dtype(at::kLong));
+    partials = at::empty({(n + vt->piece - 1) / vt->piece, dim}, weight.options().dtype(at::kFloat));
+    a.sorted_rows = static_cast<long long*>(sorted.data_ptr());
+    a.order = static_cast<long long*>(order.data_ptr());
+    a.bag_of = static_cast<long long*>(bag_of.data_ptr());
+    a.partials = partials.data_ptr<float>();
+  }
+  a.grad_out = grad.data_ptr();
+  a.weight = weight.data_ptr();
+  a.indices = indices.data_ptr();
+  a.offsets = offsets.data_ptr();
+  a.per_sample_weights = psw.has_value() ? psw->data_ptr() : nullptr;
+  a.max_indices = mode == TUNER_EB_MAX ? static_cast<long long*>(max_indices.data_ptr()) : nullptr;
+  a.bag_count = mode == TUNER_EB_MEAN ? bag_count.data_ptr<float>() : nullptr;
+  a.grad_weight = has(grad_weight) ? grad_weight.data_ptr() : nullptr;
+  a.grad_per_sample_weights = has(grad_psw) ? grad_psw.data_ptr() : nullptr;
+  a.rows = weight.size(0);
+  a.dim = dim;
+  a.bags = bags;
+  a.n = n;
+  a.mode = static_cast<int>(mode);
+  a.padding_idx = padding_idx;
+  const int rc = vt->backward(&a, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(rc == 0, "embedding_bag: variant ", vt->name, " backward failed to launch: ",
+              cudaGetErrorString(static_cast<cudaError_t>(rc)));
+}
+
+// The search's calls: one variant by its table's address, outputs given by the caller.
+void forward_by_address(int64_t variant, const at::Tensor& weight, const at::Tensor& indices,
+                        const at::Tensor& offsets, int64_t mode, const std::optional<at::Tensor>& psw,
+                        int64_t padding_idx, const at::Tensor& out, const at::Tensor& max_indices,
+                        const at::Tensor& bag_count, int64_t check) {
+  run_forward(table(variant), weight, indices, offsets, mode, psw, padding_idx, out, max_indices, bag_count, check);
+}
+
+void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tensor& weight,
+                         const at::Tensor& indices, const at::Tensor& offsets, int64_t mode,
+                         const std::optional<at::Tensor>& psw, int64_t padding_idx, const at::Tensor& max_indices,
+                         const at::Tensor& bag_count, const at::Tensor& grad_weight, const at::Tensor& grad_psw) {
+  run_backward(table(variant), grad, weight, indices, offsets, mode, psw, padding_idx, max_indices, bag_count,
+               grad_weight, grad_psw);
+}
+
+// ------------------------------------------------------------------ the op's winners
+
+constexpr int kWeights = 3, kIndices = 2;
+
+int weight_index(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return 0;
+    case at::kHalf: return 1;
+    case at::kBFloat16: return 2;
+    default: return -1;
+  }
+}
+
+int index_index(at::ScalarType t) { return t == at::kLong ? 0 : (t == at::kInt ? 1 : -1); }
+
+int index_of_name(const char* name, bool weight) {
+  for (auto t : {at::kFloat, at::kHalf, at::kBFloat16, at::kLong, at::kInt})
+    if (std::strcmp(c10::toString(t), name) == 0) return weight ? weight_index(t) : index_index(t);
+  return -1;
+}
+
+struct Winner {
+  int64_t dim, bag_size, mode;
+  const TunerEmbeddingBagVtable* vt;
+  std::string tuned_for;  // non-empty: another dtype pair's parameters, rendered for this one
+};
+
+struct Pair {
+  std::vector<Winner> winners;
+  std::shared_ptr<std::atomic<bool>> warned = std::make_shared<std::atomic<bool>>(false);
+};
+
+struct Table {
+  std::array<Pair, kWeights * kIndices> pairs;
+  bool reference = false;  // serve the CPU implementation (an artifact for another architecture)
+};
+
+std::mutex bind_mutex;
+Table staging;
+std::shared_ptr<const Table> live;  // read with std::atomic_load: a call never sees a half-bound table
+std::atomic<int64_t> check_mode{CHECK_ASYNC};
+
+std::shared_ptr<const Table> bound() {
+  auto t = std::atomic_load(&live);
+  TORCH_CHECK(t != nullptr, "embedding_bag: no artifact is loaded; call tuner.load(...) first");
+  return t;
+}
+
+// Nearest tuned problem: log distance in dim and mean bag size, a tuned mode of its own
+// preferred; the first of equals wins (tuner/families/embedding_bag/op.py agrees).
+size_t nearest(const Pair& pair, int64_t dim, int64_t bag_size, int64_t mode) {
+  size_t best = 0;
+  double best_d = 0;
+  for (size_t i = 0; i < pair.winners.size(); ++i) {
+    const Winner& w = pair.winners[i];
+    const double d = std::fabs(std::log(std::max<double>(dim, 1) / w.dim)) +
+                     std::fabs(std::log(std::max<double>(bag_size, 1) / std::max<double>(w.bag_size, 1))) +
+                     (w.mode == mode ? 0.0 : 10.0);
+    if (i == 0 || d < best_d) best = i, best_d = d;
+  }
+  return best;
+}
+
+const Winner& choose(const Table& t, const at::Tensor& weight, const at::Tensor& indices, int64_t bags,
+                     int64_t mode) {
+  const Pair& pair = t.pairs[weight_index(weight.scalar_type()) * kIndices + index_index(indices.scalar_type())];
+  TORCH_CHECK(!pair.winners.empty(), "embedding_bag: the loaded artifact has no variant for weight ",
+              dtype_name(weight.scalar_type()), " and indices ", dtype_name(indices.scalar_type()));
+  const Winner& best = pair.winners[nearest(pair, weight.size(1), indices.numel() / std::max<int64_t>(bags, 1), mode)];
+  if (!best.tuned_for.empty() && !pair.warned->exchange(true)) {
+    warn("embedding_bag: no variant was tuned for weight " + dtype_name(weight.scalar_type()) + " and indices " +
+         dtype_name(indices.scalar_type()) + "; using the parameters tuned for " + best.tuned_for);
+  }
+  return best;
+}
+
+void stage(int64_t variant, int64_t dim, int64_t bag_size, int64_t mode, std::string tuned_for) {
+  const TunerEmbeddingBagVtable* vt = table(variant);
+  const int w = index_of_name(vt->weight_dtype, true), i = index_of_name(vt->index_dtype, false);
+  TORCH_CHECK(w >= 0 && i >= 0, "embedding_bag: variant ", vt->name, " has unknown dtypes");
+  std::lock_guard<std::mutex> lock(bind_mutex);
+  staging.pairs[w * kIndices + i].winners.push_back(Winner{dim, bag_size, mode, vt, std::move(tuned_for)});
+}
+
+void publish(bool reference) {
+  std::lock_guard<std::mutex> lock(bind_mutex);
+  staging.reference = reference;
+  std::atomic_store(&live, std::shared_ptr<const Table>(std::make_shared<Table>(std::move(staging))));
+  staging = Table();
+}
+
+void set_check(int64_t mode) {
+  TORCH_CHECK(mode >= CHECK_DEFERRED && mode <= CHECK_ASYNC, "embedding_bag: check mode must be 0, 1 or 2");
+  check_mode.store(mode);
+}
+
+// Which bound winner a call runs, by its position among the stage() calls of its pair; -1 for none.
+int64_t chosen(const std::string& weight, const std::string& index, int64_t dim, int64_t bag_size, int64_t mode) {
+  const auto t = bound();
+  const int w = index_of_name(weight.c_str(), true), i = index_of_name(index.c_str(), false);
+  if (w < 0 || i < 0) return -1;
+  const Pair& pair = t->pairs[w * kIndices + i];
+  return pair.winners.empty() ? -1 : static_cast<int64_t>(nearest(pair, dim, bag_size, mode));
+}
+
+// ------------------------------------------------------------------ the op
+
+int64_t mode_code(c10::string_view mode) {
+  if (mode == "sum") return TUNER_EB_SUM;
+  if (mode == "mean") return TUNER_EB_MEAN;
+  if (mode == "max") return TUNER_EB_MAX;
+  TORCH_CHECK_VALUE(false, "embedding_bag: mode must be one of ('sum', 'mean', 'max'), got '", std::string(mode), "'");
+}
+
+// torch.nn.functional.embedding_bag's arguments as the kernels take them: 1-D indices,
+// offsets of the same dtype with the end appended, padding_idx >= 0 or -1. The checks and
+// messages of the Python implementations (op.py).
+struct Normal {
+  at::Tensor indices, offsets;
+  int64_t padding_idx;
+};
+
+Normal normalize(const at::Tensor& weight, const at::Tensor& indices, const std::optional<at::Tensor>& offsets,
+                 int64_t mode, const std::optional<at::Tensor>& psw, bool include_last_offset,
+                 std::optional<int64_t> padding_idx) {
+  TORCH_CHECK_VALUE(weight.dim() == 2, "embedding_bag: weight must be 2-D [num_embeddings, dim], got ",
+                    text(weight.sizes()));
+  TORCH_CHECK_TYPE(weight_index(weight.scalar_type()) >= 0, "embedding_bag: weight must be float32, float16 or "
+                   "bfloat16, got ", dtype_name(weight.scalar_type()));
+  TORCH_CHECK_TYPE(index_index(indices.scalar_type()) >= 0, "embedding_bag: indices must be int32 or int64, got ",
+                   dtype_name(indices.scalar_type()));
+  TORCH_CHECK_VALUE(indices.device() == weight.device(), "embedding_bag: indices are on ", indices.device(),
+                    " but weight is on ", weight.device());
+  const int64_t rows = weight.size(0);
+  int64_t pad = -1;
+  if (padding_idx.has_value()) {
+    TORCH_CHECK_VALUE(*padding_idx >= -rows && *padding_idx < rows, "embedding_bag: padding_idx must be within "
+                      "[-num_embeddings, num_embeddings) = [", text(-rows), ", ", text(rows), "), got ",
+                      text(*padding_idx));
+    pad = *padding_idx < 0 ? *padding_idx + rows : *padding_idx;
+  }
+  if (psw.has_value()) {
+    TORCH_CHECK_VALUE(mode == TUNER_EB_SUM, "embedding_bag: per_sample_weights are only supported for mode='sum'");
+    TORCH_CHECK_VALUE(psw->sizes() == indices.sizes(), "embedding_bag: per_sample_weights ", text(psw->sizes()),
+                      " must have the shape of indices ", text(indices.sizes()));
+    TORCH_CHECK_TYPE(psw->scalar_type() == weight.scalar_type(), "embedding_bag: per_sample_weights must have "
+                     "weight's dtype ", dtype_name(weight.scalar_type()), ", got ", dtype_name(psw->scalar_type()));
+    TORCH_CHECK_VALUE(psw->device() == weight.device(), "embedding_bag: per_sample_weights are on ", psw->device(),
+                      " but weight is on ", weight.device());
+  }
+  if (indices.dim() == 2) {
+    TORCH_CHECK_VALUE(!offsets.has_value(), "embedding_bag: offsets must be None when indices are 2-D");
+    const int64_t bags = indices.size(0), per = indices.size(1);
+    at::Tensor offs = at::arange(bags + 1, indices.options()).mul_(per);
+    return {indices.reshape(-1).contiguous(), offs, pad};
+  }
+  TORCH_CHECK_VALUE(indices.dim() == 1, "embedding_bag: indices must be 1-D (with offsets) or 2-D, got ",
+                    text(indices.sizes()));
+  TORCH_CHECK_VALUE(offsets.has_value(), "embedding_bag: offsets are required when indices are 1-D");
+  const at::Tensor& o = *offsets;
+  TORCH_CHECK_TYPE(index_index(o.scalar_type()) >= 0, "embedding_bag: offsets must be int32 or int64, got ",
+                   dtype_name(o.scalar_type()));
+  TORCH_CHECK_VALUE(o.dim() == 1, "embedding_bag: offsets must be 1-D, got ", text(o.sizes()));
+  TORCH_CHECK_VALUE(o.device() == weight.device(), "embedding_bag: offsets are on ", o.device(), " but weight is on ",
+                    weight.device());
+  TORCH_CHECK_VALUE(!include_last_offset || o.numel() >= 1,
+                    "embedding_bag: include_last_offset needs at least one offset");
+  const auto dtype = indices.scalar_type() == o.scalar_type() ? o.scalar_type() : at::kLong;  // as torch promotes
+  at::Tensor idx = indices.to(dtype).contiguous();
+  at::Tensor offs = o.to(dtype);
+  if (!include_last_offset) offs = at::cat({offs, at::full({1}, indices.numel(), offs.options())});
+  return {idx, offs.contiguous(), pad};
+}
+
+c10::Device cpu() { return c10::Device(c10::kCPU); }
+
+using ForwardOut = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using Opt = std::optional<at::Tensor>;
+
+// The forward and backward take the user's arguments as given (the Autograd kernel also
+// runs on symbolic shapes under torch.compile, where nothing may be normalized); each
+// normalizes on the tensors it runs on.
+ForwardOut forward_op(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets, int64_t mode,
+                      const Opt& psw, bool include_last_offset, std::optional<int64_t> padding_idx) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("tuner::embedding_bag_forward", "")
+                       .typed<ForwardOut(const at::Tensor&, const at::Tensor&, const Opt&, int64_t, const Opt&, bool,
+                                         std::optional<int64_t>)>();
+  return op.call(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
+}
+
+using BackwardOut = std::tuple<at::Tensor, at::Tensor>;
+
+BackwardOut backward_op(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& indices,
+                        const Opt& offsets, int64_t mode, const Opt& psw, bool include_last_offset,
+                        std::optional<int64_t> padding_idx, const at::Tensor& max_indices, const at::Tensor& bag_count,
+                        bool weight_grad, bool psw_grad) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("tuner::embedding_bag_backward", "")
+                       .typed<BackwardOut(const at::Tensor&, const at::Tensor&, const at::Tensor&, const Opt&, int64_t,
+                                          const Opt&, bool, std::optional<int64_t>, const at::Tensor&,
+                                          const at::Tensor&, bool, bool)>();
+  return op.call(grad, weight, indices, offsets, mode, psw, include_last_offset, padding_idx, max_indices, bag_count,
+                 weight_grad, psw_grad);
+}
+
+Opt on_cpu(const Opt& t) {
+  if (!t.has_value()) return std::nullopt;
+  return t->to(cpu());
+}
+
+Opt flat(const Opt& psw) {
+  if (!psw.has_value()) return std::nullopt;
+  return psw->reshape(-1).contiguous();
+}
+
+// Contiguous and aligned for the variant's loads (a copy only when needed).
+at::Tensor ready(const at::Tensor& t, int64_t alignment) {
+  at::Tensor c = t.contiguous();
+  if (reinterpret_cast<uintptr_t>(c.data_ptr()) % alignment) c = c.clone();
+  return c;
+}
+
+// (out, max_indices, bag_count); with `save` false the last two only where the kernel needs them.
+ForwardOut forward_cuda(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets, int64_t mode,
+                        const Opt& psw, bool include_last_offset, std::optional<int64_t> padding_idx, bool save) {
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "embedding_bag: mode code must be 0, 1 or 2");
+  const Normal a = normalize(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
+  const auto t = bound();
+  if (t->reference) {
+    auto r = forward_op(weight.to(cpu()), indices.to(cpu()), on_cpu(offsets), mode, on_cpu(psw), include_last_offset,
+                        padding_idx);
+    return {std::get<0>(r).to(weight.device()), std::get<1>(r).to(weight.device()), std::get<2>(r).to(weight.device())};
+  }
+  const int64_t bags = a.offsets.numel() - 1, dim = weight.size(1);
+  const Winner& w = choose(*t, weight, a.indices, bags, mode);
+  const at::Tensor wt = ready(weight, w.vt->vec * weight.element_size());
+  at::Tensor out = at::empty({bags, dim}, weight.options());
+  at::Tensor maxi = at::empty({mode == TUNER_EB_MAX ? bags : 0, dim}, weight.options().dtype(at::kLong));
+  at::Tensor count = at::empty({save && mode == TUNER_EB_MEAN ? bags : 0}, weight.options().dtype(at::kFloat));
+  run_forward(w.vt, wt, a.indices, a.offsets, mode, flat(psw), a.padding_idx, out, maxi, count,
+              check_mode.load(std::memory_order_relaxed));
+  return {out, maxi, count};
+}
+
+ForwardOut embedding_bag_forward_cuda(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets,
+                                      int64_t mode, const Opt& psw, bool include_last_offset,
+                                      std::optional<int64_t> padding_idx) {
+  return forward_cuda(weight, indices, offsets, mode, psw, include_last_offset, padding_idx, /*save=*/true);
+}
+
+at::Tensor embedding_bag_cuda(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets,
+                              c10::string_view mode, const Opt& psw, bool include_last_offset,
+                              std::optional<int64_t> padding_idx) {
+  return std::get<0>(
+      forward_cuda(weight, indices, offsets, mode_code(mode), psw, include_last_offset, padding_idx, /*save=*/false));
+}
+
+// (d weight or empty, d per_sample_weights shaped like them or empty).
+BackwardOut embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& indices,
+                                        const Opt& offsets, int64_t mode, const Opt& psw, bool include_last_offset,
+                                        std::optional<int64_t> padding_idx, const at::Tensor& max_indices,
+                                        const at::Tensor& bag_count, bool weight_grad, bool psw_grad) {
+  const Normal a = normalize(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
+  const auto t = bound();
+  if (t->reference) {
+    auto r = backward_op(grad.to(cpu()), weight.to(cpu()), indices.to(cpu()), on_cpu(offsets), mode, on_cpu(psw),
+                         include_last_offset, padding_idx, max_indices.to(cpu()), bag_count.to(cpu()), weight_grad,
+                         psw_grad);
+    return {std::get<0>(r).to(weight.device()), std::get<1>(r).to(weight.device())};
+  }
+  const Winner& w = choose(*t, weight, a.indices, a.offsets.numel() - 1, mode);  // the forward's
+  const int64_t alignment = w.vt->vec * weight.element_size();
+  const at::Tensor wt = ready(weight, alignment);
+  const at::Tensor g = ready(grad.to(weight.scalar_type()), alignment);
+  at::Tensor grad_weight = weight_grad ? at::zeros(weight.sizes(), weight.options()) : at::empty({0}, weight.options());
+  const bool psw_wanted = psw_grad && psw.has_value();
+  at::Tensor grad_psw = at::empty({psw_wanted ? a.indices.numel() : 0}, weight.options());
+  if (weight_grad || psw_wanted)
+    run_backward(w.vt, g, wt, a.indices, a.offsets, mode, flat(psw), a.padding_idx, max_indices, bag_count,
+                 grad_weight, grad_psw);
+  if (psw_wanted) grad_psw = grad_psw.view(psw->sizes());
+  return {grad_weight, grad_psw};
+}
+
+// ------------------------------------------------------------------ autograd
+
+class EmbeddingBag : public torch::autograd::Function<EmbeddingBag> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& indices,
+                            const Opt& offsets, int64_t mode, const Opt& psw, bool include_last_offset,
+                            std::optional<int64_t> padding_idx) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [out, maxi, count] = forward_op(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
+    ctx->save_for_backward({weight, indices, offsets.value_or(at::Tensor()), psw.value_or(at::Tensor()), maxi, count});
+    ctx->saved_data["mode"] = mode;
+    ctx->saved_data["include_last_offset"] = include_last_offset;
+    ctx->saved_data["padding_idx"] = padding_idx.has_value() ? c10::IValue(*padding_idx) : c10::IValue();
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    at::Tensor grad_weight, grad_psw;
+    // needs_input_grad counts the tensor arguments only: weight 0, indices 1, offsets 2, psw 3.
+    const bool weight_grad = ctx->needs_input_grad(0), psw_grad = s[3].defined() && ctx->needs_input_grad(3);
+    if (grads[0].defined() && (weight_grad || psw_grad)) {
+      const auto opt = [](const at::Tensor& t) { return t.defined() ? Opt(t) : std::nullopt; };
+      const auto& pad = ctx->saved_data["padding_idx"];
+      std::tie(grad_weight, grad_psw) = backward_op(
+          grads[0].contiguous(), s[0], s[1], opt(s[2]), ctx->saved_data["mode"].toInt(), opt(s[3]),
+          ctx->saved_data["include_last_offset"].toBool(),
+          pad.isNone() ? std::nullopt : std::optional<int64_t>(pad.toInt()), s[4], s[5], weight_grad, psw_grad);
+      if (!weight_grad) grad_weight = at::Tensor();
+      if (!psw_grad) grad_psw = at::Tensor();
+    }
+    return {grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), grad_psw, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor embedding_bag_op(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets,
+                            c10::string_view mode, const Opt& psw, bool include_last_offset,
+                            std::optional<int64_t> padding_idx) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("tuner::embedding_bag", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const Opt&, c10::string_view,
+                                         const Opt&, bool, std::optional<int64_t>)>();
+  return op.call(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
+}
+
+at::Tensor embedding_bag_autograd(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets,
+                                  c10::string_view mode, const Opt& psw, bool include_last_offset,
+                                  std::optional<int64_t> padding_idx) {
+  const bool wants = weight.requires_grad() || (psw.has_value() && psw->requires_grad());
+  if (!(at::GradMode::is_enabled() && wants)) {  // no graph: the plain forward, nothing saved
+    at::AutoDispatchBelowADInplaceOrView below;
+    return embedding_bag_op(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
+  }
+  return EmbeddingBag::apply(weight, indices, offsets, mode_code(mode), psw, include_last_offset, padding_idx);
+}
+
+}  // namespace
+}  // namespace tuner_embedding_bag
+
+TORCH_LIBRARY_FRAGMENT(tuner, m) {
+  m.set_python_module("tuner.families.embedding_bag.op");
+  m.def("embedding_bag(Tensor weight, Tensor indices, Tensor? offsets=None, str mode=\"mean\", "
+        "Tensor? per_sample_weights=None, bool include_last_offset=False, int? padding_idx=None) -> Tensor");
+  m.def("embedding_bag_forward(Tensor weight, Tensor indices, Tensor? offsets, int mode, "
+        "Tensor? per_sample_weights, bool include_last_offset, int? padding_idx) -> (Tensor, Tensor, Tensor)");
+  m.def("embedding_bag_backward(Tensor grad, Tensor weight, Tensor indices, Tensor? offsets, int mode, "
+        "Tensor? per_sample_weights, bool include_last_offset, int? padding_idx, Tensor max_indices, "
+        "Tensor bag_count, bool weight_grad, bool per_sample_weights_grad) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(tuner, CUDA, m) {
+  m.impl("embedding_bag", &tuner_embedding_bag::embedding_bag_cuda);
+  m.impl("embedding_bag_forward", &tuner_embedding_bag::embedding_bag_forward_cuda);
+  m.impl("embedding_bag_backward", &tuner_embedding_bag::embedding_bag_backward_cuda);
+}
+
+TORCH_LIBRARY_IMPL(tuner, Autograd, m) {
+  m.impl("embedding_bag", &tuner_embedding_bag::embedding_bag_autograd);
+}
+
+TORCH_LIBRARY_FRAGMENT(tuner_embedding_bag, m) {
+  m.def("forward(int variant, Tensor weight, Tensor indices, Tensor offsets, int mode, Tensor? per_sample_weights, "
+        "int padding_idx, Tensor(a!) out, Tensor(b!) max_indices, Tensor(c!) bag_count, int check) -> ()");
+  m.def("backward(int variant, Tensor grad, Tensor weight, Tensor indices, Tensor offsets, int mode, "
+        "Tensor? per_sample_weights, int padding_idx, Tensor max_indices, Tensor bag_count, "
+        "Tensor(a!) grad_weight, Tensor(b!) grad_per_sample_weights) -> ()");
+  m.def("take_errors() -> int", &tuner_embedding_bag::take_errors);
+  m.def("describe_errors(int bits) -> str", &tuner_embedding_bag::error_text);
+  m.def("stage(int variant, int dim, int bag_size, int mode, str tuned_for) -> ()", &tuner_embedding_bag::stage);
+  m.def("publish(bool reference) -> ()", &tuner_embedding_bag::publish);
+  m.def("set_check(int mode) -> ()", &tuner_embedding_bag::set_check);
+  m.def("chosen(str weight, str index, int dim, int bag_size, int mode) -> int", &tuner_embedding_bag::chosen);
+}
+
+TORCH_LIBRARY_IMPL(tuner_embedding_bag, CUDA, m) {
+  m.impl("forward", &tuner_embedding_bag::forward_by_address);
+  m.impl("backward", &tuner_embedding_bag::backward_by_address);
+}

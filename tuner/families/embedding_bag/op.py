@@ -1,0 +1,318 @@
+"""The EmbeddingBag family's op: an exported artifact's winners bound to `torch.ops.tuner.embedding_bag`.
+
+    tuner::embedding_bag(weight, indices, offsets=None, mode="mean", per_sample_weights=None,
+                         include_last_offset=False, padding_idx=None) -> Tensor
+
+`torch.nn.functional.embedding_bag`'s meaning for those arguments, with weight first (as
+torch.embedding_bag's own op takes it); `embedding_bag()` below takes F.embedding_bag's order
+and arguments and refuses, with a clear error, the ones this op does not have (max_norm,
+scale_grad_by_freq, sparse=True). The op lives in C++ (templates/embedding_bag/embedding_bag_op.cpp):
+schema, CUDA and Autograd kernels and input checks, so that an eager call is one dispatcher
+hop; its forward and backward are `tuner::embedding_bag_forward` / `embedding_bag_backward`.
+This module builds an artifact's variants for the attached GPU and binds them once, and
+registers what stays in Python because it is off the CUDA path: the CPU implementation (the
+float64 reference) and the fake implementation for torch.compile.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner import build, gpus
+from tuner.errors import KernelInputError, TunerError
+from tuner.families import embedding_bag as eb
+from tuner.variant import Variant
+
+NAMESPACE = "tuner"
+VALIDATE = {"deferred": 0, "sync": 1, "async": 2}  # the binding's codes
+MODE_CODES = {m: i for i, m in enumerate(eb.MODES)}
+
+
+@dataclass
+class Entry:
+    problem: dict
+    variant: Variant
+    source: str | None       # the artifact's source; None: rendered from the template
+    tuned_for: str = ""      # set when the parameters were tuned for another dtype pair
+
+
+def bindings(entries: list[Entry]) -> dict[tuple[str, str], list[Entry]]:
+    """Per (weight, index) dtype pair, the winners a call chooses from: the pair's tuned entries,
+    or for an untuned pair every entry's parameters rendered for it."""
+    out = {}
+    tuned = [d.name for d in eb.DIMS]
+    for weight in eb.WEIGHT_DTYPES:
+        for index in eb.INDEX_DTYPES:
+            same = [e for e in entries if (e.problem["weight"], e.problem["index"]) == (weight, index)]
+            out[(weight, index)] = same or [
+                Entry(e.problem, eb.space(weight, index).nearest({d: e.variant[d] for d in tuned}), None,
+                      f"{e.problem['weight']}/{e.problem['index']}") for e in entries]
+    return out
+
+
+def choose(candidates: list[Entry], dim: int, bag_size: int, mode: str) -> Entry:
+    """The winner a call runs: nearest tuned problem in log distance of dim and mean bag size, a
+    winner tuned for the call's mode first; the first of equals (the C++ op's rule)."""
+    def distance(e: Entry) -> float:
+        p = e.problem
+        return (abs(math.log(max(dim, 1) / p["dim"])) + abs(math.log(max(bag_size, 1) / max(p["bag_size"], 1)))
+                + (0.0 if p["mode"] == mode else 10.0))
+
+    return min(candidates, key=distance)
+
+
+class _State:
+    def __init__(self):
+        self.kernels: list = []  # the loaded variants; the bound C tables point into them
+        self.validate = "async"
+
+
+_state: _State | None = None
+
+
+def load_op(directory: Path, manifest: dict, *, validate: str = "async", fallback: str = "rebuild"):
+    """Bind a checked artifact of this family (see tuner.runtime.load) to
+    `torch.ops.tuner.embedding_bag`; returns the op.
+
+    Every dtype pair gets winners (an untuned pair the nearest problem's parameters, and a
+    warning on first use); each call runs the winner nearest to its dim and mean bag size.
+    An artifact tuned for another architecture is rebuilt for the attached one, with a
+    warning, or with `fallback="reference"` served by the float64 reference instead.
+    Indices or offsets out of range raise KernelInputError: with validate="async" (default)
+    on a later call, without a sync; "sync" in the call; "deferred" at `tuner.check_errors()`.
+    A winner without validation only clamps them (reads stay in bounds).
+    """
+    global _state
+    import torch
+
+    from tuner import binding
+    from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
+
+    if validate not in VALIDATE:
+        raise TunerError(f"validate must be one of {tuple(VALIDATE)}")
+    if fallback not in ("rebuild", "reference"):
+        raise TunerError("fallback must be 'rebuild' or 'reference'")
+    ops = binding.load(eb.FAMILY)  # defines the op and its C++ kernels
+    _register_python()
+    state = _State()
+    state.validate = validate
+    entries = [Entry(e["problem"], Variant.of(eb.FAMILY, e["params"]), (Path(directory) / e["source"]).read_text())
+               for e in manifest["entries"]]
+    reference = False
+    if torch.cuda.is_available():
+        attached = gpus.attached()
+        if manifest.get("arch") != attached.arch:
+            tuned = f"{directory} was tuned for {manifest.get('arch')} ({manifest['gpu'].get('gpu_name')})"
+            reference = fallback == "reference"
+            warnings.warn(f"{tuned} but this GPU is {attached.name} ({attached.arch}): " +
+                          ("using the reference" if reference else
+                           f"building its variants for {attached.arch}; tune on this GPU for the best"), stacklevel=3)
+        if not reference:
+            table = bindings(entries)
+            unique = {e.variant.name: e for es in table.values() for e in es}
+            built = {b.variant.name: b for b in build.build(
+                [e.variant for e in unique.values()], attached.arch,
+                sources={n: e.source for n, e in unique.items() if e.source is not None})}
+            failed = [b for b in built.values() if not b.ok]
+            if failed:
+                raise TunerError(f"embedding_bag: building {failed[0].variant.name} for {attached.arch} failed:\n"
+                                 f"{failed[0].error}")
+            kernels = {name: EmbeddingBagKernel(b.so, name) for name, b in built.items()}
+            for es in table.values():
+                for e in es:
+                    ops.stage(kernels[e.variant.name].address, e.problem["dim"], e.problem["bag_size"],
+                              MODE_CODES[e.problem["mode"]], e.tuned_for)
+            state.kernels = list(kernels.values())
+        ops.publish(reference)
+        ops.set_check(VALIDATE[validate])
+    _state = state
+    return torch.ops.tuner.embedding_bag
+
+
+def set_validate(mode: str) -> None:
+    if _state is None:
+        raise TunerError("no artifact is loaded; call tuner.load(...) first")
+    if mode not in VALIDATE:
+        raise TunerError(f"validate must be one of {tuple(VALIDATE)}")
+    from tuner import binding
+
+    _state.validate = mode
+    binding.load(eb.FAMILY).set_check(VALIDATE[mode])
+
+
+def check_errors() -> None:
+    """Raise KernelInputError if an earlier call saw bad input not yet reported (syncs)."""
+    import torch
+
+    if _state is None or not torch.cuda.is_available():
+        return
+    from tuner import binding
+
+    ops = binding.load(eb.FAMILY)
+    bits = int(ops.take_errors())
+    if bits:
+        raise KernelInputError("embedding_bag: invalid input in an earlier call: " + ops.describe_errors(bits))
+
+
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float = 2.0,
+                  scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
+                  per_sample_weights=None, include_last_offset: bool = False, padding_idx=None):
+    """`torch.nn.functional.embedding_bag`'s signature on the tuned op (load an artifact first)."""
+    import torch
+
+    for name, value, default in (("max_norm", max_norm, None), ("scale_grad_by_freq", scale_grad_by_freq, False),
+                                 ("sparse", sparse, False)):
+        if value != default:
+            raise NotImplementedError(f"tuner's embedding_bag does not support {name}={value!r}: use "
+                                      "torch.nn.functional.embedding_bag for it")
+    return torch.ops.tuner.embedding_bag(weight, input, offsets, mode, per_sample_weights, include_last_offset,
+                                         padding_idx)
+
+
+# ----------------------------------------------- the Python side: CPU and fake
+
+_registered = False
+_LIBS: list = []  # keeps the torch.library.Library objects alive
+
+
+def normalize(weight, indices, offsets, mode: str, psw, include_last_offset: bool, padding_idx):
+    """The C++ normalize(): checks with its messages, then (1-D indices, offsets with the end of the
+    same dtype, padding_idx >= 0 or -1)."""
+    import torch
+
+    if mode not in eb.MODES:
+        raise ValueError(f"embedding_bag: mode must be one of {eb.MODES}, got {mode!r}")
+    if weight.dim() != 2:
+        raise ValueError(f"embedding_bag: weight must be 2-D [num_embeddings, dim], got {list(weight.shape)}")
+    if weight.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"embedding_bag: weight must be float32, float16 or bfloat16, got {weight.dtype}")
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"embedding_bag: indices must be int32 or int64, got {indices.dtype}")
+    if indices.device != weight.device:
+        raise ValueError(f"embedding_bag: indices are on {indices.device} but weight is on {weight.device}")
+    rows = weight.shape[0]
+    pad = -1
+    if padding_idx is not None:
+        if not -rows <= padding_idx < rows:
+            raise ValueError(f"embedding_bag: padding_idx must be within [-num_embeddings, num_embeddings) = "
+                             f"[{-rows}, {rows}), got {padding_idx}")
+        pad = padding_idx + rows if padding_idx < 0 else padding_idx
+    if psw is not None:
+        if mode != "sum":
+            raise ValueError("embedding_bag: per_sample_weights are only supported for mode='sum'")
+        if psw.shape != indices.shape:
+            raise ValueError(f"embedding_bag: per_sample_weights {list(psw.shape)} must have the shape of indices "
+                             f"{list(indices.shape)}")
+        if psw.dtype != weight.dtype:
+            raise TypeError(f"embedding_bag: per_sample_weights must have weight's dtype {weight.dtype}, got {psw.dtype}")
+    if indices.dim() == 2:
+        if offsets is not None:
+            raise ValueError("embedding_bag: offsets must be None when indices are 2-D")
+        bags, per = indices.shape
+        return indices.reshape(-1), torch.arange(bags + 1, dtype=indices.dtype, device=indices.device) * per, pad
+    if indices.dim() != 1:
+        raise ValueError(f"embedding_bag: indices must be 1-D (with offsets) or 2-D, got {list(indices.shape)}")
+    if offsets is None:
+        raise ValueError("embedding_bag: offsets are required when indices are 1-D")
+    if offsets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"embedding_bag: offsets must be int32 or int64, got {offsets.dtype}")
+    if offsets.dim() != 1:
+        raise ValueError(f"embedding_bag: offsets must be 1-D, got {list(offsets.shape)}")
+    if include_last_offset and offsets.numel() < 1:
+        raise ValueError("embedding_bag: include_last_offset needs at least one offset")
+    dtype = offsets.dtype if indices.dtype == offsets.dtype else torch.int64
+    if not include_last_offset:
+        offsets = torch.cat([offsets, offsets.new_tensor([indices.numel()])])
+    return indices.to(dtype), offsets.to(dtype), pad
+
+
+def _check_values(weight, indices, offsets) -> None:
+    """What a validating kernel reports, checked at once on CPU (where it costs no sync)."""
+    n = indices.numel()
+    if n and bool(((indices < 0) | (indices >= weight.shape[0])).any()):
+        raise KernelInputError("embedding_bag: invalid input: an index is outside [0, num_embeddings)")
+    if offsets.numel() and bool((offsets[1:] < offsets[:-1]).any() | (offsets < 0).any() | (offsets > n).any()):
+        raise KernelInputError("embedding_bag: invalid input: offsets decrease or fall outside [0, len(indices)]")
+
+
+def _forward_cpu(weight, indices, offsets, mode: int, psw, include_last_offset: bool, padding_idx):
+    import torch
+
+    name = eb.MODES[mode]
+    idx, offs, pad = normalize(weight, indices, offsets, name, psw, include_last_offset, padding_idx)
+    _check_values(weight, idx, offs)
+    psw = psw.reshape(-1) if psw is not None else None
+    pad = None if pad < 0 else pad
+    out, chosen = eb.reference(weight, idx, offs, name, psw, include_last_offset=True, padding_idx=pad)
+    maxi = chosen if chosen is not None else torch.empty(0, weight.shape[1], dtype=torch.int64)
+    _, _, bag_of, keep = eb._entries(idx, offs, True, pad)
+    count = eb._counts(bag_of, keep, offs.numel() - 1).float() if name == "mean" else torch.empty(0)
+    return out.to(weight.dtype), maxi, count
+
+
+def _backward_cpu(grad, weight, indices, offsets, mode: int, psw, include_last_offset: bool, padding_idx,
+                  max_indices, bag_count, weight_grad: bool, psw_grad: bool):
+    name = eb.MODES[mode]
+    idx, offs, pad = normalize(weight, indices, offsets, name, psw, include_last_offset, padding_idx)
+    flat_psw = psw.reshape(-1) if psw is not None else None
+    gw, gp = eb.reference_backward(weight, idx, offs, name, flat_psw, grad, include_last_offset=True,
+                                   padding_idx=None if pad < 0 else pad)
+    gw = gw.to(weight.dtype) if weight_grad else weight.new_empty(0)
+    gp = gp.to(weight.dtype).reshape(psw.shape) if psw_grad and gp is not None else weight.new_empty(0)
+    return gw, gp
+
+
+def _op_cpu(weight, indices, offsets=None, mode="mean", per_sample_weights=None, include_last_offset=False,
+            padding_idx=None):
+    if mode not in MODE_CODES:
+        raise ValueError(f"embedding_bag: mode must be one of {eb.MODES}, got {mode!r}")
+    return _forward_cpu(weight, indices, offsets, MODE_CODES[mode], per_sample_weights, include_last_offset,
+                        padding_idx)[0]
+
+
+def _bags(indices, offsets, include_last_offset: bool):
+    if indices.dim() == 2:
+        return indices.shape[0]
+    if offsets is None:
+        raise ValueError("embedding_bag: offsets are required when indices are 1-D")
+    return offsets.shape[0] - (1 if include_last_offset else 0)
+
+
+def _op_fake(weight, indices, offsets=None, mode="mean", per_sample_weights=None, include_last_offset=False,
+             padding_idx=None):
+    return weight.new_empty((_bags(indices, offsets, include_last_offset), weight.shape[1]))
+
+
+def _forward_fake(weight, indices, offsets, mode: int, psw, include_last_offset: bool, padding_idx):
+    import torch
+
+    bags, dim = _bags(indices, offsets, include_last_offset), weight.shape[1]
+    return (weight.new_empty((bags, dim)), weight.new_empty((bags if mode == 2 else 0, dim), dtype=torch.int64),
+            weight.new_empty((bags if mode == 1 else 0,), dtype=torch.float32))
+
+
+def _backward_fake(grad, weight, indices, offsets, mode, psw, include_last_offset, padding_idx, max_indices,
+                   bag_count, weight_grad, psw_grad):
+    return (weight.new_empty(weight.shape if weight_grad else (0,)),
+            psw.new_empty(psw.shape) if psw_grad and psw is not None else weight.new_empty((0,)))
+
+
+def _register_python() -> None:
+    """CPU and fake implementations of the C++-defined ops, once per process."""
+    global _registered
+    if _registered:
+        return
+    import torch
+
+    lib = torch.library.Library(NAMESPACE, "IMPL")
+    _LIBS.append(lib)
+    for name, cpu, fake in (("embedding_bag", _op_cpu, _op_fake),
+                            ("embedding_bag_forward", _forward_cpu, _forward_fake),
+                            ("embedding_bag_backward", _backward_cpu, _backward_fake)):
+        qualified = f"{NAMESPACE}::{name}"
+        torch.library.impl(qualified, "CPU", lib=lib)(cpu)
+        torch.library.register_fake(qualified, lib=lib)(fake)
+    _registered = True
