@@ -64,3 +64,83 @@ def test_distributions_differ_as_the_pr_describes():
     assert counts["random"][0] < 10
     assert counts["one_hot"][0] > 0.4 * counts["one_hot"].sum() and counts["one_hot"][1] < 10
     assert (counts["multi_hot"] > 50).all()
+
+
+# ------------------------------------------------------------------ the op on CPU
+
+@pytest.fixture(scope="module")
+def op(shared_home, tmp_path_factory):
+    """The op with no winners bound: on CPU it runs the float64 reference, through the same C++
+    schema and autograd as on CUDA."""
+    from tuner.families.embedding_bag import op as eb_op
+
+    return eb_op.load_op(tmp_path_factory.mktemp("none"), {"entries": []})
+
+
+@pytest.mark.parametrize("mode", eb.MODES)
+@pytest.mark.parametrize("form", ["offsets", "include_last_offset", "2d", "padding_idx"])
+def test_op_forward_and_backward_match_torch_on_cpu(op, mode, form):
+    w, idx, offs, psw = eb.make_inputs(_small(mode, "multi_hot"), seed=13, per_sample_weights=mode == "sum")
+    kwargs, offsets = {}, offs
+    if form == "include_last_offset":
+        kwargs, offsets = {"include_last_offset": True}, torch.cat([offs, torch.tensor([idx.numel()])])
+    elif form == "2d":
+        idx, offsets, psw = idx[:36].reshape(6, 6), None, None if psw is None else psw[:36].reshape(6, 6)
+    elif form == "padding_idx":
+        kwargs = {"padding_idx": int(idx[0]) - w.shape[0]}  # negative, as torch allows
+    a, b = w.clone().requires_grad_(), w.clone().requires_grad_()
+    s = None if psw is None else psw.clone().requires_grad_()
+    s2 = None if psw is None else psw.clone().requires_grad_()
+    got = op(a, idx, offsets, mode, s, **kwargs)
+    want = F.embedding_bag(idx, b, offsets, mode=mode, per_sample_weights=s2, **kwargs)
+    torch.testing.assert_close(got, want)
+    g = torch.randn_like(want)
+    got.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(a.grad, b.grad)
+    if s is not None:
+        torch.testing.assert_close(s.grad, s2.grad)
+
+
+def test_op_errors_on_cpu(op):
+    from tuner.errors import KernelInputError
+    from tuner.families.embedding_bag.op import embedding_bag
+
+    w, idx, offs, _ = eb.make_inputs(_small("sum"), seed=1)
+    with pytest.raises(KernelInputError, match="outside"):
+        op(w, idx + 500, offs, "sum")
+    with pytest.raises(KernelInputError, match="offsets"):
+        op(w, idx, offs.flip(0), "sum")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        op(w, idx, offs, "prod")
+    with pytest.raises(ValueError, match="offsets are required"):
+        op(w, idx, None, "sum")
+    with pytest.raises(ValueError, match="only supported for mode='sum'"):
+        op(w, idx, offs, "max", torch.ones(idx.shape))
+    with pytest.raises(TypeError, match="indices must be int32 or int64"):
+        op(w, idx.float(), offs, "sum")
+    with pytest.raises(ValueError, match="padding_idx must be within"):
+        op(w, idx, offs, "sum", padding_idx=10**6)
+    for bad in ({"max_norm": 1.0}, {"scale_grad_by_freq": True}, {"sparse": True}):
+        with pytest.raises(NotImplementedError, match=next(iter(bad))):
+            embedding_bag(idx, w, offs, **bad)
+
+
+def test_op_opcheck_compile_and_cpp_kernels(op):
+    w, idx, offs, psw = eb.make_inputs(_small("sum"), seed=2, per_sample_weights=True)
+    w.requires_grad_()
+    for mode in eb.MODES:
+        torch.library.opcheck(torch.ops.tuner.embedding_bag.default,
+                              (w, idx, offs, mode, psw if mode == "sum" else None, False, None))
+    compiled = torch.compile(lambda a: op(a, idx, offs, "mean").square().sum(), fullgraph=True)
+    a, b = w.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    compiled(a).backward()
+    F.embedding_bag(idx, b, offs, mode="mean").square().sum().backward()
+    torch.testing.assert_close(a.grad, b.grad)
+    kernels = {}
+    for line in torch._C._dispatch_dump("tuner::embedding_bag").splitlines():
+        key, sep, rest = line.partition(": registered at ")
+        if sep:
+            kernels[key.strip()] = rest
+    assert "embedding_bag_op.cpp" in kernels["CUDA"] and "embedding_bag_op.cpp" in kernels["Autograd[alias]"]
+    assert "op.py" in kernels["CPU"] and "op.py" in kernels["Meta"]

@@ -1,6 +1,6 @@
-"""EmbeddingBag variants on the GPU: every mode, weight and index dtype against the float64
-reference and torch, the PR's distributions, padding_idx, per_sample_weights, empty bags, and
-bad indices and offsets reported (never read out of bounds)."""
+"""EmbeddingBag variants on the GPU: forward and backward in every mode, weight and index dtype
+against the float64 reference and torch, the PR's distributions, padding_idx, per_sample_weights,
+empty bags, and bad indices and offsets reported (never read out of bounds)."""
 
 import pytest
 
@@ -34,17 +34,34 @@ def _close(got, want, dtype):
 
 
 @pytest.mark.parametrize("mode", eb.MODES)
-def test_every_variant_matches_the_reference(kernels, mode):
+def test_every_variant_matches_the_reference_forward_and_backward(kernels, mode):
+    from tuner.families.embedding_bag.evaluate import TOL, check_case
+
     for v, k in kernels:
         for dist in eb.DISTRIBUTIONS:
             p = eb.Problem(rows=3000, dim=40 if v["vec"] != 8 else 48, bags=67, bag_size=9, mode=mode,
                            weight=v["weight"], index=v["index"], distribution=dist)
-            w, idx, offs, psw = eb.make_inputs(p, seed=11, device="cuda", per_sample_weights=mode == "sum")
-            got, _ = k.forward(w, idx, offs, mode, psw)
-            want, _ = eb.reference(w.cpu(), idx.cpu(), offs.cpu(), mode, None if psw is None else psw.cpu())
-            ok, err = _close(got.cpu(), want, v["weight"])
-            assert ok, f"{v.name} {mode} {dist}: error {err}"
+            err, failed = check_case(k, p, mode, seed=11, padding=dist == "multi_hot")
+            assert not failed, f"{v.name} {mode} {dist}: {failed} error {err} (tolerance {TOL[v['weight']]})"
             assert k.take_errors() == 0, v.name
+
+
+def test_sorted_backward_is_deterministic(kernels):
+    import torch
+
+    for v, k in kernels:
+        if v["backward"] != "sorted":
+            continue
+        p = eb.Problem(rows=2000, dim=64, bags=64, bag_size=40, weight=v["weight"], index=v["index"],
+                       distribution="one_hot")
+        w, idx, offs, _ = eb.make_inputs(p, seed=5, device="cuda")
+        g = torch.randn(p.bags, p.dim, device="cuda").to(w.dtype)
+        call, saved = k.prepare(w, idx, offs, "mean")
+        call()
+        first, _ = k.backward(saved, g)
+        for _ in range(3):
+            again, _ = k.backward(saved, g)
+            assert torch.equal(first, again), v.name
 
 
 def test_padding_idx_2d_indices_and_a_dim_not_a_multiple_of_vec(kernels):
@@ -57,11 +74,11 @@ def test_padding_idx_2d_indices_and_a_dim_not_a_multiple_of_vec(kernels):
         w, idx, offs, _ = eb.make_inputs(p, seed=2, device="cuda")
         pad = int(idx[0])
         for mode in eb.MODES:
-            got, _ = k.forward(w, idx, offs, mode, padding_idx=pad)
+            got, _, _ = k.forward(w, idx, offs, mode, padding_idx=pad)
             want = F.embedding_bag(idx.cpu().long(), w.cpu().double(), offs.cpu().long(), mode=mode, padding_idx=pad)
             assert _close(got.cpu(), want, v["weight"])[0], (v.name, mode)
         grid = idx[:36].reshape(6, 6)
-        got, _ = k.forward(w, grid, None, "sum")
+        got, _, _ = k.forward(w, grid, None, "sum")
         assert _close(got.cpu(), F.embedding_bag(grid.cpu().long(), w.cpu().double(), mode="sum"), v["weight"])[0]
         torch.cuda.synchronize()
 
@@ -89,3 +106,101 @@ def test_bad_indices_and_offsets_are_reported_not_read(kernels):
         assert (bits & 2) if v["validation"] != "none" else bits == 0, v.name
     k.forward(w, idx, offs, "sum")  # the context is alive
     torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------ the op
+
+@pytest.fixture(scope="module")
+def op(shared_home, tmp_path_factory):
+    """tuner.load of an artifact with two winners per problem kind: an atomic one for float32 and
+    a sorted one (bound for every dtype pair); the other pairs get their parameters."""
+    import tuner
+    from tuner import export, gpus
+    from tuner.variant import Variant
+
+    winners = []
+    for weight, backward, validation in (("float32", "atomic", "hoisted"), ("bfloat16", "sorted", "inline")):
+        params = {"weight": weight, "index": "int64", "validation": validation, "mapping": "warp", "vec": 4,
+                  "unroll": 4, "block_size": 128, "backward": backward}
+        problem = eb.Problem(weight=weight, mode="mean").__dict__
+        winners.append({"variant": Variant.of(eb.FAMILY, params), "problem": problem})
+    out = export.write(tmp_path_factory.mktemp("eb-artifact"), winners, gpus.attached().describe())
+    return tuner.load(out, validate="sync")
+
+
+@pytest.mark.parametrize("weight", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("index", ["int64", "int32"])
+def test_op_forward_and_backward_match_torch(op, weight, index):
+    import warnings
+
+    import torch
+    import torch.nn.functional as F
+
+    p = eb.Problem(rows=4000, dim=64, bags=50, bag_size=12, weight=weight, index=index, distribution="multi_hot")
+    w, idx, offs, psw = eb.make_inputs(p, seed=9, device="cuda", per_sample_weights=True)
+    tol = dict(atol=TOL[weight] * 4, rtol=TOL[weight] * 4)
+    for mode in eb.MODES:
+        for kwargs in ({}, {"include_last_offset": True}, {"padding_idx": int(idx[1])}):
+            offsets = torch.cat([offs, offs.new_tensor([idx.numel()])]) if kwargs.get("include_last_offset") else offs
+            s = psw.clone().requires_grad_() if mode == "sum" else None
+            s2 = psw.clone().requires_grad_() if mode == "sum" else None
+            a, b = w.clone().requires_grad_(), w.clone().requires_grad_()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # untuned pairs warn once
+                got = op(a, idx, offsets, mode, s, **kwargs)
+            want = F.embedding_bag(idx, b, offsets, mode=mode, per_sample_weights=s2, **kwargs)
+            torch.testing.assert_close(got, want, **tol)
+            g = torch.randn_like(want)
+            got.backward(g)
+            want.backward(g)
+            torch.testing.assert_close(a.grad, b.grad, **tol)
+            if s is not None:
+                torch.testing.assert_close(s.grad, s2.grad, **tol)
+
+
+def test_op_2d_indices_empty_bags_and_errors(op):
+    import torch
+    import torch.nn.functional as F
+
+    from tuner.errors import KernelInputError
+
+    w = torch.randn(100, 16, device="cuda")
+    grid = torch.randint(0, 100, (7, 5), device="cuda")
+    torch.testing.assert_close(op(w, grid, None, "max"), F.embedding_bag(grid, w, mode="max"))
+    idx = torch.randint(0, 100, (10,), device="cuda")
+    offs = torch.tensor([0, 0, 4, 4, 10], device="cuda")  # empty bags, and the last one
+    for mode in eb.MODES:
+        torch.testing.assert_close(op(w, idx, offs, mode), F.embedding_bag(idx, w, offs, mode=mode))
+    with pytest.raises(KernelInputError, match="outside"):
+        op(w, idx.clone().fill_(100), offs, "sum")
+    with pytest.raises(KernelInputError, match="offsets"):
+        op(w, idx, torch.tensor([0, 5, 3], device="cuda"), "sum")
+    with pytest.raises(ValueError, match="per_sample_weights"):
+        op(w, idx, offs, "mean", torch.ones(10, device="cuda"))
+    from tuner.families.embedding_bag.op import embedding_bag
+
+    for bad in ({"max_norm": 1.0}, {"scale_grad_by_freq": True}, {"sparse": True}):
+        with pytest.raises(NotImplementedError, match=next(iter(bad))):
+            embedding_bag(idx, w, offs, **bad)
+    torch.testing.assert_close(op(w, idx, offs, "sum"), F.embedding_bag(idx, w, offs, mode="sum"))  # alive
+
+
+def test_op_opcheck_and_compile(op):
+    import torch
+    import torch.nn.functional as F
+
+    w = torch.randn(300, 32, device="cuda", requires_grad=True)
+    idx = torch.randint(0, 300, (90,), device="cuda")
+    offs = torch.arange(0, 90, 9, device="cuda")
+    for mode in eb.MODES:
+        torch.library.opcheck(torch.ops.tuner.embedding_bag.default, (w, idx, offs, mode, None, False, None))
+
+    def step(weight, i, o):
+        return op(weight, i, o, "mean").square().sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    a = w.detach().clone().requires_grad_()
+    compiled(a, idx, offs).backward()
+    b = w.detach().clone().requires_grad_()
+    F.embedding_bag(idx, b, offs, mode="mean").square().sum().backward()
+    torch.testing.assert_close(a.grad, b.grad)

@@ -622,6 +622,8 @@ class EmbeddingBag : public torch::autograd::Function<EmbeddingBag> {
     at::AutoDispatchBelowADInplaceOrView below;
     auto [out, maxi, count] = forward_op(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
     ctx->save_for_backward({weight, indices, offsets.value_or(at::Tensor()), psw.value_or(at::Tensor()), maxi, count});
+    // needs_input_grad counts the tensor arguments given: weight, indices, offsets if any, psw.
+    ctx->saved_data["psw_edge"] = int64_t(offsets.has_value() && offsets->defined() ? 3 : 2);
     ctx->saved_data["mode"] = mode;
     ctx->saved_data["include_last_offset"] = include_last_offset;
     ctx->saved_data["padding_idx"] = padding_idx.has_value() ? c10::IValue(*padding_idx) : c10::IValue();
@@ -631,8 +633,8 @@ class EmbeddingBag : public torch::autograd::Function<EmbeddingBag> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     at::Tensor grad_weight, grad_psw;
-    // needs_input_grad counts the tensor arguments only: weight 0, indices 1, offsets 2, psw 3.
-    const bool weight_grad = ctx->needs_input_grad(0), psw_grad = s[3].defined() && ctx->needs_input_grad(3);
+    const bool weight_grad = ctx->needs_input_grad(0);
+    const bool psw_grad = s[3].defined() && ctx->needs_input_grad(ctx->saved_data["psw_edge"].toInt());
     if (grads[0].defined() && (weight_grad || psw_grad)) {
       const auto opt = [](const at::Tensor& t) { return t.defined() ? Opt(t) : std::nullopt; };
       const auto& pad = ctx->saved_data["padding_idx"];

@@ -1,23 +1,22 @@
-"""The exported EmbeddingBag winner against torch.nn.functional.embedding_bag, side by side in
-one run (`tuner bench --family embedding_bag`): the PR's configuration in every mode and index
-distribution, smaller bags, its wide-row shape, and 16-bit weights. Each is checked against
-torch before it is timed. The winner is called through its C table (the op is not written yet),
-so "wall" includes a ctypes call where torch's includes its dispatcher."""
+"""The tuned op against torch.nn.functional.embedding_bag, side by side in one run
+(`tuner bench --family embedding_bag`): the PR's configuration in every mode and index
+distribution, smaller bags, its wide-row shape, and 16-bit weights; forward alone (no grad)
+and forward + backward (the dense gradient of weight, as torch gives with sparse=False, taken
+with torch.autograd.grad so that no .grad accumulation is timed). Each pair is checked against
+the other, forward and gradient, before it is timed."""
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from tuner import build, gpus
-from tuner import export as artifacts
+import tuner
 from tuner.bench import _fmt, kernel_us, wall_us, write
 from tuner.families import embedding_bag as eb
-from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
-from tuner.variant import Variant
 
 PR = eb.Problem()
 CONFIGS = (
@@ -29,51 +28,53 @@ CONFIGS = (
 )
 TOL = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1.6e-2}
 TORCH = "anchor: torch F.embedding_bag"
+TUNED = "tuned op"
 
 
-def _winner(manifest: dict, directory: Path, weight: str, index: str, arch: str) -> EmbeddingBagKernel:
-    """The artifact's winner for this dtype pair, else the first winner's parameters rendered for it."""
-    entries = manifest["entries"]
-    same = [e for e in entries if (e["params"]["weight"], e["params"]["index"]) == (weight, index)]
-    e = (same or entries)[0]
-    if same:
-        variant, source = Variant.of(eb.FAMILY, e["params"]), (directory / e["source"]).read_text()
-        (b,) = build.build([variant], arch, sources={variant.name: source})
-    else:
-        tuned = {k: v for k, v in e["params"].items() if k not in ("weight", "index")}
-        variant = eb.space(weight, index).nearest(tuned)
-        (b,) = build.build([variant], arch)
-    if not b.ok:
-        raise RuntimeError(f"building {variant.name} failed:\n{b.error}")
-    return EmbeddingBagKernel(b.so, variant.name)
+def _relative(got, want) -> float:
+    return float((got.float() - want.float()).abs().max()) / max(float(want.float().abs().max()), 1e-3)
 
 
 def run(directory: Path, out: Path | None = None, configs=CONFIGS) -> list[dict]:
-    directory = Path(directory)
-    manifest = artifacts.read(directory)
-    arch = gpus.attached().arch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dtype pairs the artifact did not tune warn once; the rows say so
+        op = tuner.load(directory)
     rows, cache = [], {}
     for p in configs:
         key = (p.rows, p.dim, p.bags, p.bag_size, p.weight, p.index, p.distribution)
         if key not in cache:
             cache.clear()  # one weight at a time on the GPU
-            cache[key] = eb.make_inputs(p, seed=0, device="cuda")
-        w, idx, offs, _ = cache[key]
-        k = _winner(manifest, directory, p.weight, p.index, arch)
-        want = F.embedding_bag(idx, w, offs, mode=p.mode)
-        call, got, _ = k.prepare(w, idx, offs, p.mode)
-        call()
-        err = float((got.float() - want.float()).abs().max()) / max(float(want.float().abs().max()), 1.0)
-        if not err <= TOL[p.weight] or k.take_errors():
-            raise AssertionError(f"{k.name} disagrees with torch on {p.key()} (relative error {err:.3g})")
-        timed = {"tuned kernel": (call, None), TORCH: (lambda: F.embedding_bag(idx, w, offs, mode=p.mode), None)}
+            w, idx, offs, _ = eb.make_inputs(p, seed=0, device="cuda")
+            cache[key] = (w.requires_grad_(), idx, offs, torch.randn(p.bags, p.dim, device="cuda").to(w.dtype))
+        w, idx, offs, g = cache[key]
+        impls = {TUNED: lambda: op(w, idx, offs, p.mode),
+                 TORCH: lambda: F.embedding_bag(idx, w, offs, mode=p.mode)}
         with torch.no_grad():
-            walls = wall_us(timed)
+            fwd_err = _relative(impls[TUNED](), impls[TORCH]())
+        grads = {name: torch.autograd.grad(fn(), w, g)[0] for name, fn in impls.items()}
+        bwd_err = _relative(grads[TUNED], grads[TORCH])
+        del grads
+        if not (fwd_err <= TOL[p.weight] and bwd_err <= TOL[p.weight]):
+            raise AssertionError(f"the tuned op disagrees with torch on {p.key()}: forward {fwd_err:.3g}, "
+                                 f"gradient {bwd_err:.3g}")
+        tuner.check_errors()
+
+        def forward(fn):
+            def call():
+                with torch.no_grad():
+                    return fn()
+            return call
+
+        def both(fn):
+            return lambda: torch.autograd.grad(fn(), w, g)
+
+        fwd = wall_us({name: (forward(fn), None) for name, fn in impls.items()})
+        fwd_bwd = wall_us({name: (both(fn), None) for name, fn in impls.items()})
         config = {"weight": p.weight, "index": p.index, "rows": p.rows, "dim": p.dim, "mode": p.mode,
                   "ids": p.distribution, "bag_size": p.bag_size}
-        for name, (fn, _) in timed.items():
-            row = {"impl": name if name == TORCH else f"tuned kernel ({k.name})", **config,
-                   "fwd_wall_us": walls[name], "fwd_kernel_us": kernel_us(fn)}
+        for name, fn in impls.items():
+            row = {"impl": name, **config, "fwd_wall_us": fwd[name], "fwd_kernel_us": kernel_us(forward(fn)),
+                   "fwd_bwd_wall_us": fwd_bwd[name], "fwd_bwd_kernel_us": kernel_us(both(fn))}
             rows.append(row)
             print(_fmt(row), flush=True)
     if out is not None:
