@@ -282,7 +282,7 @@ void run_backward(const TunerEmbeddingBagVtable* vt, const at::Tensor& grad, con
   c10::cuda::CUDAGuard guard(weight.device());
   TunerEmbeddingBagBackwardArgs a{};
   at::Tensor sorted, order, bag_of, partials;
-  if (vt->sorted && mode != TUNER_EB_MAX && n > 0 && has(grad_weight)) {
+  if (vt->sorted && n > 0 && has(grad_weight)) {
     std::tie(sorted, order) = at::sort(indices.to(at::kLong), /*stable=*/true, 0, false);
     bag_of = at::empty({n}, indices.options().dtype(at::kLong));
     partials = at::empty({(n + vt->piece - 1) / vt->piece, dim}, weight.options().dtype(at::kFloat));
