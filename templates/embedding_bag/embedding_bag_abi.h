@@ -1,10 +1,11 @@
 // The C interface every EmbeddingBag variant exports (no torch headers: a variant
-// compiles in about 2 s). The host hands indices as 1-D with offsets that include the
-// end (bags + 1 of them), whatever form the user gave.
+// compiles in about 2 s). Indices are 1-D; bags are given by offsets as the user gave them
+// (bags or bags + 1 of them) or, for 2-D indices, by a fixed bag length, so that a call
+// launches nothing but the variant's kernels.
 #pragma once
 #include <cuda_runtime_api.h>
 
-#define TUNER_EMBEDDING_BAG_ABI 2
+#define TUNER_EMBEDDING_BAG_ABI 3
 
 // Error bits of the sticky error word; flags[i] mirrors bit i in host-mapped memory.
 #define TUNER_EB_BAD_INDEX 1u   // an index outside [0, rows)
@@ -16,12 +17,15 @@ enum { TUNER_EB_SUM = 0, TUNER_EB_MEAN = 1, TUNER_EB_MAX = 2 };
 typedef struct {
   const void* weight;              // [rows, dim], the variant's weight dtype
   const void* indices;             // [n], the variant's index dtype
-  const void* offsets;             // [bags + 1], index dtype; bag b is [offsets[b], offsets[b + 1])
+  const void* offsets;             // index dtype; bag b is [offsets[b], offsets[b + 1]), the last one
+                                   // ending at n unless offsets_end
   const void* per_sample_weights;  // [n] weight dtype, or null (sum only)
   void* out;                       // [bags, dim] weight dtype
   long long* max_indices;          // [bags, dim] for max (-1 in empty bags), or null
   float* bag_count;                // [bags]: entries counted per bag (padding left out), or null
   long long rows, dim, bags, n;
+  long long bag_length;            // >= 0: bag b is [b * bag_length, (b + 1) * bag_length), offsets unused
+  int offsets_end;                 // offsets hold bags + 1 entries (include_last_offset), else bags
   int mode;                        // TUNER_EB_SUM / MEAN / MAX
   long long padding_idx;           // -1: none
   unsigned* error_word;            // device word, sticky error bits (zeroed by the host)
@@ -36,17 +40,19 @@ typedef struct {
   const void* grad_out;            // [bags, dim] weight dtype
   const void* weight;              // [rows, dim] (for the gradient of per_sample_weights)
   const void* indices;             // [n] index dtype
-  const void* offsets;             // [bags + 1] index dtype
+  const void* offsets;             // as in TunerEmbeddingBagArgs
   const void* per_sample_weights;  // [n] or null
   const long long* max_indices;    // [bags, dim] from the forward (max)
   const float* bag_count;          // [bags] from the forward (mean)
   const long long* sorted_rows;    // [n] indices sorted, stable (sorted variants)
   const long long* order;          // [n] position in `indices` of each sorted entry
-  long long* bag_of;               // [n] scratch: the bag of each position
+  long long* bag_of;               // [n] scratch: the bag of each position (-1 set by the host)
   float* partials;                 // [ceil(n / piece), dim] scratch
   void* grad_weight;               // [rows, dim] weight dtype, or null (not wanted)
   void* grad_per_sample_weights;   // [n] weight dtype, or null
   long long rows, dim, bags, n;
+  long long bag_length;
+  int offsets_end;
   int mode;
   long long padding_idx;
 } TunerEmbeddingBagBackwardArgs;

@@ -185,31 +185,43 @@ const TunerEmbeddingBagVtable* table(int64_t address) {
 
 bool has(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 
+// How the entries split into bags: offsets (bags of them, or bags + 1 with the end), or a
+// fixed bag length (2-D indices; offsets undefined).
+struct Bags {
+  at::Tensor offsets;
+  int64_t count = 0, length = -1;
+  bool offsets_end = true;
+};
+
+Bags with_end(const at::Tensor& offsets) { return Bags{offsets, offsets.numel() - 1, -1, true}; }
+
 // What every call of a variant needs to hold: the variant's dtypes, contiguous inputs on
 // one device, offsets with the end; the weight aligned for the variant's loads.
 void check_call(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, const at::Tensor& indices,
-                const at::Tensor& offsets) {
+                const Bags& bags) {
   TORCH_CHECK(weight.is_cuda() && weight.dim() == 2 && weight.is_contiguous(),
               "embedding_bag: weight must be a contiguous 2-D CUDA tensor");
   TORCH_CHECK(std::strcmp(c10::toString(weight.scalar_type()), vt->weight_dtype) == 0, "embedding_bag: variant ",
               vt->name, " takes weight of dtype ", vt->weight_dtype, ", got ", dtype_name(weight.scalar_type()));
-  for (const at::Tensor* t : {&indices, &offsets}) {
+  for (const at::Tensor* t : {&indices, &bags.offsets}) {
+    if (t == &bags.offsets && bags.length >= 0) continue;
     TORCH_CHECK(t->device() == weight.device() && t->dim() == 1 && t->is_contiguous() &&
                     std::strcmp(c10::toString(t->scalar_type()), vt->index_dtype) == 0,
                 "embedding_bag: variant ", vt->name, " takes contiguous 1-D indices and offsets of dtype ",
                 vt->index_dtype, " on ", weight.device());
   }
-  TORCH_CHECK(offsets.numel() >= 1, "embedding_bag: offsets must include the end (bags + 1 entries)");
+  TORCH_CHECK(bags.count >= 0 && (bags.length >= 0 || bags.offsets.numel() == bags.count + (bags.offsets_end ? 1 : 0)),
+              "embedding_bag: offsets must hold one entry per bag (and the end with include_last_offset)");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(weight.data_ptr()) % (vt->vec * weight.element_size()) == 0,
               "embedding_bag: weight must be aligned to ", text(vt->vec * weight.element_size()), " bytes for variant ",
               vt->name);
 }
 
 void run_forward(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, const at::Tensor& indices,
-                 const at::Tensor& offsets, int64_t mode, const std::optional<at::Tensor>& psw, int64_t padding_idx,
+                 const Bags& b, int64_t mode, const std::optional<at::Tensor>& psw, int64_t padding_idx,
                  const at::Tensor& out, const at::Tensor& max_indices, const at::Tensor& bag_count, int64_t check) {
-  check_call(vt, weight, indices, offsets);
-  const int64_t bags = offsets.numel() - 1, dim = weight.size(1);
+  check_call(vt, weight, indices, b);
+  const int64_t bags = b.count, dim = weight.size(1);
   TORCH_CHECK(mode >= 0 && mode <= 2, "embedding_bag: mode code must be 0 (sum), 1 (mean) or 2 (max)");
   TORCH_CHECK(out.scalar_type() == weight.scalar_type() && out.is_contiguous() && out.device() == weight.device() &&
                   out.numel() == bags * dim,
@@ -236,7 +248,9 @@ void run_forward(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, co
   TunerEmbeddingBagArgs a{};
   a.weight = weight.data_ptr();
   a.indices = indices.data_ptr();
-  a.offsets = offsets.data_ptr();
+  a.offsets = b.length >= 0 ? nullptr : b.offsets.data_ptr();
+  a.bag_length = b.length;
+  a.offsets_end = b.offsets_end;
   a.per_sample_weights = psw.has_value() ? psw->data_ptr() : nullptr;
   a.out = out.data_ptr();
   a.max_indices = mode == TUNER_EB_MAX ? static_cast<long long*>(max_indices.data_ptr()) : nullptr;
@@ -262,11 +276,11 @@ void run_forward(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, co
 // grad_weight must be zeroed by the caller (the search reuses one buffer and leaves it);
 // an empty grad_weight or grad_psw is a gradient not wanted.
 void run_backward(const TunerEmbeddingBagVtable* vt, const at::Tensor& grad, const at::Tensor& weight,
-                  const at::Tensor& indices, const at::Tensor& offsets, int64_t mode,
+                  const at::Tensor& indices, const Bags& b, int64_t mode,
                   const std::optional<at::Tensor>& psw, int64_t padding_idx, const at::Tensor& max_indices,
                   const at::Tensor& bag_count, const at::Tensor& grad_weight, const at::Tensor& grad_psw) {
-  check_call(vt, weight, indices, offsets);
-  const int64_t bags = offsets.numel() - 1, dim = weight.size(1), n = indices.numel();
+  check_call(vt, weight, indices, b);
+  const int64_t bags = b.count, dim = weight.size(1), n = indices.numel();
   TORCH_CHECK(grad.scalar_type() == weight.scalar_type() && grad.is_contiguous() && grad.numel() == bags * dim &&
                   reinterpret_cast<uintptr_t>(grad.data_ptr()) % (vt->vec * grad.element_size()) == 0,
               "embedding_bag: grad must be a contiguous, aligned [bags, dim] tensor of weight's dtype");
@@ -284,7 +298,7 @@ void run_backward(const TunerEmbeddingBagVtable* vt, const at::Tensor& grad, con
   at::Tensor sorted, order, bag_of, partials;
   if (vt->sorted && n > 0 && has(grad_weight)) {
     std::tie(sorted, order) = at::sort(indices.to(at::kLong), /*stable=*/true, 0, false);
-    bag_of = at::empty({n}, indices.options().dtype(at::kLong));
+    bag_of = at::full({n}, -1, indices.options().dtype(at::kLong));  // entries before the first offset: no bag
     partials = at::empty({(n + vt->piece - 1) / vt->piece, dim}, weight.options().dtype(at::kFloat));
     a.sorted_rows = static_cast<long long*>(sorted.data_ptr());
     a.order = static_cast<long long*>(order.data_ptr());
@@ -294,7 +308,9 @@ void run_backward(const TunerEmbeddingBagVtable* vt, const at::Tensor& grad, con
   a.grad_out = grad.data_ptr();
   a.weight = weight.data_ptr();
   a.indices = indices.data_ptr();
-  a.offsets = offsets.data_ptr();
+  a.offsets = b.length >= 0 ? nullptr : b.offsets.data_ptr();
+  a.bag_length = b.length;
+  a.offsets_end = b.offsets_end;
   a.per_sample_weights = psw.has_value() ? psw->data_ptr() : nullptr;
   a.max_indices = mode == TUNER_EB_MAX ? static_cast<long long*>(max_indices.data_ptr()) : nullptr;
   a.bag_count = mode == TUNER_EB_MEAN ? bag_count.data_ptr<float>() : nullptr;
@@ -316,15 +332,16 @@ void forward_by_address(int64_t variant, const at::Tensor& weight, const at::Ten
                         const at::Tensor& offsets, int64_t mode, const std::optional<at::Tensor>& psw,
                         int64_t padding_idx, const at::Tensor& out, const at::Tensor& max_indices,
                         const at::Tensor& bag_count, int64_t check) {
-  run_forward(table(variant), weight, indices, offsets, mode, psw, padding_idx, out, max_indices, bag_count, check);
+  run_forward(table(variant), weight, indices, with_end(offsets), mode, psw, padding_idx, out, max_indices, bag_count,
+              check);
 }
 
 void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tensor& weight,
                          const at::Tensor& indices, const at::Tensor& offsets, int64_t mode,
                          const std::optional<at::Tensor>& psw, int64_t padding_idx, const at::Tensor& max_indices,
                          const at::Tensor& bag_count, const at::Tensor& grad_weight, const at::Tensor& grad_psw) {
-  run_backward(table(variant), grad, weight, indices, offsets, mode, psw, padding_idx, max_indices, bag_count,
-               grad_weight, grad_psw);
+  run_backward(table(variant), grad, weight, indices, with_end(offsets), mode, psw, padding_idx, max_indices,
+               bag_count, grad_weight, grad_psw);
 }
 
 // ------------------------------------------------------------------ the op's winners
@@ -441,11 +458,13 @@ int64_t mode_code(c10::string_view mode) {
   TORCH_CHECK_VALUE(false, "embedding_bag: mode must be one of ('sum', 'mean', 'max'), got '", std::string(mode), "'");
 }
 
-// torch.nn.functional.embedding_bag's arguments as the kernels take them: 1-D indices,
-// offsets of the same dtype with the end appended, padding_idx >= 0 or -1. The checks and
-// messages of the Python implementations (op.py).
+// torch.nn.functional.embedding_bag's arguments as the kernels take them: 1-D indices, bags
+// from the offsets as given (of indices' dtype; int64 for both where they differ, as torch
+// promotes) or from 2-D indices' row length, padding_idx >= 0 or -1. No kernel is launched
+// for this. The checks and messages of the Python implementations (op.py).
 struct Normal {
-  at::Tensor indices, offsets;
+  at::Tensor indices;
+  Bags bags;
   int64_t padding_idx;
 };
 
@@ -479,9 +498,7 @@ Normal normalize(const at::Tensor& weight, const at::Tensor& indices, const std:
   }
   if (indices.dim() == 2) {
     TORCH_CHECK_VALUE(!offsets.has_value(), "embedding_bag: offsets must be None when indices are 2-D");
-    const int64_t bags = indices.size(0), per = indices.size(1);
-    at::Tensor offs = at::arange(bags + 1, indices.options()).mul_(per);
-    return {indices.reshape(-1).contiguous(), offs, pad};
+    return {indices.reshape(-1).contiguous(), Bags{at::Tensor(), indices.size(0), indices.size(1), false}, pad};
   }
   TORCH_CHECK_VALUE(indices.dim() == 1, "embedding_bag: indices must be 1-D (with offsets) or 2-D, got ",
                     text(indices.sizes()));
@@ -495,10 +512,8 @@ Normal normalize(const at::Tensor& weight, const at::Tensor& indices, const std:
   TORCH_CHECK_VALUE(!include_last_offset || o.numel() >= 1,
                     "embedding_bag: include_last_offset needs at least one offset");
   const auto dtype = indices.scalar_type() == o.scalar_type() ? o.scalar_type() : at::kLong;  // as torch promotes
-  at::Tensor idx = indices.to(dtype).contiguous();
-  at::Tensor offs = o.to(dtype);
-  if (!include_last_offset) offs = at::cat({offs, at::full({1}, indices.numel(), offs.options())});
-  return {idx, offs.contiguous(), pad};
+  return {indices.to(dtype).contiguous(),
+          Bags{o.to(dtype).contiguous(), o.numel() - (include_last_offset ? 1 : 0), -1, include_last_offset}, pad};
 }
 
 c10::Device cpu() { return c10::Device(c10::kCPU); }
@@ -561,13 +576,13 @@ ForwardOut forward_cuda(const at::Tensor& weight, const at::Tensor& indices, con
                         padding_idx);
     return {std::get<0>(r).to(weight.device()), std::get<1>(r).to(weight.device()), std::get<2>(r).to(weight.device())};
   }
-  const int64_t bags = a.offsets.numel() - 1, dim = weight.size(1);
+  const int64_t bags = a.bags.count, dim = weight.size(1);
   const Winner& w = choose(*t, weight, a.indices, bags, mode);
   const at::Tensor wt = ready(weight, w.vt->vec * weight.element_size());
   at::Tensor out = at::empty({bags, dim}, weight.options());
   at::Tensor maxi = at::empty({mode == TUNER_EB_MAX ? bags : 0, dim}, weight.options().dtype(at::kLong));
   at::Tensor count = at::empty({save && mode == TUNER_EB_MEAN ? bags : 0}, weight.options().dtype(at::kFloat));
-  run_forward(w.vt, wt, a.indices, a.offsets, mode, flat(psw), a.padding_idx, out, maxi, count,
+  run_forward(w.vt, wt, a.indices, a.bags, mode, flat(psw), a.padding_idx, out, maxi, count,
               check_mode.load(std::memory_order_relaxed));
   return {out, maxi, count};
 }
@@ -598,7 +613,7 @@ BackwardOut embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor
                          psw_grad);
     return {std::get<0>(r).to(weight.device()), std::get<1>(r).to(weight.device())};
   }
-  const Winner& w = choose(*t, weight, a.indices, a.offsets.numel() - 1, mode);  // the forward's
+  const Winner& w = choose(*t, weight, a.indices, a.bags.count, mode);  // the forward's
   const int64_t alignment = w.vt->vec * weight.element_size();
   const at::Tensor wt = ready(weight, alignment);
   const at::Tensor g = ready(grad.to(weight.scalar_type()), alignment);
@@ -606,7 +621,7 @@ BackwardOut embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor
   const bool psw_wanted = psw_grad && psw.has_value();
   at::Tensor grad_psw = at::empty({psw_wanted ? a.indices.numel() : 0}, weight.options());
   if (weight_grad || psw_wanted)
-    run_backward(w.vt, g, wt, a.indices, a.offsets, mode, flat(psw), a.padding_idx, max_indices, bag_count,
+    run_backward(w.vt, g, wt, a.indices, a.bags, mode, flat(psw), a.padding_idx, max_indices, bag_count,
                  grad_weight, grad_psw);
   if (psw_wanted) grad_psw = grad_psw.view(psw->sizes());
   return {grad_weight, grad_psw};

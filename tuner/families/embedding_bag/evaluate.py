@@ -12,6 +12,13 @@ from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
+def gradient_tolerance(weight: str, hits: int) -> float:
+    """A row's gradient is a float32 sum of one term per hit of its id; whatever the order (atomics
+    or a sorted reduction) its rounding error grows about as sqrt(hits) * eps. Allowed: 16 times
+    that on top of the output's tolerance (a lost entry of a row hit 20,000 times still fails)."""
+    return TOL[weight] + 16 * 2.0**-24 * max(hits, 1) ** 0.5
+
+
 def relative_error(got, want) -> float:
     """Largest error over the largest reference magnitude (a floor keeps all-zero references honest)."""
     return float((got.cpu().double() - want).abs().max()) / max(float(want.abs().max()), 1e-3) if want.numel() else 0.0
@@ -27,8 +34,9 @@ def make_case(q: eb.Problem, mode: str, seed: int, padding: bool = False) -> dic
     g = torch.randn(q.bags, q.dim, generator=torch.Generator().manual_seed(seed)).to(w.dtype).cuda()
     want, _ = eb.reference(w, idx, offs, mode, psw, padding_idx=pad)
     want_w, want_psw = eb.reference_backward(w, idx, offs, mode, psw, g, padding_idx=pad)
+    hits = int(idx.long().bincount().max()) if idx.numel() else 0
     return dict(problem=q, mode=mode, inputs=(w, idx, offs, psw), padding_idx=pad, grad=g, want=want,
-                want_w=want_w, want_psw=want_psw)
+                want_w=want_w, want_psw=want_psw, hits=hits)
 
 
 def run_case(kernel: EmbeddingBagKernel, case: dict) -> tuple[float, str]:
@@ -48,7 +56,7 @@ def run_case(kernel: EmbeddingBagKernel, case: dict) -> tuple[float, str]:
     err = relative_error(grad_w, case["want_w"])
     if psw is not None:
         err = max(err, relative_error(grad_psw, case["want_psw"]))
-    return max(worst, err), "" if err <= TOL[q.weight] else "backward"
+    return max(worst, err), "" if err <= gradient_tolerance(q.weight, case["hits"]) else "backward"
 
 
 def check_case(kernel: EmbeddingBagKernel, q: eb.Problem, mode: str, seed: int, padding: bool = False) -> tuple:

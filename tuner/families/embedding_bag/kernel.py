@@ -9,7 +9,7 @@ from pathlib import Path
 from tuner import binding
 from tuner.errors import BuildError, KernelInputError
 
-_ABI = 2
+_ABI = 3
 MODE_CODES = {"sum": 0, "mean": 1, "max": 2}
 _CHECK = {False: 0, "deferred": 0, True: 1, "sync": 1, "async": 2}
 
