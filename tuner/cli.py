@@ -293,7 +293,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         print("parameter importance (PED-ANOVA):")
         for name, value in importance.items():
             print(f"  {name:<18} {value:.3f}")
-    print(f"wrote {out}/trials.csv, importance.json, time_by_dimension.png, time_vs_registers.png")
+    if (out / "by_dimension.md").exists():
+        print("\nby dimension (registers, spills, occupancy of the best trial of each value):")
+        print((out / "by_dimension.md").read_text())
+    print(f"wrote {out}/trials.csv, importance.json, by_dimension.csv/.md, time_by_dimension.png, "
+          "time_vs_registers.png")
     print(f"browse the study: optuna-dashboard {study.storage_url(args.storage)}")
     return 0
 
