@@ -44,6 +44,8 @@ DIMS = (
     Dim("vec", (1, 2, 4, 8), "feature elements per load"),
     Dim("unroll", (1, 2, 4, 8), "rows in flight per thread (unroll of the index loop)"),
     Dim("block_size", (64, 128, 256, 512), "threads per block"),
+    Dim("staging", ("direct", "shared"),
+        "indices: each read where its row is gathered, or a group's worth loaded into shared memory first"),
     Dim("backward", ("atomic", "sorted"),
         "gradient of weight: float atomics per gathered row, or a sorted, deterministic segment reduction"),
 )
