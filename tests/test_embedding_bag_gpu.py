@@ -121,7 +121,7 @@ def op(shared_home, tmp_path_factory):
     winners = []
     for weight, backward, validation in (("float32", "atomic", "hoisted"), ("bfloat16", "sorted", "inline")):
         params = {"weight": weight, "index": "int64", "validation": validation, "mapping": "warp", "vec": 4,
-                  "unroll": 4, "block_size": 128, "backward": backward}
+                  "unroll": 4, "block_size": 128, "staging": "shared", "backward": backward}
         problem = eb.Problem(weight=weight, mode="mean").__dict__
         winners.append({"variant": Variant.of(eb.FAMILY, params), "problem": problem})
     out = export.write(tmp_path_factory.mktemp("eb-artifact"), winners, gpus.attached().describe())
