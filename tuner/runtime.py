@@ -1,8 +1,8 @@
 """Load an exported artifact: the family it holds binds its winners to its op, which is returned.
 
-Each family's `op` module does the binding. GIoU's op lives in C++ (its torch binding): a call
-is one dispatcher hop into CUDA and Autograd kernels that pick a winner bound at load, and only
-what is off the CUDA path (the CPU reference, the fake implementation for torch.compile) is
+Each family's `op` module does the binding. A family's op lives in C++ (its torch binding): a
+call is one dispatcher hop into CUDA and Autograd kernels that pick a winner bound at load, and
+only what is off the CUDA path (the CPU reference, the fake implementation for torch.compile) is
 registered from Python.
 """
 
