@@ -19,7 +19,11 @@ def kernels(shared_home):
     import random
 
     spread = [v for s in eb.all_spaces() for v in s]
-    variants = list(dict.fromkeys(eb.covering_set() + random.Random(0).sample(spread, 18)))
+    # and a block per bag split over the entries (dims 40/48 need fewer lanes than the block has)
+    split = [eb.space(w, "int64").variant(validation="inline", mapping="block", vec=vec, unroll=4, block_size=256,
+                                          staging=staging, backward="sorted")
+             for w in ("float32", "bfloat16") for vec in (1, 4) for staging in ("direct", "shared")]
+    variants = list(dict.fromkeys(eb.covering_set() + random.Random(0).sample(spread, 18) + split))
     built = build.build(variants, gpus.attached().arch)
     assert all(b.ok for b in built), [b.error for b in built if not b.ok][:1]
     return [(b.variant, EmbeddingBagKernel(b.so, b.variant.name)) for b in built]
