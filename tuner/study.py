@@ -189,11 +189,23 @@ def fail_interrupted(study, st) -> list[Any]:
         st.set_trial_user_attr(t._trial_id, "reason", "interrupted")
         st.set_trial_user_attr(t._trial_id, "message", f"the process that ran it ({tag}) is gone")
         if st.set_trial_state_values(t._trial_id, TrialState.FAIL):
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, "owner": owner(),
-                                                      **({"fault": t.user_attrs["fault"]} if "fault" in t.user_attrs else {})},
-                                skip_if_exists=False)
+            _requeue(study, t)
+            requeued.append(t.number)
+    # A searcher killed between failing an orphan and queueing its retry left it without one.
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    for t in trials:
+        if (t.state == TrialState.FAIL and t.user_attrs.get("reason") == "interrupted" and t.number not in retried
+                and t.number not in requeued):
+            _requeue(study, t)
             requeued.append(t.number)
     return requeued
+
+
+def _requeue(study, t) -> None:
+    study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, "owner": owner(),
+                                              **({"fault": t.user_attrs["fault"]} if "fault" in t.user_attrs else {})},
+                        skip_if_exists=False)
 
 
 def finished_count(study) -> int:
