@@ -87,3 +87,17 @@ def test_a_family_outside_tuner_runs_its_winner_on_the_gpu(scale_add, tuner_home
     op = tuner.load(out)
     x, y = torch.randn(100_003, device="cuda"), torch.randn(100_003, device="cuda")
     torch.testing.assert_close(op(x, y, -1.5), -1.5 * x + y)
+
+
+def test_every_family_in_the_tree_is_packaged():
+    """A non-editable `pip install` ships only the packages pyproject.toml lists."""
+    import tomllib
+    from pathlib import Path
+
+    from tuner import families
+
+    root = Path(__file__).resolve().parent.parent
+    listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    in_tree = [p.name for p in (root / "tuner" / "families").iterdir() if (p / "__init__.py").exists()]
+    assert in_tree and all(f"tuner.families.{name}" in listed for name in in_tree), (in_tree, listed)
+    assert set(in_tree) <= set(families.names())
