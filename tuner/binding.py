@@ -12,11 +12,17 @@ from tuner.build import torch_version
 from tuner.render import header_text, templates_dir
 
 
+def common_dir():
+    """templates/common/: what every family's binding includes (tuner_binding.h)."""
+    return families.templates_root() / "common"
+
+
 def _key(family: str) -> str:
     import torch
 
     fam = families.get(family)
     source = "".join((templates_dir(family) / f).read_text() for f in fam.BINDING + fam.BINDING_HEADERS)
+    source += "".join(h.read_text() for h in sorted(common_dir().glob("*.h")))
     source += header_text(family)
     h = hashlib.sha256(f"{source}\0{torch_version()}\0{torch.version.cuda}\0{toolkit.nvcc_version()}".encode())
     return h.hexdigest()[:16]
@@ -56,7 +62,7 @@ def load(family: str, verbose: bool = False):
     cpp_extension.load(
         name=name,
         sources=[str(templates_dir(family) / f) for f in fam.BINDING],
-        extra_include_paths=[str(templates_dir(family))],
+        extra_include_paths=[str(templates_dir(family)), str(common_dir())],
         extra_cflags=["-O2"],
         build_directory=str(build_dir),
         with_cuda=True,

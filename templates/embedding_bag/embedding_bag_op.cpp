@@ -25,23 +25,20 @@
 #include <vector>
 
 #include "embedding_bag_abi.h"
+#include "tuner_binding.h"
 
 namespace tuner_embedding_bag {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using tuner_binding::capturing;
+using tuner_binding::raise_input_error;
+using tuner_binding::RelaxedCapture;
+using tuner_binding::text;
+using tuner_binding::warn;
 
 enum Check : int64_t { CHECK_DEFERRED = 0, CHECK_SYNC = 1, CHECK_ASYNC = 2 };
-
-// Numbers through std::to_string: c10::str's integer formatting, instantiated by another
-// compiler than torch's, has crashed on torch's streams (see giou_binding.h).
-std::string text(int64_t v) { return std::to_string(v); }
-std::string text(c10::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
 
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
@@ -56,38 +53,6 @@ std::string dtype_name(at::ScalarType t) {
 }
 
 // ------------------------------------------------------------------ error reporting
-
-// Raises tuner.errors.KernelInputError (a ValueError) in Python; a c10::ValueError without it.
-[[noreturn]] void raise_input_error(const std::string& message) {
-  if (Py_IsInitialized()) {
-    pybind11::gil_scoped_acquire gil;
-    PyObject* module = PyImport_ImportModule("tuner.errors");
-    PyObject* type = module != nullptr ? PyObject_GetAttrString(module, "KernelInputError") : nullptr;
-    Py_XDECREF(module);
-    if (type != nullptr) {
-      PyErr_SetString(type, message.c_str());
-      Py_DECREF(type);
-      python_error error;
-      error.persist();
-      throw error;
-    }
-    PyErr_Clear();
-  }
-  TORCH_CHECK_VALUE(false, message);
-}
-
-void warn(const std::string& message) {
-  if (!Py_IsInitialized()) {
-    TORCH_WARN(message);
-    return;
-  }
-  pybind11::gil_scoped_acquire gil;
-  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) {
-    python_error error;
-    error.persist();
-    throw error;
-  }
-}
 
 std::string error_text(int64_t bits) {
   std::string out;
@@ -109,12 +74,6 @@ struct Workspace {
 
 std::mutex workspace_mutex;
 std::map<std::pair<int, cudaStream_t>, Workspace> workspaces;
-
-struct RelaxedCapture {  // allocating is refused while a stream captures in global mode
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  RelaxedCapture() { C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode)); }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
-};
 
 Workspace& workspace_for(int device, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(workspace_mutex);
@@ -139,12 +98,6 @@ Workspace& workspace_for(int device, cudaStream_t stream) {
   ws.stream = stream;
   ws.device = device;
   return ws;
-}
-
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
 }
 
 // Error bits whose flags have landed, cleared (never waits).

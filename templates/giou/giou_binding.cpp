@@ -20,12 +20,6 @@
 
 namespace tuner_giou {
 
-std::string text(c10::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 const TunerGiouVtable* table(int64_t address) {
   auto* t = reinterpret_cast<const TunerGiouVtable*>(address);
   TORCH_CHECK(t != nullptr, "giou_loss: null variant table");
@@ -56,14 +50,6 @@ struct Workspace {
 std::mutex workspace_mutex;
 std::map<std::pair<int, cudaStream_t>, Workspace> workspaces;
 
-// Allocating is not allowed while a stream captures in the default (global) mode; these
-// calls touch no stream, so this thread relaxes the mode for them.
-struct RelaxedCapture {
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  RelaxedCapture() { C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode)); }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
-};
-
 Workspace& workspace_for(int device, cudaStream_t stream, int64_t words) {
   std::lock_guard<std::mutex> lock(workspace_mutex);
   Workspace& ws = workspaces[std::make_pair(device, stream)];
@@ -92,12 +78,6 @@ Workspace& workspace_for(int device, cudaStream_t stream, int64_t words) {
   ws.words = static_cast<unsigned*>(fresh);
   ws.capacity = capacity;
   return ws;
-}
-
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
 }
 
 // Error bits whose flags have landed, cleared (never waits). Clearing the device's
@@ -177,39 +157,6 @@ void fill_common(Args& a, const at::Tensor& pred, const at::Tensor& target, cons
 }
 
 }  // namespace
-
-// Bad input that a kernel found surfaces as tuner.errors.KernelInputError (a ValueError),
-// as a Python exception set here and carried through the dispatcher by python_error.
-[[noreturn]] void raise_input_error(const std::string& message) {
-  if (Py_IsInitialized()) {
-    pybind11::gil_scoped_acquire gil;
-    PyObject* module = PyImport_ImportModule("tuner.errors");
-    PyObject* type = module != nullptr ? PyObject_GetAttrString(module, "KernelInputError") : nullptr;
-    Py_XDECREF(module);
-    if (type != nullptr) {
-      PyErr_SetString(type, message.c_str());
-      Py_DECREF(type);
-      python_error error;
-      error.persist();
-      throw error;
-    }
-    PyErr_Clear();
-  }
-  TORCH_CHECK_VALUE(false, message);
-}
-
-void warn(const std::string& message) {
-  if (!Py_IsInitialized()) {
-    TORCH_WARN(message);
-    return;
-  }
-  pybind11::gil_scoped_acquire gil;
-  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) {  // a filter made it an error
-    python_error error;
-    error.persist();
-    throw error;
-  }
-}
 
 std::string error_text(int64_t bits) {
   std::string text;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "giou_abi.h"
+#include "tuner_binding.h"
 
 namespace tuner_giou {
 
@@ -33,18 +34,11 @@ void run_backward(const TunerGiouVtable* vt, const at::Tensor& grad_out, const a
                   const at::Tensor& target, const std::optional<at::Tensor>& num_boxes, const at::Tensor& count,
                   const at::Tensor& saved_grad, int64_t reduction, double eps, const at::Tensor& grad_pred);
 
-// A shape or a number as text for error messages. Integers never go through c10::str's
-// stream from this library: built with another compiler than torch, that instantiates
-// libstdc++'s integer formatting here, and it crashed on torch's streams.
-std::string text(c10::IntArrayRef shape);
-inline std::string text(int64_t value) { return std::to_string(value); }
-
-// Raises tuner.errors.KernelInputError (a ValueError) in Python; a c10::ValueError without it.
-[[noreturn]] void raise_input_error(const std::string& message);
-
-// A Python UserWarning where Python runs (TORCH_WARN reaches Python only through some call
-// paths, and not through torch.ops), else TORCH_WARN.
-void warn(const std::string& message);
+using tuner_binding::capturing;
+using tuner_binding::raise_input_error;
+using tuner_binding::RelaxedCapture;
+using tuner_binding::text;
+using tuner_binding::warn;
 
 // Waits for every device with a workspace, then reads and clears all error flags; their OR.
 int64_t take_errors();
