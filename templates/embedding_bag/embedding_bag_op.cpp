@@ -346,7 +346,7 @@ std::shared_ptr<const Table> bound() {
 }
 
 // Nearest tuned problem: log distance in dim and mean bag size, a tuned mode of its own
-// preferred; the first of equals wins (tuner/families/embedding_bag/op.py agrees).
+// preferred; the first of equals wins.
 size_t nearest(const Pair& pair, int64_t dim, int64_t bag_size, int64_t mode) {
   size_t best = 0;
   double best_d = 0;
@@ -391,15 +391,6 @@ void publish(bool reference) {
 void set_check(int64_t mode) {
   TORCH_CHECK(mode >= CHECK_DEFERRED && mode <= CHECK_ASYNC, "embedding_bag: check mode must be 0, 1 or 2");
   check_mode.store(mode);
-}
-
-// Which bound winner a call runs, by its position among the stage() calls of its pair; -1 for none.
-int64_t chosen(const std::string& weight, const std::string& index, int64_t dim, int64_t bag_size, int64_t mode) {
-  const auto t = bound();
-  const int w = index_of_name(weight.c_str(), true), i = index_of_name(index.c_str(), false);
-  if (w < 0 || i < 0) return -1;
-  const Pair& pair = t->pairs[w * kIndices + i];
-  return pair.winners.empty() ? -1 : static_cast<int64_t>(nearest(pair, dim, bag_size, mode));
 }
 
 // ------------------------------------------------------------------ the op
@@ -673,7 +664,6 @@ TORCH_LIBRARY_FRAGMENT(tuner_embedding_bag, m) {
   m.def("stage(int variant, int dim, int bag_size, int mode, str tuned_for) -> ()", &tuner_embedding_bag::stage);
   m.def("publish(bool reference) -> ()", &tuner_embedding_bag::publish);
   m.def("set_check(int mode) -> ()", &tuner_embedding_bag::set_check);
-  m.def("chosen(str weight, str index, int dim, int bag_size, int mode) -> int", &tuner_embedding_bag::chosen);
 }
 
 TORCH_LIBRARY_IMPL(tuner_embedding_bag, CUDA, m) {

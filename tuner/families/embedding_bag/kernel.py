@@ -123,8 +123,3 @@ class EmbeddingBagKernel:
 
     def take_errors(self) -> int:
         return int(self.ops.take_errors())
-
-    def check_errors(self) -> None:
-        bits = self.take_errors()
-        if bits:
-            raise KernelInputError(f"embedding_bag: invalid input: {self.ops.describe_errors(bits)}")

@@ -16,7 +16,6 @@ float64 reference) and the fake implementation for torch.compile.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,17 +50,6 @@ def bindings(entries: list[Entry]) -> dict[tuple[str, str], list[Entry]]:
                 Entry(e.problem, eb.space(weight, index).nearest({d: e.variant[d] for d in tuned}), None,
                       f"{e.problem['weight']}/{e.problem['index']}") for e in entries]
     return out
-
-
-def choose(candidates: list[Entry], dim: int, bag_size: int, mode: str) -> Entry:
-    """The winner a call runs: nearest tuned problem in log distance of dim and mean bag size, a
-    winner tuned for the call's mode first; the first of equals (the C++ op's rule)."""
-    def distance(e: Entry) -> float:
-        p = e.problem
-        return (abs(math.log(max(dim, 1) / p["dim"])) + abs(math.log(max(bag_size, 1) / max(p["bag_size"], 1)))
-                + (0.0 if p["mode"] == mode else 10.0))
-
-    return min(candidates, key=distance)
 
 
 class _State:
