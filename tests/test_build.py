@@ -31,9 +31,9 @@ def test_covering_set_compiles_and_is_never_rebuilt(arch, tuner_home):
     for b in first:
         assert b.so.exists() and b.registers.get("forward_mean", 0) > 0 and b.registers.get("backward_mean", 0) > 0
         assert b.compile_s > 0
-        meta = json.loads(b.so.with_suffix(".json").read_text())
+        meta = json.loads(b.file(".json").read_text())
         assert meta["name"] == b.variant.name and meta["arch"] == arch
-        assert (b.so.with_suffix(".cu")).read_text() == render.render(b.variant)
+        assert b.file(".cu").read_text() == render.render(b.variant)
     second = build.build(cover, arch)
     assert all(b.cached and b.ok for b in second)
     assert [b.key for b in second] == [b.key for b in first]
@@ -163,3 +163,59 @@ def test_batch_folders_of_killed_builds_are_removed(tuner_home):
     os.utime(old, (past, past))
     build.build([], "sm_90")
     assert not old.exists() and young.exists()
+
+
+def test_a_unit_of_several_variants_gives_each_the_code_it_gets_alone(tuner_home, tmp_path):
+    import ctypes
+
+    cover = giou.covering_set()[:4]
+    together = build.build(cover, "sm_90", jobs=1)
+    assert {b.unit_size for b in together} == {4} and len({b.so for b in together}) == 1
+    alone = build.build(cover, "sm_90", jobs=len(cover), root=tmp_path)  # a core each: a unit each
+    assert {b.unit_size for b in alone} == {1}
+    for t, a in zip(together, alone):
+        assert t.key == a.key and t.registers == a.registers and t.spill_bytes == a.spill_bytes
+        assert t.smem_bytes == a.smem_bytes and t.registers.get("forward_mean")
+        assert b"tuner_giou_vtable_" + t.key.encode() in t.so.read_bytes()
+        assert a.entry is None and t.entry == f"tuner_giou_vtable_{t.key}"
+        assert "tuner_variant_" not in a.file(".log").read_text()
+        assert t.file(".log").read_text().count("Compiling entry function") == sum(
+            1 for k in a.registers if k.startswith(("forward", "backward", "validate")))
+    # each variant's table is found in the unit's library (dlopen needs no GPU)
+    lib = ctypes.CDLL(str(together[0].so))
+    assert all(getattr(lib, b.entry) for b in together)
+    # cached per variant, with the unit's library
+    again = build.build(cover, "sm_90", jobs=1)
+    assert all(b.cached and b.so == together[0].so and b.entry == t.entry for b, t in zip(again, together))
+
+
+def test_a_bad_variant_in_a_unit_costs_its_neighbours_a_retry_not_their_result(tuner_home, monkeypatch):
+    cover = giou.covering_set()[:3]
+    bad = cover[1].name
+
+    def planted(variant):
+        return render.render(variant) + ("\n#error planted\n" if variant.name == bad else "")
+
+    monkeypatch.setattr(build, "render", planted)
+    results = build.build(cover, "sm_90", jobs=1)
+    assert [b.ok for b in results] == [True, False, True]
+    assert "#error planted" in results[1].error and results[1].unit_size == 1
+    assert results[0].unit_size == results[2].unit_size == 1 and results[0].so != results[2].so
+
+
+def test_unit_source_keeps_variants_apart():
+    a = '#include <stdint.h>\n#include "x.h"\n#define WIDTH 4\nextern "C" int tuner_t_vtable();\n'
+    b = '#include <stdint.h>\nint f();\n'
+    text = build.unit_source([("k1", a), ("k2", b)], "tuner_t_vtable")
+    assert text.splitlines().count("#include <stdint.h>") == 1 and text.index('#include "x.h"') < text.index("namespace tuner_variant")
+    assert "namespace tuner_variant_k1 {" in text and "namespace tuner_variant_k2 {" in text
+    assert "#define tuner_t_vtable tuner_t_vtable_k1" in text
+    # a macro of the first variant is gone before the second
+    assert text.index("#undef WIDTH") < text.index("namespace tuner_variant_k2")
+
+
+def test_units_are_spread_over_the_cores():
+    todo = {f"k{i}": (giou.covering_set()[0], "") for i in range(40)}
+    assert [len(u) for u in build.plan_units(todo, 16)] == [3] * 13 + [1]
+    assert [len(u) for u in build.plan_units(todo, 2)] == [16, 16, 8]
+    assert [len(u) for u in build.plan_units(dict(list(todo.items())[:3]), 16)] == [1, 1, 1]

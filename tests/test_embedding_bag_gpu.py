@@ -26,7 +26,7 @@ def kernels(shared_home):
     variants = list(dict.fromkeys(eb.covering_set() + random.Random(0).sample(spread, 18) + split))
     built = build.build(variants, gpus.attached().arch)
     assert all(b.ok for b in built), [b.error for b in built if not b.ok][:1]
-    return [(b.variant, EmbeddingBagKernel(b.so, b.variant.name)) for b in built]
+    return [(b.variant, EmbeddingBagKernel(b.so, b.variant.name, b.entry)) for b in built]
 
 
 def _close(got, want, dtype):

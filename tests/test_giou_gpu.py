@@ -29,7 +29,7 @@ def kernels(shared_home):
     failed = [f"{b.variant.name}: {b.error}" for b in built if not b.ok]
     assert not failed, "\n".join(failed)
     torch.manual_seed(0)
-    return [(b.variant, GiouKernel(b.so, b.variant.name)) for b in built]
+    return [(b.variant, GiouKernel(b.so, b.variant.name, b.entry)) for b in built]
 
 
 def _counts(B, S, kind, device):

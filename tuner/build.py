@@ -1,13 +1,22 @@
-"""Compile variants: one ninja file per batch, cached by content hash, with a ptxas report.
+"""Compile variants: several per translation unit, cached per variant by content hash.
 
-Each variant is a CUDA-headers-only translation unit compiled by nvcc into a small
-shared library (about 2 s of one core). A batch goes into a single ninja file so
-ninja spreads it over the cores; `torch.utils.cpp_extension` builds the one
-torch binding (see `tuner.binding`), which loads any variant through a C table.
+nvcc's fixed cost (host preprocessing, cudafe++, the host compiler reading CUDA's
+headers: about 1.5 s) is paid once per translation unit, so a batch is split into
+units of up to MAX_PER_UNIT variants, as many units as there are cores when the
+batch allows. In a unit each variant's source sits in its own namespace, and its
+one C-linkage name (the family's `ENTRY`, the variant's table) is renamed
+`<ENTRY>_<key>` by `#define`, so that every variant's kernels compile exactly as
+they would alone (ptxas compiles each kernel by itself) and each keeps its own
+table. A unit that fails to compile is built again one variant per unit, so one
+bad variant costs its neighbours a retry, never their result. All units of a
+batch go into a single ninja file so ninja spreads them over the cores;
+`torch.utils.cpp_extension` builds the one torch binding (see `tuner.binding`),
+which calls any variant through its table.
 
-Files, named by the content hash of everything that can change the binary
+Files, named by the content hash of everything that can change a variant's binary
 (rendered source, headers, flags, nvcc, torch, arch):
-    variants/<arch>/<family>-<hash>.cu / .so / .log / .json
+    variants/<arch>/<family>-<hash>.cu / .log / .json   one variant
+    variants/<arch>/<family>-<hash>.so or <family>-unit-<hash>.so   the library holding it
 The .json is written last, so a build killed half-way is simply built again; a
 variant with a .json is never rebuilt (a failed compile is remembered too).
 """
@@ -53,7 +62,10 @@ class Build:
     smem_bytes: int = 0
     stack_bytes: int = 0
     error: str = ""
-    so: Path | None = None
+    folder: Path | None = None  # the arch's cache folder
+    so: Path | None = None  # the library holding the variant (shared with a unit's other variants)
+    entry: str | None = None  # the C name of its table there, when not the family's ENTRY
+    unit_size: int = 1  # variants compiled in its translation unit
 
     def regs(self, kind: str) -> int | None:
         """The most registers a kernel of this kind (forward, backward) uses, over its instances."""
@@ -65,8 +77,13 @@ class Build:
             "name": self.variant.name, "key": self.key, "arch": self.arch, "ok": self.ok,
             "cached": self.cached, "compile_s": round(self.compile_s, 3), "registers": self.registers,
             "spill_bytes": self.spill_bytes, "smem_bytes": self.smem_bytes, "stack_bytes": self.stack_bytes,
-            "error": self.error,
+            "error": self.error, "so": str(self.so) if self.so else None, "entry": self.entry,
+            "unit_size": self.unit_size,
         }
+
+    def file(self, suffix: str) -> Path:
+        """The variant's own files in the cache: .cu, .log, .json."""
+        return (self.folder or arch_dir(self.arch)) / f"{self.variant.family}-{self.key}{suffix}"
 
 
 def gencode(arch: str) -> str:
@@ -97,6 +114,7 @@ def content_key(variant: Variant, source: str, arch: str) -> str:
 # ------------------------------------------------------------------ ptxas
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for")
+_PROPERTIES = re.compile(r"Function properties for (\S+)")
 _REGS = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -141,13 +159,14 @@ def _load_meta(path: Path, variant: Variant, arch: str, key: str) -> Build | Non
         meta = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    so = path.with_suffix(".so")
+    so = path.parent / meta["so"] if meta.get("so") else path.with_suffix(".so")
     if meta.get("ok") and not so.exists():
         return None
     return Build(variant, arch, key, bool(meta["ok"]), cached=True, compile_s=meta.get("compile_s", 0.0),
                  registers=meta.get("registers", {}), spill_bytes=meta.get("spill_bytes", 0),
                  smem_bytes=meta.get("smem_bytes", 0), stack_bytes=meta.get("stack_bytes", 0),
-                 error=meta.get("error", ""), so=so if meta.get("ok") else None)
+                 error=meta.get("error", ""), folder=path.parent, so=so if meta.get("ok") else None,
+                 entry=meta.get("entry"), unit_size=meta.get("unit_size", 1))
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -225,10 +244,73 @@ def _remove_stale_batches(out_dir: Path) -> None:
             pass
 
 
+MAX_PER_UNIT = 16  # nvcc's fixed cost is ~1.5 s, a variant's own ~0.7 s: 16 per unit pays it ~10%
+
+_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b.*$", re.M)
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)", re.M)
+
+
+def namespace(key: str) -> str:
+    return f"tuner_variant_{key}"
+
+
+def unit_source(members: list[tuple[str, str]], entry: str) -> str:
+    """Several variants (key, source) as one translation unit.
+
+    Includes move to the top (a header included inside a namespace would declare
+    its names there); each source goes into its own namespace with `entry` renamed
+    `<entry>_<key>`, and the macros it defines are undefined after it. A family's
+    template therefore gives C linkage to its table function only, and includes
+    its headers unconditionally.
+    """
+    includes = list(dict.fromkeys(m.strip() for _, src in members for m in _INCLUDE.findall(src)))
+    parts = [f"// {len(members)} variants, each in its own namespace (tuner/build.py)", *includes, ""]
+    for key, src in members:
+        body = _INCLUDE.sub(lambda m: f"// {m.group(0).strip()} (at the top)", src)
+        undef = "".join(f"#undef {name}\n" for name in dict.fromkeys(_DEFINE.findall(src)))
+        parts.append(f"#define {entry} {entry}_{key}\nnamespace {namespace(key)} {{\n{body}\n}}  "
+                     f"// namespace {namespace(key)}\n#undef {entry}\n{undef}")
+    return "\n".join(parts)
+
+
+def plan_units(todo: dict[str, tuple[Variant, str]], jobs: int) -> list[list[str]]:
+    """Keys grouped into translation units: per family, as many units as cores while each holds
+    at most MAX_PER_UNIT. A family without an `ENTRY` compiles one variant per unit."""
+    by_family: dict[str, list[str]] = {}
+    for key, (variant, _) in todo.items():
+        by_family.setdefault(variant.family, []).append(key)
+    units = []
+    for family, keys in by_family.items():
+        if not getattr(families.get(family), "ENTRY", None):
+            units += [[k] for k in keys]
+            continue
+        size = min(MAX_PER_UNIT, max(1, -(-len(keys) // jobs)))
+        units += [keys[i:i + size] for i in range(0, len(keys), size)]
+    return units
+
+
+def _unit_name(family: str, keys: list[str]) -> str:
+    if len(keys) == 1:
+        return f"{family}-{keys[0]}"
+    return f"{family}-unit-{hashlib.sha256(' '.join(keys).encode()).hexdigest()[:20]}"
+
+
 def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, jobs: int | None,
              timeout: float) -> list[Build]:
-    nvcc = toolkit.nvcc()
     jobs = jobs or os.cpu_count() or 1
+    units = plan_units(todo, jobs)
+    built = _compile_units(units, todo, arch, out_dir, jobs, timeout)
+    # A unit that failed as a whole: its variants again, one per unit, for their own verdicts.
+    retry = [[k] for unit in units if len(unit) > 1 and not built[unit[0]].ok for k in unit]
+    if retry:
+        built.update(_compile_units(retry, todo, arch, out_dir, jobs, timeout))
+    return [built[k] for k in todo]
+
+
+def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path,
+                   jobs: int, timeout: float) -> dict[str, Build]:
+    """One ninja run over `units`; a Build per key. Only single-variant units remember failures."""
+    nvcc = toolkit.nvcc()
     tmp = Path(tempfile.mkdtemp(prefix=".batch-", dir=out_dir))
     try:
         lines = [
@@ -239,11 +321,16 @@ def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, job
             "  command = $nvcc $flags $include -o $out $in > $out.log 2>&1",
             "  description = nvcc $out",
         ]
-        for key, (variant, source) in todo.items():
-            stem = f"{variant.family}-{key}"
-            (tmp / f"{stem}.cu").write_text(source)
-            lines.append(f"build {stem}.so: nvcc {stem}.cu")
-            lines.append(f"  include = -I{templates_dir(variant.family)}")
+        for unit in units:
+            family = todo[unit[0]][0].family
+            name = _unit_name(family, unit)
+            if len(unit) == 1:
+                text = todo[unit[0]][1]
+            else:
+                text = unit_source([(k, todo[k][1]) for k in unit], families.get(family).ENTRY)
+            (tmp / f"{name}.cu").write_text(text)
+            lines.append(f"build {name}.so: nvcc {name}.cu")
+            lines.append(f"  include = -I{templates_dir(family)}")
         (tmp / "build.ninja").write_text("\n".join(lines) + "\n")
         cmd = [_ninja(), "-C", str(tmp), "-k", "0", "-j", str(jobs)]
         started = time.monotonic()
@@ -254,30 +341,51 @@ def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, job
             ninja_out = f"ninja timed out after {timeout:.0f} s\n{exc.stdout or ''}"
         wall = time.monotonic() - started
         times = _ninja_times(tmp / ".ninja_log")
-        results = []
-        for key, (variant, source) in todo.items():
-            stem = f"{variant.family}-{key}"
-            so, log = tmp / f"{stem}.so", tmp / f"{stem}.so.log"
+        results = {}
+        for unit in units:
+            family = todo[unit[0]][0].family
+            name = _unit_name(family, unit)
+            so, log = tmp / f"{name}.so", tmp / f"{name}.so.log"
             log_text = log.read_text(errors="replace") if log.exists() else ""
-            ok = f"{stem}.so" in times and so.exists()
-            ptx = parse_ptxas(log_text, getattr(families.get(variant.family), "KERNEL_ARGS", {}))
-            meta = {"name": variant.name, "params": variant.as_dict(), "key": key, "arch": arch, "ok": ok,
-                    "compile_s": times.get(f"{stem}.so", wall), **ptx,
-                    "error": "" if ok else (_compiler_error(log_text) or ninja_out.strip()[-4000:])}
-            (out_dir / f"{stem}.cu").write_text(source)
-            if log.exists():
-                os.replace(log, out_dir / f"{stem}.log")
+            ok = f"{name}.so" in times and so.exists()
             if ok:
-                os.replace(so, out_dir / f"{stem}.so")
-            if ok or log_text:  # a compile that never ran (timeout, kill) is not remembered
-                _write_json(out_dir / f"{stem}.json", meta)
-            results.append(Build(variant, arch, key, ok, cached=False, compile_s=meta["compile_s"],
-                                 registers=ptx["registers"], spill_bytes=ptx["spill_bytes"],
-                                 smem_bytes=ptx["smem_bytes"], stack_bytes=ptx["stack_bytes"],
-                                 error=meta["error"], so=out_dir / f"{stem}.so" if ok else None))
+                os.replace(so, out_dir / so.name)
+            labels = getattr(families.get(family), "KERNEL_ARGS", {})
+            for key in unit:
+                variant, source = todo[key]
+                stem = f"{family}-{key}"
+                own_log = log_text if len(unit) == 1 else member_log(log_text, namespace(key))
+                ptx = parse_ptxas(own_log, labels)
+                entry = f"{families.get(family).ENTRY}_{key}" if len(unit) > 1 else None
+                meta = {"name": variant.name, "params": variant.as_dict(), "key": key, "arch": arch, "ok": ok,
+                        "compile_s": times.get(f"{name}.so", wall) / len(unit), **ptx,
+                        "so": so.name if ok else None, "entry": entry, "unit_size": len(unit),
+                        "error": "" if ok else (_compiler_error(log_text) or ninja_out.strip()[-4000:])}
+                (out_dir / f"{stem}.cu").write_text(source)
+                (out_dir / f"{stem}.log").write_text(own_log)
+                # A compile that never ran (timeout, kill) is not remembered, nor a failed unit's
+                # verdict on its variants (each is tried alone next).
+                if ok or (log_text and len(unit) == 1):
+                    _write_json(out_dir / f"{stem}.json", meta)
+                results[key] = Build(variant, arch, key, ok, cached=False, compile_s=meta["compile_s"],
+                                     registers=ptx["registers"], spill_bytes=ptx["spill_bytes"],
+                                     smem_bytes=ptx["smem_bytes"], stack_bytes=ptx["stack_bytes"],
+                                     error=meta["error"], folder=out_dir, so=out_dir / so.name if ok else None,
+                                     entry=entry, unit_size=len(unit))
         return results
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def member_log(log: str, ns: str) -> str:
+    """The lines of a unit's ptxas report about one variant's kernels (those named in `ns`)."""
+    keep, mine = [], True
+    for line in log.splitlines():
+        if (m := _ENTRY.search(line)) or (m := _PROPERTIES.search(line)):
+            mine = ns in m.group(1)
+        if mine:
+            keep.append(line)
+    return "\n".join(keep) + ("\n" if keep else "")
 
 
 def _compiler_error(log: str) -> str:

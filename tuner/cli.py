@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -77,6 +78,13 @@ def cmd_variants(args: argparse.Namespace) -> int:
     return 0
 
 
+def _children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 @command
 def cmd_build(args: argparse.Namespace) -> int:
     import pandas as pd
@@ -88,11 +96,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         variants = families.get(args.family).covering_set()
     else:
         variants = _spread([v for s in _cli(args).spaces(args) for v in s], args.limit)
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _children_cpu_s()
     results = build.build(variants, arch, jobs=args.jobs)
-    wall = time.monotonic() - started
+    wall, cpu = time.monotonic() - started, _children_cpu_s() - cpu
     rows = [{
-        "variant": b.variant.name, "ok": b.ok, "cached": b.cached, "compile_s": round(b.compile_s, 2),
+        "variant": b.variant.name, "ok": b.ok, "cached": b.cached, "unit": b.unit_size,
+        "compile_s": round(b.compile_s, 2),
         "regs_fwd": b.regs("forward") or "", "regs_bwd": b.regs("backward") or "", "spill_bytes": b.spill_bytes,
         "smem_bytes": b.smem_bytes,
     } for b in results]
@@ -102,10 +111,11 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(pd.DataFrame(rows).to_string(index=False))
     fresh = [b for b in results if not b.cached]
     failed = [b for b in results if not b.ok]
-    times = sorted(b.compile_s for b in fresh if b.ok)
-    median = f"{times[len(times) // 2]:.2f} s" if times else "-"
-    print(f"\n{len(results)} variants for {arch}: {len(fresh)} compiled, {len(results) - len(fresh)} cached, "
-          f"{len(failed)} failed; median compile {median}; wall {wall:.1f} s", file=sys.stderr)
+    units = len({b.so for b in fresh if b.ok})
+    per_variant = f"{cpu / len(fresh):.2f} s of one core a variant (nvcc's CPU time), " if fresh else ""
+    print(f"\n{len(results)} variants for {arch}: {len(fresh)} compiled ({units} libraries), "
+          f"{len(results) - len(fresh)} cached, {len(failed)} failed; {per_variant}wall {wall:.1f} s "
+          f"on {args.jobs or os.cpu_count()} cores", file=sys.stderr)
     for b in failed:
         print(f"\nFAILED {b.variant.name}:\n{b.error}", file=sys.stderr)
     return 1 if failed else 0

@@ -19,7 +19,7 @@ def _build_result(b: build.Build) -> dict:
     result = {
         "status": "ok" if b.ok else "fail", "compile_s": b.compile_s, "compiled": not b.cached,
         "regs_fwd": b.regs("forward"), "regs_bwd": b.regs("backward"),
-        "spill_bytes": b.spill_bytes, "so": str(b.so) if b.so else None,
+        "spill_bytes": b.spill_bytes, "so": str(b.so) if b.so else None, "entry": b.entry,
     }
     if not b.ok:
         result.update(reason="compile error", message=b.error)
@@ -77,11 +77,11 @@ class LiveEvaluator(Evaluator):
 
     def evaluate(self, variant, prepared):
         return self.worker.evaluate({"kind": "evaluate", "family": self.problem.family, "so": prepared["so"],
-                                     "name": variant.name, "problem": self.problem.__dict__,
+                                     "entry": prepared.get("entry"), "name": variant.name, "problem": self.problem.__dict__,
                                      "objective": self.objective})
 
     def retime(self, variants, prepared, objective):
-        jobs = [{"so": prepared[v.name]["so"], "name": v.name} for v in variants if prepared[v.name]["so"]]
+        jobs = [{"so": prepared[v.name]["so"], "entry": prepared[v.name].get("entry"), "name": v.name} for v in variants if prepared[v.name]["so"]]
         result = self.worker.evaluate({"kind": "retime", "family": self.problem.family, "kernels": jobs,
                                        "problem": self.problem.__dict__, "objective": objective})
         return result.get("timings", {})

@@ -71,7 +71,7 @@ class _Child:
         family = self.family(job["family"])
         result: dict[str, Any] = {"status": "fail"}
         started = time.monotonic()
-        kernel = family.load(job["so"], job["name"])
+        kernel = family.load(job["so"], job["name"], job.get("entry"))
         verdict = family.check(kernel, job["problem"])
         errors = {k: v for k, v in verdict.items() if k not in ("ok", "reason", "message")}
         if not verdict["ok"]:
@@ -99,7 +99,7 @@ class _Child:
         family = self.family(job["family"])
         fwd, bwd = {}, {}
         for k in job["kernels"]:
-            f, b = family.calls(family.load(k["so"], k["name"]), job["problem"], job["objective"])
+            f, b = family.calls(family.load(k["so"], k["name"], k.get("entry")), job["problem"], job["objective"])
             fwd[k["name"]] = f
             if b is not None:
                 bwd[k["name"]] = b

@@ -17,6 +17,7 @@ from tuner.variant import Variant
 FAMILY = "scale_add"
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = "scale_add.cu.j2"
+ENTRY = "tuner_scale_add_vtable"  # the variant's one C-linkage name: its table
 HEADERS = ("scale_add_abi.h",)
 FAULTS: tuple[str, ...] = ()
 

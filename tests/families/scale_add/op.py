@@ -59,7 +59,7 @@ def load_op(directory: Path, manifest: dict, **options):
         source = (directory / entry["source"]).read_text()
         (built,) = build.build([variant], gpus.attached().arch, sources={variant.name: source})
         lib = ctypes.CDLL(str(built.so))
-        fn = lib.tuner_scale_add_vtable
+        fn = getattr(lib, built.entry or "tuner_scale_add_vtable")
         fn.restype = ctypes.POINTER(_Vtable)
         _launch = _LAUNCH(fn().contents.launch)
         globals()["_keep"] = lib

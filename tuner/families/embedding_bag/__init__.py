@@ -23,6 +23,7 @@ from tuner.variant import Variant
 
 FAMILY = "embedding_bag"
 TEMPLATE = "embedding_bag.cu.j2"
+ENTRY = "tuner_embedding_bag_vtable"  # the variant's one C-linkage name: its table
 HEADERS = ("embedding_bag_abi.h",)
 # The torch binding, built once per torch/CUDA version: the search's calls by address and the op.
 BINDING = ("embedding_bag_op.cpp",)

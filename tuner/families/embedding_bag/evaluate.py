@@ -74,8 +74,8 @@ class Evaluation:
         self.cases: dict[tuple, list[dict]] = {}  # input sets and their float64 answers, per check case
         self.checked = 0
 
-    def load(self, so: str, name: str) -> EmbeddingBagKernel:
-        return EmbeddingBagKernel(so, name)
+    def load(self, so: str, name: str, entry: str | None = None) -> EmbeddingBagKernel:
+        return EmbeddingBagKernel(so, name, entry)
 
     def _case(self, q: eb.Problem, mode: str, padding: bool) -> dict:
         """The next of ROTATION input sets of this case. The float64 reference runs on the CPU

@@ -40,10 +40,10 @@ class EmbeddingBagKernel:
     "deferred" (the search's), errors the variant's validation finds stay in the binding's
     error word until `take_errors()`; with "sync" the call raises KernelInputError."""
 
-    def __init__(self, so: Path, expected_name: str | None = None):
+    def __init__(self, so: Path, expected_name: str | None = None, entry: str | None = None):
         self.path = Path(so)
         self._lib = ctypes.CDLL(str(self.path))  # kept alive: the table points into it
-        fn = self._lib.tuner_embedding_bag_vtable
+        fn = getattr(self._lib, entry or "tuner_embedding_bag_vtable")  # entry: its name in a unit of several
         fn.restype = ctypes.POINTER(_Vtable)
         ptr = fn()
         table = ptr.contents

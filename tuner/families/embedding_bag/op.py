@@ -108,7 +108,7 @@ def load_op(directory: Path, manifest: dict, *, validate: str = "async", fallbac
             if failed:
                 raise TunerError(f"embedding_bag: building {failed[0].variant.name} for {attached.arch} failed:\n"
                                  f"{failed[0].error}")
-            kernels = {name: EmbeddingBagKernel(b.so, name) for name, b in built.items()}
+            kernels = {name: EmbeddingBagKernel(b.so, name, b.entry) for name, b in built.items()}
             for es in table.values():
                 for e in es:
                     ops.stage(kernels[e.variant.name].address, e.problem["dim"], e.problem["bag_size"],

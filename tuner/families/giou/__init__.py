@@ -20,6 +20,7 @@ from tuner.variant import Variant
 
 FAMILY = "giou"
 TEMPLATE = "giou.cu.j2"
+ENTRY = "tuner_giou_vtable"  # the variant's one C-linkage name: its table
 # The torch binding, built once per torch/CUDA version: the search's calls by address and the op.
 BINDING = ("giou_binding.cpp", "giou_op.cpp")
 BINDING_HEADERS = ("giou_binding.h",)

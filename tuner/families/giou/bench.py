@@ -76,7 +76,7 @@ class SimpleKernel:
             boxes_per_thread=1, padding="branch", validation="none", block_size=256, loads="scalar",
             reduction="atomic", backward="recompute")
         (b,) = build.build([v], gpus.attached().arch)
-        self.kernel = GiouKernel(b.so, v.name)
+        self.kernel = GiouKernel(b.so, v.name, b.entry)
 
     def __call__(self, pred, target, num_boxes):
         k = self

@@ -18,8 +18,8 @@ class Evaluation:
         binding.load("giou")
         self.inputs: dict[tuple, tuple] = {}
 
-    def load(self, so: str, name: str) -> GiouKernel:
-        return GiouKernel(so, name)
+    def load(self, so: str, name: str, entry: str | None = None) -> GiouKernel:
+        return GiouKernel(so, name, entry)
 
     def check(self, kernel: GiouKernel, problem: dict) -> dict[str, Any]:
         """Correct first: the problem's own shape, then an odd one that ends mid-block. Returns

@@ -38,10 +38,10 @@ class GiouKernel:
       "deferred" (or False)  leave it in the workspace until `take_errors()`.
     """
 
-    def __init__(self, so: Path, expected_name: str | None = None):
+    def __init__(self, so: Path, expected_name: str | None = None, entry: str | None = None):
         self.path = Path(so)
         self._lib = ctypes.CDLL(str(self.path))  # kept alive: the table points into it
-        fn = self._lib.tuner_giou_vtable
+        fn = getattr(self._lib, entry or "tuner_giou_vtable")  # entry: its name in a unit of several
         fn.restype = ctypes.POINTER(_Vtable)
         ptr = fn()
         table = ptr.contents

@@ -112,7 +112,7 @@ class TunedGiou:
             if failed:
                 raise TunerError(f"giou_loss: building {failed[0].variant.name} for {arch} failed:\n"
                                  f"{failed[0].error}")
-            kernels = {name: GiouKernel(b.so, name) for name, b in built.items()}
+            kernels = {name: GiouKernel(b.so, name, b.entry) for name, b in built.items()}
             for entries in table.values():
                 for e in entries:
                     ops.stage(kernels[e.variant.name].address, e.problem["batch"], e.problem["slots"], e.tuned_for)
