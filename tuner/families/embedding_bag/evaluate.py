@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from tuner.cases import Cases
 from tuner.families import embedding_bag as eb
 from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
 
@@ -63,31 +64,20 @@ def check_case(kernel: EmbeddingBagKernel, q: eb.Problem, mode: str, seed: int, 
     return run_case(kernel, make_case(q, mode, seed, padding))
 
 
-ROTATION = 3  # input sets per check case: the variants of a search take them in turn
-
-
 class Evaluation:
     """Per worker process: timing inputs made once per problem (the PR's weight is 2.5 GB)."""
 
     def __init__(self):
         self.inputs: dict[tuple, tuple] = {}
-        self.cases: dict[tuple, list[dict]] = {}  # input sets and their float64 answers, per check case
-        self.checked = 0
+        self.cases = Cases()  # input sets and their float64 answers, per check case
 
     def load(self, so: str, name: str, entry: str | None = None) -> EmbeddingBagKernel:
         return EmbeddingBagKernel(so, name, entry)
 
     def _case(self, q: eb.Problem, mode: str, padding: bool) -> dict:
-        """The next of ROTATION input sets of this case. The float64 reference runs on the CPU
-        (most of a check's time), so each set's answers are computed once and shared by the
-        variants that take it; every variant writes into fresh, NaN-filled outputs."""
-        import torch
-
-        sets = self.cases.setdefault((q, mode, padding), [])
-        if len(sets) < ROTATION:
-            sets.append(make_case(q, mode, int(torch.randint(1 << 30, ()).item()), padding))
-            return sets[-1]
-        return sets[self.checked % ROTATION]
+        """The next input set of this case. The float64 reference runs on the CPU (most of a
+        check's time), so each set's answers are computed once and shared by a few variants."""
+        return self.cases.get((q, mode, padding), lambda seed: make_case(q, mode, seed % (1 << 30), padding))
 
     def check(self, kernel: EmbeddingBagKernel, problem: dict) -> dict[str, Any]:
         """Every mode, forward and backward, on inputs shaped like the problem but with fewer rows
@@ -95,25 +85,20 @@ class Evaluation:
         runs of one row in the backward), and on an odd shape (dim not a multiple of the loads,
         empty bags, a padding_idx)."""
         p = eb.Problem(**problem)
-        if len(self.cases) > 64:
-            self.cases.clear()
         small = dict(rows=min(p.rows, 8192), bags=min(p.bags, 256))
         shapes = [(dataclasses.replace(p, **small), False),
                   (dataclasses.replace(p, **small, distribution="one_hot"), False),
                   (dataclasses.replace(p, rows=97, dim=p.dim + 1, bags=13, bag_size=3), True)]
         worst = 0.0
-        try:
-            for q, padding in shapes:
-                for mode in eb.MODES:
-                    case = self._case(q, mode, padding)
-                    err, failed = run_case(kernel, case)
-                    worst = max(worst, err)
-                    if failed:
-                        return {"ok": False, "reason": "wrong result" if err == err else "nan",
-                                "message": f"{failed} {mode} {q.distribution} rows={q.rows} dim={q.dim}: "
-                                           f"relative error {err:.3g}", "loss_error": worst}
-        finally:
-            self.checked += 1
+        for q, padding in shapes:
+            for mode in eb.MODES:
+                case = self._case(q, mode, padding)
+                err, failed = run_case(kernel, case)
+                worst = max(worst, err)
+                if failed:
+                    return {"ok": False, "reason": "wrong result" if err == err else "nan",
+                            "message": f"{failed} {mode} {q.distribution} rows={q.rows} dim={q.dim}: "
+                                       f"relative error {err:.3g}", "loss_error": worst}
         if kernel.take_errors():
             return {"ok": False, "reason": "wrong result", "message": "validation flagged valid inputs",
                     "loss_error": worst}

@@ -208,13 +208,14 @@ def box_counts(batch: int, slots: int, distribution: str, generator):
     """Boxes per image: the article's floor(|N(0, 3)|) clipped to the slots, uniform, or full."""
     import torch
 
+    device = generator.device
     if distribution == "article":
-        n = torch.randn(batch, generator=generator).mul_(3).abs_().floor_()
+        n = torch.randn(batch, generator=generator, device=device).mul_(3).abs_().floor_()
         return n.clamp_(0, slots).to(torch.int64)
     if distribution == "uniform":
-        return torch.randint(0, slots + 1, (batch,), generator=generator)
+        return torch.randint(0, slots + 1, (batch,), generator=generator, device=device)
     if distribution == "full":
-        return torch.full((batch,), slots, dtype=torch.int64)
+        return torch.full((batch,), slots, dtype=torch.int64, device=device)
     raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
 
 
@@ -225,31 +226,34 @@ def make_inputs(batch: int, slots: int, pred: str = "bfloat16", target: str = "u
     Targets are the article's boxes (integer corners in [0, 255], sides >= 1) and
     zero at padding, so both validity conventions agree; preds are the targets
     moved and resized by noise (overlapping or not), with random values at
-    padding, since a model writes something there too.
+    padding, since a model writes something there too. Generated where they are used
+    (on a GPU: no host work, no copy); a seed gives the same inputs on the same device.
     """
     import torch
 
-    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**63)
-    counts = box_counts(batch, slots, distribution, g) if counts is None else counts.to(torch.int64)
-    valid = torch.arange(slots)[None, :] < counts[:, None]
-    size = torch.randint(1, 256, (batch, slots, 2), generator=g).float()
-    top_left = torch.randint(0, 255, (batch, slots, 2), generator=g).float()
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed if seed is not None else torch.seed() % 2**63)
+    on = dict(generator=g, device=device)
+    counts = box_counts(batch, slots, distribution, g) if counts is None else counts.to(device, torch.int64)
+    valid = torch.arange(slots, device=device)[None, :] < counts[:, None]
+    size = torch.randint(1, 256, (batch, slots, 2), **on).float()
+    top_left = torch.randint(0, 255, (batch, slots, 2), **on).float()
     bottom_right = (top_left + size).clamp(0, 255)
     if dtype_name(target) != "uint8":  # float targets need not sit on the pixel grid; sides stay > 0
-        top_left = top_left + torch.rand(batch, slots, 2, generator=g) * 0.5
-        bottom_right = bottom_right - torch.rand(batch, slots, 2, generator=g) * 0.4
+        top_left = top_left + torch.rand(batch, slots, 2, **on) * 0.5
+        bottom_right = bottom_right - torch.rand(batch, slots, 2, **on) * 0.4
     tgt = torch.cat([top_left, bottom_right], -1)
-    tgt = torch.where(valid[..., None], tgt, torch.zeros(()))
+    tgt = torch.where(valid[..., None], tgt, torch.zeros((), device=device))
 
-    centre = (tgt[..., :2] + tgt[..., 2:]) / 2 + torch.randn(batch, slots, 2, generator=g) * 30
-    half = (tgt[..., 2:] - tgt[..., :2]).clamp(min=1) / 2 * torch.exp(torch.randn(batch, slots, 2, generator=g) * 0.5)
+    centre = (tgt[..., :2] + tgt[..., 2:]) / 2 + torch.randn(batch, slots, 2, **on) * 30
+    half = (tgt[..., 2:] - tgt[..., :2]).clamp(min=1) / 2 * torch.exp(torch.randn(batch, slots, 2, **on) * 0.5)
     prd = torch.cat([centre - half, centre + half], -1)
-    noise = torch.rand(batch, slots, 4, generator=g) * 256
+    noise = torch.rand(batch, slots, 4, **on) * 256
     prd = torch.where(valid[..., None], prd, noise)
 
-    pred_t = prd.to(_torch_dtype(pred)).to(device)
+    pred_t = prd.to(_torch_dtype(pred))
     target_t = tgt.round().to(torch.uint8) if dtype_name(target) == "uint8" else tgt.to(_torch_dtype(target))
-    return pred_t, target_t.to(device), counts.to(device)
+    return pred_t, target_t, counts
 
 
 def _torch_dtype(name: str):
@@ -270,14 +274,14 @@ def relative_error(got, want) -> float:
     """||got - want|| / ||want||, inf when got has NaN/inf where want is finite."""
     import torch
 
-    got = got.detach().to(torch.float64).cpu()
-    want = want.detach().to(torch.float64).cpu()
     if got.shape != want.shape:
         return math.inf
-    if not torch.isfinite(got).all():
+    got = got.detach().to(device=want.device, dtype=torch.float64)
+    want = want.detach().to(torch.float64)
+    # one copy to the host for all three numbers (the tensors stay where they are)
+    finite, scale, diff = torch.stack([torch.isfinite(got).all().double(), want.norm(), (got - want).norm()]).tolist()
+    if not finite:
         return math.inf
-    scale = want.norm().item()
-    diff = (got - want).norm().item()
     return diff / scale if scale > 0 else diff
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from tuner.cases import Cases
 from tuner.families.giou.kernel import GiouKernel
-from tuner.families.giou.verify import verify
+from tuner.families.giou.verify import make_case, run_case
 
 
 class Evaluation:
@@ -17,17 +18,19 @@ class Evaluation:
 
         binding.load("giou")
         self.inputs: dict[tuple, tuple] = {}
+        self.cases = Cases()
 
     def load(self, so: str, name: str, entry: str | None = None) -> GiouKernel:
         return GiouKernel(so, name, entry)
 
     def check(self, kernel: GiouKernel, problem: dict) -> dict[str, Any]:
-        """Correct first: the problem's own shape, then an odd one that ends mid-block. Returns
+        """Correct first: the problem's own shape, then an odd one that ends mid-block, each on an
+        input set shared with a few other variants (`tuner.cases`). Returns
         {"ok", "reason", "message"} and the worst errors seen (`loss_error`, `grad_error`)."""
         worst = {"loss_error": 0.0, "grad_error": 0.0}
         for batch, slots in ((problem["batch"], problem["slots"]), (3, 7)):
-            v = verify(kernel, problem["pred"], problem["target"], batch, slots, problem["reduction"],
-                       problem["distribution"])
+            key = (problem["pred"], problem["target"], batch, slots, problem["reduction"], problem["distribution"])
+            v = run_case(kernel, self.cases.get(key, lambda seed, k=key: make_case(*k, seed=seed)))
             worst = {"loss_error": max(worst["loss_error"], v.loss_error),
                      "grad_error": max(worst["grad_error"], v.grad_error)}
             if not v.ok:

@@ -1,0 +1,40 @@
+"""Stopping the timing of clearly slow variants early, through Optuna's pruning.
+
+The worker times a verified variant for a few repetitions first (a probe) and asks
+the search whether to go on; the search reports the probe's objective as the
+trial's intermediate value and asks the study's pruner (`trial.should_prune()`).
+A pruned trial is told PRUNED with the probe's time: it never wins, and the
+sampler still learns that its region is slow. Variants that go on get the full
+timing budget, and the winner is re-timed with more repetitions anyway.
+"""
+
+from __future__ import annotations
+
+import optuna
+
+PROBE_REPS = 10
+DEFAULT_FACTOR = 1.5  # a 10-repetition median is within a few % of the full one; 1.5x is far behind
+
+
+class SlowerThanBest(optuna.pruners.BasePruner):
+    """Prune a trial whose latest intermediate value is over `factor` x the best finished value."""
+
+    def __init__(self, factor: float = DEFAULT_FACTOR):
+        if factor <= 1.0:
+            raise ValueError(f"the pruning factor must be over 1, got {factor}")
+        self.factor = factor
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None:
+            return False
+        try:
+            best = study.best_value
+        except ValueError:  # nothing finished yet
+            return False
+        return trial.intermediate_values[step] > self.factor * best
+
+
+def pruner(factor: float | None):
+    """The search's pruner: SlowerThanBest(factor), or none for a factor of None or 0."""
+    return SlowerThanBest(factor) if factor else optuna.pruners.NopPruner()
