@@ -1,0 +1,88 @@
+"""Search quality in simulation: trials a sampler needs to reach a near-best variant of the
+recorded H100 space (tuner/quality.py, `tuner samplers`)."""
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tuner import quality, search
+from tuner.evaluate import SimulatedEvaluator
+from tuner.families import giou
+
+DATA = Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl"
+PROBLEM = giou.Problem(pred="bfloat16", target="uint8")
+SPACE = 1136  # every bf16/uint8 variant is in the recording
+
+
+def _finished(s: search.Search) -> list:
+    """Trials told, in trial order (random and grid also queue trials ahead: those wait)."""
+    return sorted((t for t in s.study.trials if t.state.name != "WAITING"), key=lambda t: t.number)
+
+
+def _search(sampler: str, seed: int, trials: int, **kw) -> search.Search:
+    cfg = search.SearchConfig(gpu="auto", problem=PROBLEM, trials=trials, sampler=sampler, simulate=DATA, seed=seed,
+                              progress=False, storage=optuna.storages.InMemoryStorage(), **kw)
+    s = search.Search(cfg, SimulatedEvaluator(DATA, PROBLEM, "fwd+bwd", "auto"))
+    s.run()
+    return s
+
+
+def test_the_recording_covers_the_space():
+    assert quality.space_size(PROBLEM) == SPACE
+    assert quality.dataset_best(DATA, PROBLEM) == pytest.approx(16.736, abs=1e-3)
+
+
+@pytest.mark.parametrize("sampler, seed", [("random", 0), ("tpe", 0)])
+def test_the_count_is_where_a_plain_search_first_gets_there(sampler, seed, tuner_home):
+    """Stopping early changes nothing before the stop: a search of exactly `count` trials, with
+    no stop condition, gets within 3% of the best at its last trial and not before."""
+    count = quality.trials_to_reach(DATA, PROBLEM, sampler, seed)
+    assert 1 <= count <= SPACE
+    target = 1.03 * quality.dataset_best(DATA, PROBLEM)
+    trials = _finished(_search(sampler, seed, count))
+    assert len(trials) == count
+    reached = [t.number for t in trials if t.state.name == "COMPLETE" and t.value <= target]
+    assert reached[0] == count - 1
+    if sampler == "random":  # random draws without replacement: every trial a new variant
+        assert len({t.user_attrs["variant"] for t in trials}) == count
+
+
+def test_a_seed_is_reproducible_and_leaves_nothing_behind(tuner_home):
+    first = quality.trials_to_reach(DATA, PROBLEM, "tpe", 1)
+    assert first == quality.trials_to_reach(DATA, PROBLEM, "tpe", 1)
+    assert not any(tuner_home.iterdir())  # runs use a scratch TUNER_HOME
+
+
+def test_bounds_of_the_count(tuner_home):
+    assert quality.trials_to_reach(DATA, PROBLEM, "random", 0, within=100.0) == 1  # any variant will do
+    needed = quality.trials_to_reach(DATA, PROBLEM, "tpe", 0)
+    assert quality.trials_to_reach(DATA, PROBLEM, "tpe", 0, max_trials=needed - 1) is None
+    assert quality.trials_to_reach(DATA, PROBLEM, "tpe", 0, max_trials=needed) == needed
+
+
+def test_stop_when_ends_the_search_early(tuner_home):
+    s = _search("random", 0, SPACE, batch=8, stop_when=lambda best: True)
+    # the batch that met it and the one asked while it was evaluated are finished, no more
+    assert s.report.trials == len(_finished(s)) == 16
+
+
+def test_sampler_table_and_the_default_samplers_bound(tuner_home):
+    table = quality.sampler_table(DATA, PROBLEM, ["tpe", "random"], seeds=range(3))
+    assert list(table["sampler"]) == ["tpe", "random"]
+    assert list(table["reached"]) == ["3/3", "3/3"]
+    for _, row in table.iterrows():
+        assert 1 <= row["min"] <= row["p25"] <= row["median trials"] <= row["p75"] <= row["max"] <= SPACE
+        assert row["median % of space"] == pytest.approx(100 * row["median trials"] / SPACE, abs=0.05)
+    # tpe within 15% of the space, on 3 seeds here; `tuner samplers --fail-above 15` checks 20
+    assert table.loc[table["sampler"] == "tpe", "median % of space"].iloc[0] <= 15
+    assert "| tpe |" in quality.markdown(table)
+
+
+def test_a_run_that_never_reaches_makes_its_quantiles_unknown(tuner_home):
+    needed = [quality.trials_to_reach(DATA, PROBLEM, "tpe", seed) for seed in (0, 1)]
+    cap = (min(needed) + max(needed)) // 2  # one run gets there, the other does not
+    row = quality.sampler_table(DATA, PROBLEM, ["tpe"], seeds=[0, 1], max_trials=cap).iloc[0]
+    assert row["reached"] == "1/2" and row["min"] == min(needed)
+    assert math.isnan(row["median trials"]) and math.isnan(row["max"]) and math.isnan(row["median % of space"])
