@@ -10,7 +10,7 @@ import time
 import optuna
 import pytest
 
-from tuner import records, search, study
+from tuner import journal, records, search, study
 from tuner.errors import GpuError
 from tuner.families import giou
 
@@ -29,7 +29,7 @@ def _cfg(sim, **kw):
 
 
 def _finished(st):
-    return [t for t in st.get_trials() if t.state.name in ("COMPLETE", "FAIL")
+    return [t for t in st.get_trials() if t.state.name in ("COMPLETE", "PRUNED", "FAIL")
             and t.user_attrs.get("reason") != "interrupted"]
 
 
@@ -83,7 +83,7 @@ def test_every_failure_kind_is_a_failed_trial_with_its_reason(sim):
            if t.state.name == "FAIL"}
     assert got == failing
     assert set(failing.values()) == set(simdata.FAILURES)
-    assert len([t for t in st.get_trials() if t.state.name == "COMPLETE"]) >= 5
+    assert len([t for t in st.get_trials() if t.state.name in ("COMPLETE", "PRUNED")]) >= 5
 
 
 def test_gpu_mismatch_is_refused_with_a_clear_message(sim):
@@ -100,7 +100,7 @@ def _cli(*args, env_home, **kw):
 def _study_trials(home):
     name = study.study_name("giou", "H100", giou.Problem().key(), "fwd+bwd")
     try:
-        return optuna.load_study(study_name=name, storage=f"sqlite:///{home}/studies/tuner.db").get_trials()
+        return optuna.load_study(study_name=name, storage=journal.storage(f"{home}/studies/tuner.journal")).get_trials()
     except Exception:  # not created yet
         return []
 
@@ -128,7 +128,7 @@ def test_kill_and_resume_loses_no_finished_trial(sim, tuner_home):
     lost = [n for n, v in kept.items() if trials[n].state.name != "COMPLETE" or trials[n].value != v]
     assert lost == []
     assert not any(t.state.name == "RUNNING" for t in trials.values())
-    assert len([t for t in trials.values() if t.state.name in ("COMPLETE", "FAIL")
+    assert len([t for t in trials.values() if t.state.name in ("COMPLETE", "PRUNED", "FAIL")
                 and t.user_attrs.get("reason") != "interrupted"]) >= 60
     interrupted = [t for t in trials.values() if t.user_attrs.get("reason") == "interrupted"]
     retried = {t.user_attrs.get("retry_of") for t in trials.values()} - {None}
@@ -192,9 +192,10 @@ def test_importing_records_skips_known_variants(tuner_home, tmp_path):
     imported = search.run(_cfg(REAL, trials=25, sampler="random", study="second", seed=1,
                                import_records=report.records_path))
     assert imported.imported == 20 and imported.trials == 5
-    # The same seed proposes the same variants again: they are known, so copied, not evaluated.
-    assert imported.duplicates == 5 and imported.evaluated == 0
-    assert not imported.records_path.exists()
+    # Random sampling draws only variants the study has not seen: five new ones, none imported.
+    assert imported.duplicates == 0 and imported.evaluated == 5
+    new = {r["variant"] for r in records.read(imported.records_path)}
+    assert len(new) == 5 and not new & {r["variant"] for r in records.read(report.records_path)}
 
 
 def test_report_writes_table_importance_and_plots(tuner_home):
@@ -207,3 +208,50 @@ def test_report_writes_table_importance_and_plots(tuner_home):
     assert len((out / "trials.csv").read_text().splitlines()) == 61
     for png in ("time_by_dimension.png", "time_vs_registers.png"):
         assert (out / png).stat().st_size > 5000
+
+
+def test_clearly_slow_variants_are_pruned_and_never_win(sim):
+    report = search.run(_cfg(sim, trials=60, sampler="random"))
+    st = study.load(report.study_name)
+    pruned = [t for t in st.get_trials() if t.state.name == "PRUNED"]
+    complete = [t for t in st.get_trials() if t.state.name == "COMPLETE"]
+    assert pruned and complete and report.pruned == len(pruned)
+    best = min(t.value for t in complete)
+    # each was over 1.5x the best known when it was probed, so over 1.5x the final best
+    assert all(t.value > 1.5 * best and t.intermediate_values for t in pruned)
+    assert all("fwd_us" in t.user_attrs for t in pruned)  # the probe's times are kept
+    assert report.winner["variant"] not in {t.user_attrs["variant"] for t in pruned}
+    timed = search.run(_cfg(sim, trials=60, sampler="random", study="every-variant-timed", prune=None))
+    st = study.load(timed.study_name)
+    assert timed.pruned == 0 and not [t for t in st.get_trials() if t.state.name == "PRUNED"]
+
+
+def test_the_pruner_compares_with_the_best_finished_value():
+    from tuner.pruning import SlowerThanBest
+
+    st = optuna.create_study(pruner=SlowerThanBest(2.0))
+    first = st.ask()
+    first.report(100.0, 10)
+    assert not first.should_prune()  # nothing finished yet
+    st.tell(first, 10.0)
+    slow, close = st.ask(), st.ask()
+    slow.report(21.0, 10)
+    close.report(19.0, 10)
+    assert slow.should_prune() and not close.should_prune()
+    with pytest.raises(ValueError):
+        SlowerThanBest(1.0)
+
+
+def test_a_finished_study_is_reported_without_starting_cuda(sim, monkeypatch):
+    from tuner import gpus
+
+    done = search.run(_cfg(sim, trials=20))
+    live = _cfg(sim, trials=20, simulate=None)
+    monkeypatch.setattr(gpus, "visible_name", lambda: "NVIDIA H100 80GB HBM3")
+    report = search.finished(live)
+    assert report is not None and report.winner == done.winner and report.trials == 0
+    assert search.finished(_cfg(sim, trials=21, simulate=None)) is None  # more trials asked for
+    monkeypatch.setattr(gpus, "visible_name", lambda: "NVIDIA L4")
+    assert search.finished(live) is None  # another GPU: the full path says why not
+    monkeypatch.setattr(gpus, "visible_name", lambda: None)
+    assert search.finished(live) is None

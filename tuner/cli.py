@@ -150,6 +150,7 @@ def _study_name(args) -> str:
 def cmd_search(args: argparse.Namespace) -> int:
     from tuner import search, study
 
+    started = time.monotonic()
     if not args.gpu:
         raise TunerError("name the GPU to tune for: --gpu L4, --gpu H100, ... or --gpu auto")
     cfg = search.SearchConfig(
@@ -159,14 +160,19 @@ def cmd_search(args: argparse.Namespace) -> int:
         import_records=args.import_records,
         plant_faults=tuple(f for f in (args.plant_faults or "").split(",") if f),
         arch=args.arch, jobs=args.jobs, batch=args.ask_batch, top_k=args.top_k, eval_timeout=args.eval_timeout,
-        seed=args.seed, progress=not args.quiet)
+        seed=args.seed, progress=not args.quiet, prune=args.prune or None)
     report = search.run(cfg)
     st = study.load(report.study_name, args.storage)
     print(_show(st, args.top_k))
     total = report.compile_s + report.verify_s + report.time_s
     share = (lambda x: f"{100 * x / total:.0f}%") if total else (lambda x: "-")
     rate = 60 * report.trials / report.wall_s if report.wall_s else 0.0
-    print(f"\nthis run: {report.trials} trials in {report.wall_s:.1f} s ({rate:.0f}/min), "
+    since_start = time.monotonic() - started
+    variants = report.evaluated + report.failed.get("compile error", 0)
+    print(f"\nthis run: {variants} variants compiled, verified and timed or pruned ({report.pruned} pruned, "
+          f"{sum(report.failed.values())} failed) in {since_start:.1f} s from the command's start: "
+          f"{60 * variants / since_start:.0f} variants/min")
+    print(f"{report.trials} trials in {report.wall_s:.1f} s of search ({rate:.0f}/min), "
           f"{report.evaluated} evaluated, {report.compiled} compiled, {report.duplicates} duplicates, "
           f"failures {report.failed or 'none'}, worker restarts {report.worker_restarts}, "
           f"re-queued after a kill {report.requeued or 'none'}, imported {report.imported}")
@@ -312,6 +318,38 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+@command
+def cmd_samplers(args: argparse.Namespace) -> int:
+    from tuner import quality, search
+
+    names = [n for n in args.samplers.split(",") if n]
+    unknown = [n for n in names if n not in search.SAMPLERS]
+    if unknown or not names:
+        raise TunerError(f"--samplers: unknown {unknown or 'none given'}; known: {', '.join(search.SAMPLERS)}")
+    problem = _problem(args)
+    best = quality.dataset_best(args.simulate, problem, args.objective)
+    size = quality.space_size(problem)
+    print(f"{args.simulate}: best {args.objective} {best:.2f} us; a run reaches at <= {best * (1 + args.within):.2f} us "
+          f"(within {args.within:.0%}); {size} variants", file=sys.stderr)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    started = time.monotonic()
+    table = quality.sampler_table(
+        args.simulate, problem, names, seeds, args.within, args.max_trials, args.objective,
+        on_run=lambda name, seed, count: print(f"  {name} seed {seed}: {count or 'not reached'}", file=sys.stderr))
+    print(quality.markdown(table), end="")
+    print(f"wall {time.monotonic() - started:.0f} s", file=sys.stderr)
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    default = search.SearchConfig.sampler
+    if args.fail_above is not None and default in names:
+        share = table.loc[table["sampler"] == default, "median % of space"].iloc[0]
+        if not share <= args.fail_above:  # NaN (not reached) fails too
+            print(f"tuner samplers: {default}'s median is {share}% of the space, above {args.fail_above}%",
+                  file=sys.stderr)
+            return 1
+    return 0
+
+
 def _family_of(argv: list[str] | None) -> str:
     """--family, read ahead: the other options of a command depend on it."""
     from tuner import families
@@ -357,6 +395,9 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--ask-batch", type=int, help="trials asked of Optuna and compiled together")
     s.add_argument("--top-k", type=int, default=5, help="finalists re-timed at the end")
     s.add_argument("--eval-timeout", type=float, default=60.0, help="seconds before a variant counts as hung")
+    s.add_argument("--prune", type=float, default=1.5, metavar="FACTOR",
+                   help="stop timing a verified variant whose first repetitions are FACTOR x slower than the "
+                        "best so far (recorded as PRUNED); 0 times every variant in full")
     s.add_argument("--seed", type=int)
     s.add_argument("--import-records", type=Path, metavar="FILE",
                    help="count the measurements in FILE (same GPU, problem and objective) as finished trials")
@@ -381,6 +422,23 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
 
     s = sub.add_parser("report", parents=problem, help="CSV, importances and plots of a study")
     s.add_argument("--out", type=Path, help="folder (default: reports/<study>)")
+
+    sizes = argparse.ArgumentParser(add_help=False)
+    fam.add_problem_args(sizes)
+    s = sub.add_parser("samplers", parents=[family_opt, sizes],
+                       help="search quality in simulation: trials each sampler needs to find a near-best variant")
+    s.add_argument("--simulate", type=Path, metavar="FILE", required=True,
+                   help="a recording of the whole space (a search's .jsonl)")
+    s.add_argument("--samplers", default="tpe,random,grid", help="comma-separated (default: all)")
+    s.add_argument("--seeds", type=int, default=20, help="runs per sampler (default 20)")
+    s.add_argument("--first-seed", type=int, default=0, help="seeds run from this one up (default 0)")
+    s.add_argument("--within", type=float, default=0.03,
+                   help="a run ends at a variant within this fraction of the recording's best (default 0.03)")
+    s.add_argument("--max-trials", type=int, help="give up after this many trials (default: the size of the space)")
+    s.add_argument("--objective", default="fwd+bwd", choices=("fwd", "bwd", "fwd+bwd"))
+    s.add_argument("--csv", type=Path, help="also write the table here")
+    s.add_argument("--fail-above", type=float, metavar="PCT",
+                   help="exit 1 when the default sampler's (tpe) median is above PCT %% of the space")
 
     s = sub.add_parser("list", help="list stored studies")
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")

@@ -11,8 +11,14 @@ import os
 from pathlib import Path
 
 from tuner import build, gpus, records
+from tuner.pruning import PROBE_REPS
 from tuner.errors import GpuError, TunerError
 from tuner.variant import Variant
+
+
+# Repetitions of a variant in the search: at least 100, at most 500, about 10 ms of GPU time a call.
+# The finalists are timed again with more (`Evaluator.retime`).
+SEARCH_TIMING = {"min_reps": 100, "max_reps": 500, "budget_ms": 10.0}
 
 
 def _build_result(b: build.Build) -> dict:
@@ -36,8 +42,10 @@ class Evaluator:
         """Build results by variant name."""
         raise NotImplementedError
 
-    def evaluate(self, variant: Variant, prepared: dict) -> dict:
-        """Verify then time one variant; a failure comes back as data with a reason."""
+    def evaluate(self, variant: Variant, prepared: dict, on_probe=None) -> dict:
+        """Verify then time one variant; a failure comes back as data with a reason. With
+        `on_probe`, the first repetitions' timings are passed to it, and False prunes the variant
+        (status "pruned", with those timings)."""
         raise NotImplementedError
 
     def retime(self, variants: list[Variant], prepared: dict[str, dict], objective: str) -> dict[str, dict]:
@@ -54,7 +62,6 @@ class LiveEvaluator(Evaluator):
 
     def __init__(self, gpu: str, problem, objective: str, arch: str | None = None,
                  jobs: int | None = None, eval_timeout: float = 60.0, log_path: Path | None = None):
-        from tuner import binding
         from tuner.worker import Worker
 
         attached = gpus.attached_for(gpu)
@@ -65,7 +72,7 @@ class LiveEvaluator(Evaluator):
         self.objective = objective
         self.jobs = jobs or os.cpu_count() or 1
         self.batch_size = max(2 * self.jobs, 8)
-        binding.load(problem.family)  # build the torch binding here once, not in each worker start
+        self._binding = False  # built (or loaded) before the first variant: a re-run needs none
         self.worker = Worker(attached.index, timeout=eval_timeout, log_path=str(log_path) if log_path else None)
 
     @property
@@ -73,12 +80,19 @@ class LiveEvaluator(Evaluator):
         return self.worker.restarts
 
     def prepare(self, variants):
+        if not self._binding:
+            from tuner import binding
+
+            binding.load(self.problem.family)  # built here once, not in each worker start
+            self._binding = True
         return {b.variant.name: _build_result(b) for b in build.build(variants, self.arch, jobs=self.jobs)}
 
-    def evaluate(self, variant, prepared):
+    def evaluate(self, variant, prepared, on_probe=None):
         return self.worker.evaluate({"kind": "evaluate", "family": self.problem.family, "so": prepared["so"],
-                                     "entry": prepared.get("entry"), "name": variant.name, "problem": self.problem.__dict__,
-                                     "objective": self.objective})
+                                     "entry": prepared.get("entry"), "name": variant.name,
+                                     "problem": self.problem.__dict__, "objective": self.objective,
+                                     "timing": SEARCH_TIMING, "probe": PROBE_REPS if on_probe else 0},
+                                    on_probe)
 
     def retime(self, variants, prepared, objective):
         jobs = [{"so": prepared[v.name]["so"], "entry": prepared[v.name].get("entry"), "name": v.name} for v in variants if prepared[v.name]["so"]]
@@ -132,14 +146,18 @@ class SimulatedEvaluator(Evaluator):
                                **{k: rec.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes")}}
         return out
 
-    def evaluate(self, variant, prepared):
+    def evaluate(self, variant, prepared, on_probe=None):
         if self.delay:
             import time
 
             time.sleep(self.delay)
         rec = self.table[variant.name]
         keep = ("status", "reason", "message", "fwd", "bwd", "loss_error", "grad_error", "verify_s", "time_s")
-        return {k: rec[k] for k in keep if k in rec}
+        result = {k: rec[k] for k in keep if k in rec}
+        if on_probe and result.get("status") in ("ok", "pruned"):  # the recorded times stand for a probe
+            probe = {k: result[k] for k in ("fwd", "bwd") if k in result}
+            result["status"] = "ok" if on_probe(probe) and result["status"] == "ok" else "pruned"
+        return result
 
     def retime(self, variants, prepared, objective):
         return {v.name: {k: self.table[v.name][k] for k in ("fwd", "bwd") if k in self.table[v.name]}

@@ -128,6 +128,26 @@ def attached_for(gpu: str) -> Attached:
     return found
 
 
+def visible_name() -> str | None:
+    """The first visible GPU's name from nvidia-smi, without starting CUDA (a few ms, where
+    importing torch and starting CUDA take seconds); None when it cannot be read."""
+    import os
+    import subprocess
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if visible and not visible.split(",")[0].strip().isdigit():
+        return None  # UUIDs or MIG names: leave it to CUDA
+    cmd = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    if visible:
+        cmd.append(f"--id={visible.split(',')[0].strip()}")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    return lines[0].strip() if lines else None
+
+
 def driver_version() -> str:
     """The NVIDIA driver version, or '' when it cannot be read."""
     import subprocess

@@ -14,11 +14,12 @@ import concurrent.futures
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from tuner import families, paths, records
+from tuner import families, gpus, paths, records
 from tuner import study as studies
 from tuner.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
+from tuner.pruning import DEFAULT_FACTOR, pruner
 from tuner.variant import Variant
 
 OBJECTIVES = ("fwd", "bwd", "fwd+bwd")
@@ -46,6 +47,10 @@ class SearchConfig:
     import_records: Path | None = None
     seed: int | None = None
     progress: bool = True
+    prune: float | None = DEFAULT_FACTOR  # prune variants this much slower than the best; None: time all
+    # called with the best objective so far after each trial is told; True stops asking for
+    # more (trials already asked are still finished), as a timeout does
+    stop_when: Callable[[float], bool] | None = None
 
 
 @dataclass
@@ -56,6 +61,7 @@ class SearchReport:
     evaluated: int = 0
     compiled: int = 0
     duplicates: int = 0
+    pruned: int = 0
     failed: dict[str, int] = field(default_factory=dict)
     requeued: list[int] = field(default_factory=list)
     wall_s: float = 0.0
@@ -82,7 +88,7 @@ def _sampler(name: str, seed: int | None):
 
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=20)
-    # grid enqueues every valid variant (see _enqueue_grid); random fills any gap
+    # grid and random enqueue the variants to run (see _enqueue); the sampler fills any gap
     return optuna.samplers.RandomSampler(seed=seed)
 
 
@@ -92,19 +98,19 @@ def _distributions(space) -> dict:
     return {d.name: CategoricalDistribution(list(d.values)) for d in space.dims}
 
 
-def _enqueue_grid(study, space, seed: int | None) -> None:
-    """Every valid variant once, in a fixed shuffled order (so a partial grid is spread out)."""
+def _enqueue(study, space, seed: int | None, count: int | None = None) -> None:
+    """Queue variants the study has not seen, in a shuffled order: all of them (grid: a partial
+    grid is spread out), or `count` (random sampling without replacement: a variant is never
+    drawn twice, as Optuna's RandomSampler draws it when its parameters repeat)."""
     import random
 
-    if study.user_attrs.get("grid_enqueued"):
-        return
-    study.set_user_attr("grid_enqueued", True)
-    variants = list(space)
-    random.Random(seed or 0).shuffle(variants)
-    known = {t.user_attrs.get("variant") for t in study.get_trials(deepcopy=False)}
-    for v in variants:
-        if v.name not in known:
-            study.enqueue_trial(space.tuned(v), user_attrs={"owner": studies.owner()})
+    trials = study.get_trials(deepcopy=False)
+    known = {t.user_attrs.get("variant") for t in trials}
+    known |= {space.nearest(t.params).name for t in trials if t.state.name == "WAITING"}
+    variants = [v for v in space if v.name not in known]
+    random.Random(seed if seed is not None else random.SystemRandom().random()).shuffle(variants)
+    for v in variants[:count]:
+        study.enqueue_trial(space.tuned(v), user_attrs={"owner": studies.owner()})
 
 
 class Search:
@@ -120,12 +126,14 @@ class Search:
                                                     cfg.objective)
         self.storage = studies.storage(cfg.storage)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.study = studies.create(self.name, self.storage, _sampler(cfg.sampler, cfg.seed))
+        self.study = studies.create(self.name, self.storage, _sampler(cfg.sampler, cfg.seed), pruner(cfg.prune))
         self._record_identity()
         self.records_path = studies.records_path(self.name)
         self.report = SearchReport(self.name, self.records_path)
         self._results: dict[str, tuple[int, dict]] = {}  # variant -> (trial number, outcome)
         self._best: float | None = None
+        self._probed: set[int] = set()  # trials that reported a probe
+        self._stopped = False
         self._bar = None
 
     def _record_identity(self) -> None:
@@ -163,13 +171,20 @@ class Search:
         if duplicate_of is not None:
             attrs["duplicate_of"] = duplicate_of
             self.report.duplicates += 1
-        if result["status"] != "ok":
+        if result["status"] == "pruned":
+            self.report.pruned += 1
+        elif result["status"] != "ok":
             self.report.failed[attrs["reason"]] = self.report.failed.get(attrs["reason"], 0) + 1
         _set_user_attrs(trial, attrs)
         value = objective_value(result, self.cfg.objective) if result["status"] == "ok" else None
-        if value is not None:
+        if result["status"] == "pruned":
+            if trial.number not in self._probed:  # a copied outcome: report what was measured then
+                trial.report(objective_value(result, self.cfg.objective), 0)
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        elif value is not None:
             self.study.tell(trial, value)
             self._best = value if self._best is None else min(self._best, value)
+            self._stopped = self._stopped or bool(self.cfg.stop_when and self.cfg.stop_when(self._best))
         else:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
         self.report.trials += 1
@@ -184,8 +199,8 @@ class Search:
         a = prior.user_attrs
         result = {k: a.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes", "loss_error",
                                         "grad_error")}
-        if prior.state.name == "COMPLETE":
-            result["status"] = "ok"
+        if prior.state.name in ("COMPLETE", "PRUNED"):
+            result["status"] = "ok" if prior.state.name == "COMPLETE" else "pruned"
             result["fwd"] = {"median_us": a.get("fwd_us", 0.0), "spread_us": a.get("fwd_spread_us", 0.0)}
             if "bwd_us" in a:
                 result["bwd"] = {"median_us": a["bwd_us"], "spread_us": a.get("bwd_spread_us", 0.0)}
@@ -202,7 +217,7 @@ class Search:
                 continue
             if t.state.name == "RUNNING":
                 running[name] = min(running.get(name, t.number), t.number)
-            elif name not in self._results and (t.state.name == "COMPLETE" or (
+            elif name not in self._results and (t.state.name in ("COMPLETE", "PRUNED") or (
                     t.state.name == "FAIL" and t.user_attrs.get("reason") not in (None, "interrupted"))):
                 self._results[name] = (t.number, self._copy(t))
         return running
@@ -238,7 +253,8 @@ class Search:
             if build["status"] != "ok":
                 result = build
             else:
-                result = {**build, **self.evaluator.evaluate(variant, build)}
+                probe = (lambda partial, t=trial: self._probe(t, partial)) if self.cfg.prune else None
+                result = {**build, **self.evaluator.evaluate(variant, build, probe)}
                 self.report.evaluated += 1
             self.report.verify_s += result.get("verify_s", 0.0)
             self.report.time_s += result.get("time_s", 0.0)
@@ -250,9 +266,17 @@ class Search:
             self._tell(trial, variant, result)
             self._results[variant.name] = (trial.number, result)
 
+    def _probe(self, trial, partial: dict) -> bool:
+        """The first repetitions' objective as the trial's intermediate value; go on unless the
+        study's pruner says prune."""
+        trial.report(objective_value(partial, self.cfg.objective), partial["fwd"].get("reps", 0))
+        self._probed.add(trial.number)
+        return not trial.should_prune()
+
     # -------------------------------------------------------------- run
 
     def run(self) -> SearchReport:
+        import optuna
         from tqdm import tqdm
 
         cfg = self.cfg
@@ -261,11 +285,16 @@ class Search:
         self.report.requeued = studies.fail_interrupted(self.study, self.storage)
         if cfg.import_records:
             self.report.imported = self.import_records(cfg.import_records)
-        if cfg.sampler == "grid":
-            _enqueue_grid(self.study, self.space, cfg.seed)
-        self._plant(cfg.plant_faults)
+        self._plant(cfg.plant_faults)  # queued first, so that they run first
+        if cfg.sampler == "grid" and not self.study.user_attrs.get("grid_enqueued"):
+            self.study.set_user_attr("grid_enqueued", True)
+            _enqueue(self.study, self.space, cfg.seed)
+        elif cfg.sampler == "random":
+            waiting = len(self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+            _enqueue(self.study, self.space, cfg.seed, max(0, cfg.trials - studies.finished_count(self.study) - waiting))
         done = studies.finished_count(self.study)
-        batch_size = cfg.batch or self.evaluator.batch_size
+        # A sampler that learns between batches (tpe) gets smaller ones; a queue of variants does not.
+        batch_size = cfg.batch or self.evaluator.batch_size * (1 if cfg.sampler == "tpe" else 4)
         if cfg.progress:
             self._bar = tqdm(total=cfg.trials, initial=min(done, cfg.trials), desc=self.name, unit="trial",
                              dynamic_ncols=True, leave=True, disable=None)
@@ -278,7 +307,7 @@ class Search:
                 out_of_time = cfg.timeout is not None and time.monotonic() - started > cfg.timeout
                 in_flight = (len(pending[0]) if pending else 0) + len(waiting)
                 room = cfg.trials - studies.finished_count(self.study) - in_flight
-                if room > 0 and not out_of_time:
+                if room > 0 and not out_of_time and not self._stopped:
                     new, held = self._settle_known(self._ask(min(batch_size, room)), wait=False)
                     waiting += held
                     following = (new, pool.submit(self._prepare, _unique(new)))
@@ -318,12 +347,14 @@ class Search:
             if (v is None or v.name in known or rec.get("problem") != self.cfg.problem.key()
                     or rec.get("gpu", {}).get("gpu_name") != gpu or rec.get("objective") != self.cfg.objective):
                 continue
-            ok = rec.get("status") == "ok"
+            status = rec.get("status")
+            value = objective_value(rec, self.cfg.objective) if status in ("ok", "pruned") else None
+            state = {"ok": "COMPLETE", "pruned": "PRUNED"}.get(status, "FAIL")
             attrs = {"variant": v.name, "imported_from": str(path), **result_attrs(rec)}
             self.study.add_trial(optuna.trial.create_trial(
-                params=self.space.tuned(v), distributions=self.dists,
-                value=objective_value(rec, self.cfg.objective) if ok else None,
-                state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL, user_attrs=attrs))
+                params=self.space.tuned(v), distributions=self.dists, value=value,
+                intermediate_values={0: value} if state == "PRUNED" else None,
+                state=optuna.trial.TrialState[state], user_attrs=attrs))
             known.add(v.name)
             added += 1
         return added
@@ -373,7 +404,7 @@ class Search:
 def result_attrs(result: dict) -> dict:
     """A result's facts as trial user attributes (what `show`, `report` and `export` read)."""
     attrs = {k: result.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes")}
-    if result.get("status") == "ok":
+    if result.get("status") in ("ok", "pruned"):
         attrs.update(fwd_us=result["fwd"]["median_us"], fwd_spread_us=result["fwd"]["spread_us"],
                      loss_error=result.get("loss_error"), grad_error=result.get("grad_error"))
         if "bwd" in result:
@@ -392,7 +423,35 @@ def _unique(batch) -> list[Variant]:
     return list({v.name: v for _, v in batch}.values())
 
 
+def finished(cfg: SearchConfig) -> SearchReport | None:
+    """The report of a study that already has its trials and its winner, read without starting
+    CUDA, when the attached GPU (as nvidia-smi names it) is the one it was measured on; else None."""
+    import optuna
+
+    if cfg.simulate or cfg.plant_faults or cfg.import_records or cfg.gpu.lower() == "auto":
+        return None
+    family = families.get(cfg.problem.family)
+    name = cfg.study or studies.study_name(family.FAMILY, cfg.gpu, cfg.problem.key(), cfg.objective)
+    try:
+        st = optuna.load_study(study_name=name, storage=studies.storage(cfg.storage))
+    except KeyError:
+        return None
+    attrs = st.user_attrs
+    gpu = gpus.visible_name()
+    if (gpu is None or gpu != attrs.get("gpu", {}).get("gpu_name") or "winner" not in attrs
+            or studies.finished_count(st) < cfg.trials
+            or st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,
+                                                     optuna.trial.TrialState.WAITING))):
+        return None
+    return SearchReport(name, studies.records_path(name), winner=attrs["winner"], retimed=attrs.get("retimed", []))
+
+
 def run(cfg: SearchConfig) -> SearchReport:
+    started = time.monotonic()
+    report = finished(cfg)
+    if report is not None:
+        report.wall_s = time.monotonic() - started
+        return report
     if cfg.simulate:
         evaluator: Evaluator = SimulatedEvaluator(cfg.simulate, cfg.problem, cfg.objective, cfg.gpu,
                                                   cfg.simulate_delay)

@@ -12,15 +12,23 @@ from typing import Any
 from tuner import paths
 from tuner.errors import TunerError
 
-DB_NAME = "tuner.db"
+JOURNAL_NAME = "tuner.journal"
+DB_NAME = "tuner.db"  # the default before the journal: still used where it is the only one
 
 
 def storage_url(url: str | None = None) -> str:
-    """`url`, or the embedded default: a SQLite file under studies/."""
+    """`url` (an RDB URL, or a journal file's path), or the default: studies/tuner.journal."""
     if url:
         return url
-    paths.studies_dir().mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{paths.studies_dir() / DB_NAME}"
+    folder = paths.studies_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / DB_NAME).exists() and not (folder / JOURNAL_NAME).exists():
+        return f"sqlite:///{folder / DB_NAME}"
+    return str(folder / JOURNAL_NAME)
+
+
+def is_journal(url: str) -> bool:
+    return "://" not in url
 
 
 def records_path(name: str):
@@ -40,10 +48,18 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 
 
 def storage(url: str | None = None):
+    """An Optuna storage for `url`; a storage object is used as it is (an in-memory one for
+    simulated runs that need no file)."""
     import optuna
     import sqlalchemy
 
+    if isinstance(url, optuna.storages.BaseStorage):
+        return url
     url = storage_url(url)
+    if is_journal(url):
+        from tuner import journal
+
+        return journal.storage(url)
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         # Several `tuner search` processes share one file: wait for its lock, do not fail.
@@ -68,15 +84,15 @@ def _file_lock(path: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def create(name: str, st, sampler):
+def create(name: str, st, sampler, pruner=None):
     """Create or load a study; serialised like the storage, for the same reason."""
     import optuna
 
-    url = str(st.engine.url)
+    url = str(st.engine.url) if hasattr(st, "engine") else ""
     lock = _file_lock(url.split(":///", 1)[-1] + ".lock") if url.startswith("sqlite") else contextlib.nullcontext()
     with lock:
         return optuna.create_study(study_name=name, storage=st, direction="minimize", sampler=sampler,
-                                   load_if_exists=True)
+                                   pruner=pruner, load_if_exists=True)
 
 
 def study_name(family: str, gpu: str, problem_key: str, objective: str) -> str:
@@ -209,10 +225,11 @@ def _requeue(study, t) -> None:
 
 
 def finished_count(study) -> int:
-    """Trials that count towards --trials: complete or failed, except interruptions (re-run)."""
+    """Trials that count towards --trials: complete, pruned or failed, except interruptions (re-run)."""
     from optuna.trial import TrialState
 
-    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                                   TrialState.FAIL))
                if t.user_attrs.get("reason") != "interrupted")
 
 

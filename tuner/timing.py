@@ -14,6 +14,18 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 DEFAULT_FLUSH_BYTES = 256 * 1024 * 1024  # over any GPU's L2 today; Triton's do_bench uses the same
+HEAD_START_CYCLES = 2_000_000  # about 1-2 ms of GPU clock
+
+
+def head_start() -> None:
+    """Keep the GPU busy for a moment (a spin kernel, not timed) while the host queues the timed
+    repetitions behind it, so that the events time the GPU's work and not how fast a busy host
+    launches: otherwise the GPU runs ahead and idles inside the timed window."""
+    import torch
+
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(HEAD_START_CYCLES)
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ def bench(fn: Callable[[], object], *, flush: L2Flush | None = None, warmup: int
     reps = int(min(max_reps, max(min_reps, budget_ms / estimate_ms)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    head_start()
     for s, e in zip(starts, ends):
         flush()
         s.record()
@@ -89,6 +102,7 @@ def interleaved(fns: dict[str, Callable[[], object]], *, flush: L2Flush | None =
     for _ in range(rounds):
         for name, fn in fns.items():
             pairs = []
+            head_start()
             for _ in range(per_round):
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 flush()

@@ -65,7 +65,9 @@ class _Child:
             self.families[name] = families.part(name, "evaluate").Evaluation()
         return self.families[name]
 
-    def run(self, job: dict) -> dict:
+    def run(self, job: dict, ask=None) -> dict:
+        """Verify, then time. With `job["probe"]`, a few repetitions are timed first and
+        `ask({"probe": ...})` says whether to go on (False: the variant is pruned)."""
         from tuner import timing
 
         family = self.family(job["family"])
@@ -81,10 +83,18 @@ class _Child:
 
         started = time.monotonic()
         fwd_fn, bwd_fn = family.calls(kernel, job["problem"], job["objective"])
+        calls = {"fwd": fwd_fn, "bwd": bwd_fn} if bwd_fn is not None else {"fwd": fwd_fn}
+        if job.get("probe") and ask is not None:
+            n = job["probe"]
+            probe = {k: timing.bench(fn, flush=self.flush, min_reps=n, max_reps=n, budget_ms=0).as_dict()
+                     for k, fn in calls.items()}
+            if not ask({"probe": probe}):
+                if family.errors(kernel):
+                    return {**result, "reason": "wrong result", "message": "validation flagged valid inputs"}
+                return {**result, **probe, "status": "pruned", "time_s": time.monotonic() - started}
         cfg = job.get("timing", {})
-        result["fwd"] = timing.bench(fwd_fn, flush=self.flush, **cfg).as_dict()
-        if bwd_fn is not None:
-            result["bwd"] = timing.bench(bwd_fn, flush=self.flush, **cfg).as_dict()
+        for k, fn in calls.items():
+            result[k] = timing.bench(fn, flush=self.flush, **cfg).as_dict()
         flagged = family.errors(kernel)  # generated inputs are valid: a flag here is a kernel bug
         if flagged:
             return {**result, "reason": "wrong result", "message": f"validation flagged valid inputs ({flagged})"}
@@ -128,8 +138,12 @@ def _child_main(conn, device_index: int, log_path: str | None = None) -> None:
             return
         if job is None:
             return
+        def ask(message):
+            conn.send(message)
+            return conn.recv()
+
         try:
-            conn.send(child.retime(job) if job.get("kind") == "retime" else child.run(job))
+            conn.send(child.retime(job) if job.get("kind") == "retime" else child.run(job, ask))
         except Exception as exc:  # noqa: BLE001 - every failure of a variant is data
             message = f"{type(exc).__name__}: {exc}"
             reason = classify(message)
@@ -179,22 +193,28 @@ class Worker:
             self.close()
             raise WorkerError(f"the worker failed to start:\n{hello.get('message', '')}")
 
-    def evaluate(self, job: dict) -> dict:
+    def evaluate(self, job: dict, on_probe=None) -> dict:
+        """The job's result; a probe the child sends on the way is answered by `on_probe(probe)`
+        (True: go on), or with True when there is none."""
         if self._proc is None or not self._proc.is_alive():
             self._start()
         self._conn.send(job)
-        if not self._conn.poll(self.timeout):
-            self.close()
-            self.restarts += 1
-            return {"status": "fail", "reason": "hang", "message": f"no answer within {self.timeout:.0f} s"}
-        try:
-            result = self._conn.recv()
-        except EOFError:
-            self._proc.join(5)
-            code = self._proc.exitcode
-            self.close()
-            self.restarts += 1
-            return {"status": "fail", "reason": "crash", "message": f"the worker died (exit code {code})"}
+        while True:
+            if not self._conn.poll(self.timeout):
+                self.close()
+                self.restarts += 1
+                return {"status": "fail", "reason": "hang", "message": f"no answer within {self.timeout:.0f} s"}
+            try:
+                result = self._conn.recv()
+            except EOFError:
+                self._proc.join(5)
+                code = self._proc.exitcode
+                self.close()
+                self.restarts += 1
+                return {"status": "fail", "reason": "crash", "message": f"the worker died (exit code {code})"}
+            if "probe" not in result:
+                break
+            self._conn.send(bool(on_probe(result["probe"])) if on_probe else True)
         if result.get("fatal"):
             self.close()
             self.restarts += 1
