@@ -34,3 +34,15 @@ def shared_home(tmp_path_factory):
     path = os.environ.get("TUNER_TEST_HOME") or str(tmp_path_factory.mktemp("tuner-home"))
     os.environ["TUNER_HOME"] = path
     return path
+
+
+@pytest.fixture
+def postgres_url():
+    """The URL of a PostgreSQL server started for the test (skips where none can run)."""
+    import pgserver
+
+    server = pgserver.Server()
+    try:
+        yield server.url
+    finally:
+        server.stop()

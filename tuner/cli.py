@@ -160,7 +160,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         import_records=args.import_records,
         plant_faults=tuple(f for f in (args.plant_faults or "").split(",") if f),
         arch=args.arch, jobs=args.jobs, batch=args.ask_batch, top_k=args.top_k, eval_timeout=args.eval_timeout,
-        seed=args.seed, progress=not args.quiet, prune=args.prune or None)
+        seed=args.seed, progress=not args.quiet, prune=args.prune or None, devices=args.devices)
     report = search.run(cfg)
     st = study.load(report.study_name, args.storage)
     print(_show(st, args.top_k))
@@ -395,6 +395,9 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--ask-batch", type=int, help="trials asked of Optuna and compiled together")
     s.add_argument("--top-k", type=int, default=5, help="finalists re-timed at the end")
     s.add_argument("--eval-timeout", type=float, default=60.0, help="seconds before a variant counts as hung")
+    s.add_argument("--devices", metavar="all|0,1,...",
+                   help="GPUs of this host that evaluate variants, a worker each, fed from one study and one "
+                        "compile pipeline (default: device 0); all must be the --gpu model")
     s.add_argument("--prune", type=float, default=1.5, metavar="FACTOR",
                    help="stop timing a verified variant whose first repetitions are FACTOR x slower than the "
                         "best so far (recorded as PRUNED); 0 times every variant in full")

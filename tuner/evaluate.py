@@ -37,15 +37,17 @@ class Evaluator:
     gpu_info: dict
     batch_size: int
     restarts: int = 0
+    parallel: int = 1  # variants it evaluates at once (one per GPU), each in its own slot
 
     def prepare(self, variants: list[Variant]) -> dict[str, dict]:
         """Build results by variant name."""
         raise NotImplementedError
 
-    def evaluate(self, variant: Variant, prepared: dict, on_probe=None) -> dict:
-        """Verify then time one variant; a failure comes back as data with a reason. With
-        `on_probe`, the first repetitions' timings are passed to it, and False prunes the variant
-        (status "pruned", with those timings)."""
+    def evaluate(self, variant: Variant, prepared: dict, on_probe=None, slot: int = 0) -> dict:
+        """Verify then time one variant on the GPU of `slot` (0 .. parallel - 1; one variant at a
+        time per slot); a failure comes back as data with a reason. With `on_probe`, the first
+        repetitions' timings are passed to it, and False prunes the variant (status "pruned",
+        with those timings)."""
         raise NotImplementedError
 
     def retime(self, variants: list[Variant], prepared: dict[str, dict], objective: str) -> dict[str, dict]:
@@ -57,14 +59,23 @@ class Evaluator:
 
 
 class LiveEvaluator(Evaluator):
-    """Compile with nvcc, run in a worker process on the attached GPU. `problem` is a family's
-    Problem (a dataclass with `family` and `key()`)."""
+    """Compile with nvcc, run in a worker process per GPU (`devices`, CUDA indices; all of one
+    model). `problem` is a family's Problem (a dataclass with `family` and `key()`)."""
 
     def __init__(self, gpu: str, problem, objective: str, arch: str | None = None,
-                 jobs: int | None = None, eval_timeout: float = 60.0, log_path: Path | None = None):
+                 jobs: int | None = None, eval_timeout: float = 60.0, log_path: Path | None = None,
+                 devices: list[int] | None = None):
+        import socket
+
         from tuner.worker import Worker
 
-        attached = gpus.attached_for(gpu)
+        self.devices = devices or [0]
+        attached = gpus.attached_for(gpu, self.devices[0])
+        for index in self.devices[1:]:
+            other = gpus.attached(index)
+            if other.name != attached.name:
+                raise GpuError(f"--devices: device {index} is {other.name}, device {self.devices[0]} is "
+                               f"{attached.name}; a study is measured on one GPU model")
         self.gpu_info = attached.describe()
         self.gpu_label = gpu if gpu.lower() != "auto" else gpus.short_name(attached)
         self.arch = arch or attached.arch
@@ -73,11 +84,14 @@ class LiveEvaluator(Evaluator):
         self.jobs = jobs or os.cpu_count() or 1
         self.batch_size = max(2 * self.jobs, 8)
         self._binding = False  # built (or loaded) before the first variant: a re-run needs none
-        self.worker = Worker(attached.index, timeout=eval_timeout, log_path=str(log_path) if log_path else None)
+        self.parallel = len(self.devices)
+        self.host = socket.gethostname()
+        logs = [log_path and (str(log_path) if self.parallel == 1 else f"{log_path}.{i}") for i in self.devices]
+        self.workers = [Worker(i, timeout=eval_timeout, log_path=log) for i, log in zip(self.devices, logs)]
 
     @property
     def restarts(self) -> int:  # type: ignore[override]
-        return self.worker.restarts
+        return sum(w.restarts for w in self.workers)
 
     def prepare(self, variants):
         if not self._binding:
@@ -87,28 +101,30 @@ class LiveEvaluator(Evaluator):
             self._binding = True
         return {b.variant.name: _build_result(b) for b in build.build(variants, self.arch, jobs=self.jobs)}
 
-    def evaluate(self, variant, prepared, on_probe=None):
-        return self.worker.evaluate({"kind": "evaluate", "family": self.problem.family, "so": prepared["so"],
-                                     "entry": prepared.get("entry"), "name": variant.name,
-                                     "problem": self.problem.__dict__, "objective": self.objective,
-                                     "timing": SEARCH_TIMING, "probe": PROBE_REPS if on_probe else 0},
-                                    on_probe)
+    def evaluate(self, variant, prepared, on_probe=None, slot=0):
+        result = self.workers[slot].evaluate({
+            "kind": "evaluate", "family": self.problem.family, "so": prepared["so"], "entry": prepared.get("entry"),
+            "name": variant.name, "problem": self.problem.__dict__, "objective": self.objective,
+            "timing": SEARCH_TIMING, "probe": PROBE_REPS if on_probe else 0}, on_probe)
+        return {**result, "device": f"{self.host}/cuda:{self.devices[slot]}"}
 
     def retime(self, variants, prepared, objective):
         jobs = [{"so": prepared[v.name]["so"], "entry": prepared[v.name].get("entry"), "name": v.name} for v in variants if prepared[v.name]["so"]]
-        result = self.worker.evaluate({"kind": "retime", "family": self.problem.family, "kernels": jobs,
+        result = self.workers[0].evaluate({"kind": "retime", "family": self.problem.family, "kernels": jobs,
                                        "problem": self.problem.__dict__, "objective": objective})
         return result.get("timings", {})
 
     def close(self):
-        self.worker.close()
+        for w in self.workers:
+            w.close()
 
 
 class SimulatedEvaluator(Evaluator):
     """Replays a measurement log (as Kernel Tuner's simulation mode does): no GPU, no compiler."""
 
-    def __init__(self, path: Path, problem, objective: str, gpu: str, delay: float = 0.0):
+    def __init__(self, path: Path, problem, objective: str, gpu: str, delay: float = 0.0, devices: int = 1):
         path = Path(path)
+        self.parallel = devices  # simulated GPUs: evaluations run side by side as on real ones
         self.delay = delay  # seconds per evaluation, so that tests can kill a search mid-way
         if not path.exists():
             raise TunerError(f"--simulate: no such file {path}")
@@ -146,7 +162,7 @@ class SimulatedEvaluator(Evaluator):
                                **{k: rec.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes")}}
         return out
 
-    def evaluate(self, variant, prepared, on_probe=None):
+    def evaluate(self, variant, prepared, on_probe=None, slot=0):
         if self.delay:
             import time
 
@@ -157,7 +173,7 @@ class SimulatedEvaluator(Evaluator):
         if on_probe and result.get("status") in ("ok", "pruned"):  # the recorded times stand for a probe
             probe = {k: result[k] for k in ("fwd", "bwd") if k in result}
             result["status"] = "ok" if on_probe(probe) and result["status"] == "ok" else "pruned"
-        return result
+        return {**result, "device": f"simulated/{slot}"}
 
     def retime(self, variants, prepared, objective):
         return {v.name: {k: self.table[v.name][k] for k in ("fwd", "bwd") if k in self.table[v.name]}

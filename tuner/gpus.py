@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from tuner.errors import GpuError
@@ -106,10 +107,13 @@ def attached(index: int = 0) -> Attached:
 
     if not torch.cuda.is_available():
         raise GpuError("no CUDA GPU is attached: '--gpu auto' needs one; name the target with --gpu or --arch")
+    if index >= torch.cuda.device_count():
+        raise GpuError(f"no CUDA device {index}: this machine shows {torch.cuda.device_count()} "
+                       f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
     return Attached(index)
 
 
-def attached_for(gpu: str) -> Attached:
+def attached_for(gpu: str, index: int = 0) -> Attached:
     """The attached GPU, which must be the one `gpu` names (a search runs on the GPU it tunes for)."""
     import torch
 
@@ -121,7 +125,7 @@ def attached_for(gpu: str) -> Attached:
         raise GpuError(f"--gpu {gpu}: a search times variants on the GPU it tunes for, and no CUDA GPU is "
                        f"attached here; run it on a machine whose GPU is {gpu}, or replay recorded measurements with "
                        f"--simulate FILE (`tuner build --gpu {gpu}` compiles the variants without a GPU)")
-    found = attached()
+    found = attached(index)
     if not found.matches(gpu):
         raise GpuError(f"--gpu {gpu} was asked for, but the attached GPU is {found.name}; "
                        f"use --gpu auto (or the attached GPU's name) to tune for it")
@@ -146,6 +150,27 @@ def visible_name() -> str | None:
         return None
     lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
     return lines[0].strip() if lines else None
+
+
+def device_indices(spec: str | None) -> list[int]:
+    """`--devices`: "all", or CUDA indices such as "0,1" (as CUDA_VISIBLE_DEVICES numbers them);
+    None: device 0."""
+    if spec is None:
+        return [0]
+    if spec.strip().lower() == "all":
+        import torch
+
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise GpuError("--devices all: no CUDA GPU is attached")
+        return list(range(count))
+    try:
+        found = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise GpuError(f"--devices takes 'all' or CUDA indices such as 0,1; got {spec!r}") from None
+    if not found or len(set(found)) != len(found) or min(found) < 0:
+        raise GpuError(f"--devices takes 'all' or distinct CUDA indices such as 0,1; got {spec!r}")
+    return found
 
 
 def driver_version() -> str:

@@ -11,6 +11,8 @@ again, interleaved, with more repetitions, and the winner is picked on that.
 from __future__ import annotations
 
 import concurrent.futures
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +50,7 @@ class SearchConfig:
     seed: int | None = None
     progress: bool = True
     prune: float | None = DEFAULT_FACTOR  # prune variants this much slower than the best; None: time all
+    devices: str | None = None  # "all" or CUDA indices "0,1": a worker per GPU; None: device 0
     # called with the best objective so far after each trial is told; True stops asking for
     # more (trials already asked are still finished), as a timeout does
     stop_when: Callable[[float], bool] | None = None
@@ -133,6 +136,13 @@ class Search:
         self._results: dict[str, tuple[int, dict]] = {}  # variant -> (trial number, outcome)
         self._best: float | None = None
         self._probed: set[int] = set()  # trials that reported a probe
+        self._heartbeat = studies.Heartbeat(self.study, self.storage)
+        self._lock = threading.Lock()
+        self._slots: queue.Queue[int] = queue.Queue()
+        for slot in range(evaluator.parallel):
+            self._slots.put(slot)
+        self._gpus = concurrent.futures.ThreadPoolExecutor(max_workers=evaluator.parallel,
+                                                           thread_name_prefix="tuner-gpu")
         self._stopped = False
         self._bar = None
 
@@ -161,6 +171,7 @@ class Search:
             if trial.user_attrs.get("fault"):
                 variant = variant.replace(fault=trial.user_attrs["fault"])
             _set_user_attrs(trial, {"variant": variant.name, "owner": me})
+            self._heartbeat.add(trial._trial_id)
             asked.append((trial, variant))
         return asked
 
@@ -187,6 +198,7 @@ class Search:
             self._stopped = self._stopped or bool(self.cfg.stop_when and self.cfg.stop_when(self._best))
         else:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        self._heartbeat.discard(trial._trial_id)
         self.report.trials += 1
         if self._bar is not None:
             self._bar.update(1)
@@ -218,7 +230,7 @@ class Search:
             if t.state.name == "RUNNING":
                 running[name] = min(running.get(name, t.number), t.number)
             elif name not in self._results and (t.state.name in ("COMPLETE", "PRUNED") or (
-                    t.state.name == "FAIL" and t.user_attrs.get("reason") not in (None, "interrupted"))):
+                    t.state.name == "FAIL" and not studies.interrupted(t))):
                 self._results[name] = (t.number, self._copy(t))
         return running
 
@@ -244,27 +256,54 @@ class Search:
             time.sleep(0.5)
 
     def _evaluate(self, batch, prepared: dict[str, dict]) -> None:
+        """Each new variant of the batch once, on as many GPUs as the evaluator has (a slot each);
+        the batch's other trials of the same variant copy its result."""
+        first: dict[str, tuple] = {}
+        copies = []
         for trial, variant in batch:
-            if variant.name in self._results:  # the same variant earlier in this batch
-                number, result = self._results[variant.name]
-                self._tell(trial, variant, result, duplicate_of=number)
-                continue
-            build = prepared[variant.name]
-            if build["status"] != "ok":
-                result = build
+            if variant.name in self._results or variant.name in first:
+                copies.append((trial, variant))
             else:
-                probe = (lambda partial, t=trial: self._probe(t, partial)) if self.cfg.prune else None
-                result = {**build, **self.evaluator.evaluate(variant, build, probe)}
+                first[variant.name] = (trial, variant)
+        if self.evaluator.parallel == 1:
+            for trial, variant in first.values():
+                self._evaluate_one(trial, variant, prepared[variant.name], 0)
+        else:
+            futures = [self._gpus.submit(self._in_a_slot, trial, variant, prepared[variant.name])
+                       for trial, variant in first.values()]
+            for f in futures:
+                f.result()
+        for trial, variant in copies:
+            number, result = self._results[variant.name]
+            self._tell(trial, variant, result, duplicate_of=number)
+
+    def _in_a_slot(self, trial, variant, build) -> None:
+        slot = self._slots.get()
+        try:
+            self._evaluate_one(trial, variant, build, slot)
+        finally:
+            self._slots.put(slot)
+
+    def _evaluate_one(self, trial, variant, build: dict, slot: int) -> None:
+        if build["status"] != "ok":
+            result = build
+        else:
+            probe = (lambda partial, t=trial: self._probe(t, partial)) if self.cfg.prune else None
+            result = {**build, **self.evaluator.evaluate(variant, build, probe, slot)}
+        with self._lock:  # the study, the records and the report are shared by the slots
+            if build["status"] == "ok":
                 self.report.evaluated += 1
             self.report.verify_s += result.get("verify_s", 0.0)
             self.report.time_s += result.get("time_s", 0.0)
+            # The study first: a searcher killed before its result landed leaves the trial running,
+            # to be failed and run again, and no record of a measurement the study never got.
+            self._tell(trial, variant, result)
+            self._results[variant.name] = (trial.number, result)
             records.append(self.records_path, {
                 "study": self.name, "gpu": self.evaluator.gpu_info, "problem": self.cfg.problem.key(),
                 "objective": self.cfg.objective, "variant": variant.name, "params": self.space.tuned(variant),
                 **{k: v for k, v in result.items() if k not in ("so",)}, "at": time.time(),
             })
-            self._tell(trial, variant, result)
-            self._results[variant.name] = (trial.number, result)
 
     def _probe(self, trial, partial: dict) -> bool:
         """The first repetitions' objective as the trial's intermediate value; go on unless the
@@ -301,27 +340,45 @@ class Search:
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         pending = None  # (batch of new trials, future of their builds): compiles while the GPU works
         waiting: list = []  # trials whose variant another process is evaluating right now
+        others_deadline = None
         try:
             while True:
                 following = None
                 out_of_time = cfg.timeout is not None and time.monotonic() - started > cfg.timeout
-                in_flight = (len(pending[0]) if pending else 0) + len(waiting)
-                room = cfg.trials - studies.finished_count(self.study) - in_flight
+                mine = {t.number for t, _ in (pending[0] if pending else []) + waiting}
+                finished, running = studies.tally(self.study)
+                others = running - mine  # other searchers' trials: they count as underway
+                room = cfg.trials - finished - len(mine) - len(others)
                 if room > 0 and not out_of_time and not self._stopped:
                     new, held = self._settle_known(self._ask(min(batch_size, room)), wait=False)
                     waiting += held
                     following = (new, pool.submit(self._prepare, _unique(new)))
                 if pending is None and following is None:
+                    others_deadline = others_deadline or time.monotonic() + 3 * cfg.eval_timeout + 600
+                    if (waiting or others) and time.monotonic() < others_deadline:
+                        # Trials of other searchers: they finish (a copy settles ours of the same
+                        # variant), or their searcher died and they are failed (heartbeats, or its
+                        # pid here) and queued again; either way the count is reached.
+                        if waiting:
+                            new, waiting = self._settle_known(waiting, wait=False)
+                            if new:  # the earlier trial failed: evaluate them here
+                                self._evaluate(new, self._prepare(_unique(new)))
+                                continue
+                        if waiting or not (out_of_time or self._stopped):
+                            self.report.requeued += studies.fail_interrupted(self.study, self.storage)
+                            time.sleep(1.0)
+                            continue
                     break
                 if pending is not None:
                     self._evaluate(pending[0], pending[1].result())
                 pending = following
-            if waiting:
-                new, _ = self._settle_known(waiting, wait=True)
-                if new:  # the other process gave up on them (killed): evaluate here
-                    self._evaluate(new, self._prepare(_unique(new)))
+            if waiting:  # still waiting at the deadline: evaluate them here
+                new, held = self._settle_known(waiting, wait=False)
+                self._evaluate(new + held, self._prepare(_unique(new + held)))
         finally:
             pool.shutdown(wait=True)
+            self._gpus.shutdown(wait=True)
+            self._heartbeat.close()
             if self._bar is not None:
                 self._bar.close()
         if self.report.evaluated or "winner" not in self.study.user_attrs:
@@ -403,7 +460,7 @@ class Search:
 
 def result_attrs(result: dict) -> dict:
     """A result's facts as trial user attributes (what `show`, `report` and `export` read)."""
-    attrs = {k: result.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes")}
+    attrs = {k: result.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes", "device")}
     if result.get("status") in ("ok", "pruned"):
         attrs.update(fwd_us=result["fwd"]["median_us"], fwd_spread_us=result["fwd"]["spread_us"],
                      loss_error=result.get("loss_error"), grad_error=result.get("grad_error"))
@@ -453,12 +510,14 @@ def run(cfg: SearchConfig) -> SearchReport:
         report.wall_s = time.monotonic() - started
         return report
     if cfg.simulate:
+        simulated = 1 if cfg.devices in (None, "all") else len(gpus.device_indices(cfg.devices))
         evaluator: Evaluator = SimulatedEvaluator(cfg.simulate, cfg.problem, cfg.objective, cfg.gpu,
-                                                  cfg.simulate_delay)
+                                                  cfg.simulate_delay, devices=simulated)
     else:
         paths.studies_dir().mkdir(parents=True, exist_ok=True)
         evaluator = LiveEvaluator(cfg.gpu, cfg.problem, cfg.objective, arch=cfg.arch, jobs=cfg.jobs,
-                                  eval_timeout=cfg.eval_timeout, log_path=paths.studies_dir() / "worker.log")
+                                  eval_timeout=cfg.eval_timeout, log_path=paths.studies_dir() / "worker.log",
+                                  devices=gpus.device_indices(cfg.devices))
     try:
         return Search(cfg, evaluator).run()
     finally:

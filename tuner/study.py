@@ -47,6 +47,10 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
         cursor.close()
 
 
+HEARTBEAT_S = 5  # a searcher's running trials are marked alive this often (RDB storages)
+GRACE_S = 20  # a trial not marked for this long is failed as stale and queued again
+
+
 def storage(url: str | None = None):
     """An Optuna storage for `url`; a storage object is used as it is (an in-memory one for
     simulated runs that need no file)."""
@@ -66,10 +70,80 @@ def storage(url: str | None = None):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
         if not sqlalchemy.event.contains(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas):
             sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas)
+    # Searchers on other hosts cannot tell whether a process is alive: heartbeats tell them.
+    kwargs.update(heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, heartbeat_stale_trial_callback=_stale)
+    if url.startswith("sqlite"):
         # Two processes creating the same new file race on its schema: take turns.
         with _file_lock(url.split(":///", 1)[-1] + ".lock"):
             return optuna.storages.RDBStorage(url, **kwargs)
-    return optuna.storages.RDBStorage(url, **kwargs)
+    try:
+        import time
+
+        for attempt in range(6):
+            try:
+                return optuna.storages.RDBStorage(url, **kwargs)
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+                # Searchers started together on a new database race to create its tables; the
+                # loser finds them made on the next try.
+                if attempt == 5:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+    except ImportError as exc:
+        raise TunerError(f"--storage {url}: {exc}; for PostgreSQL: pip install 'tuner[postgres]'") from exc
+
+
+def _stale(study, trial) -> None:
+    """Optuna's heartbeat check failed `trial` (its searcher stopped marking it): run it again."""
+    _requeue(study, trial)
+
+
+class Heartbeat:
+    """Marks this searcher's running trials alive every HEARTBEAT_S, and fails the study's stale
+    ones (another searcher's, dead or cut off), which `_stale` queues again. With ask and tell,
+    Optuna sends no heartbeats by itself. Nothing to do on a storage without heartbeats (the
+    journal: a searcher's liveness is its process, see `fail_interrupted`)."""
+
+    def __init__(self, study, st):
+        import threading
+
+        from optuna.storages._heartbeat import BaseHeartbeat  # what RDBStorage implements
+
+        self.study, self.storage = study, st
+        self.enabled = isinstance(st, BaseHeartbeat) and bool(st.get_heartbeat_interval())
+        self._trials: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tuner-heartbeat", daemon=True)
+        if self.enabled:
+            self._thread.start()
+
+    def add(self, trial_id: int) -> None:
+        if self.enabled:
+            self.storage.record_heartbeat(trial_id)
+            with self._lock:
+                self._trials.add(trial_id)
+
+    def discard(self, trial_id: int) -> None:
+        with self._lock:
+            self._trials.discard(trial_id)
+
+    def _run(self) -> None:
+        import optuna
+
+        while not self._stop.wait(self.storage.get_heartbeat_interval()):
+            try:
+                with self._lock:
+                    trials = list(self._trials)
+                for trial_id in trials:
+                    self.storage.record_heartbeat(trial_id)
+                optuna.storages.fail_stale_trials(self.study)
+            except Exception:  # noqa: BLE001 - a lost connection must not kill the search; retried next beat
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
 
 
 @contextlib.contextmanager
@@ -211,7 +285,7 @@ def fail_interrupted(study, st) -> list[Any]:
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
     for t in trials:
-        if (t.state == TrialState.FAIL and t.user_attrs.get("reason") == "interrupted" and t.number not in retried
+        if (interrupted(t) and t.number not in retried
                 and t.number not in requeued):
             _requeue(study, t)
             requeued.append(t.number)
@@ -230,7 +304,20 @@ def finished_count(study) -> int:
 
     return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
                                                                    TrialState.FAIL))
-               if t.user_attrs.get("reason") != "interrupted")
+               if not interrupted(t))
+
+
+def tally(study) -> tuple[int, set[int]]:
+    """(trials that count towards --trials, numbers of the running ones), in one read."""
+    trials = study.get_trials(deepcopy=False)
+    done = sum(1 for t in trials if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and not interrupted(t))
+    return done, {t.number for t in trials if t.state.name == "RUNNING"}
+
+
+def interrupted(t) -> bool:
+    """Failed because its searcher died, not by its variant: marked so here, or failed by a heartbeat
+    check (a searcher tells every failure with a reason)."""
+    return t.state.name == "FAIL" and t.user_attrs.get("reason") in (None, "interrupted")
 
 
 # ------------------------------------------------------------------ tables

@@ -1,0 +1,73 @@
+"""Several searchers on one study in a real PostgreSQL server: heartbeats, a killed searcher."""
+
+import collections
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+
+import simdata
+from tuner import records, study
+
+TRIALS = 200
+
+
+def _searcher(sim, url, home, seed):
+    args = ["search", "--gpu", "H100", "--simulate", str(sim), "--trials", str(TRIALS), "--sampler", "random",
+            "--storage", url, "--study", "shared", "--simulate-delay", "0.4", "--seed", str(seed), "--quiet"]
+    env = {**os.environ, "TUNER_HOME": str(home), "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen([sys.executable, "-m", "tuner", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_three_searchers_one_killed_lose_nothing_and_finish_the_study(postgres_url, tuner_home, tmp_path):
+    sim = simdata.write(tmp_path / "sim.jsonl")
+    procs = [_searcher(sim, postgres_url, tuner_home, seed) for seed in (1, 2, 3)]
+    st = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # kill the first searcher in the middle of a trial
+        time.sleep(1.0)
+        try:
+            st = optuna.load_study(study_name="shared", storage=study.storage(postgres_url))
+        except KeyError:
+            continue
+        mine = [t for t in st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                if f"/{procs[0].pid}/" in t.user_attrs.get("owner", "")]
+        if len([t for t in st.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]) >= 10 and mine:
+            procs[0].send_signal(signal.SIGKILL)
+            killed_at = datetime.datetime.now()
+            procs[0].wait()
+            break
+    else:
+        raise AssertionError("the searchers never got going")
+    before = {t.number: t.value for t in st.get_trials() if t.state.name == "COMPLETE"}
+    running = {t.number for t in st.get_trials() if t.state.name == "RUNNING"
+               and f"/{procs[0].pid}/" in t.user_attrs.get("owner", "")}
+    assert running, "the killed searcher held no trial"
+    for p in procs[1:]:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+
+    trials = {t.number: t for t in optuna.load_study(study_name="shared",
+                                                     storage=study.storage(postgres_url)).get_trials()}
+    # no finished trial lost
+    assert all(trials[n].state.name == "COMPLETE" and trials[n].value == v for n, v in before.items())
+    # the killed searcher's trials were failed as stale within 30 s and queued again
+    retried = {t.user_attrs.get("retry_of") for t in trials.values()}
+    for n in running:
+        t = trials[n]
+        assert t.state.name == "FAIL" and study.interrupted(t)
+        assert (t.datetime_complete - killed_at).total_seconds() <= 30
+        assert n in retried
+    assert not [t for t in trials.values() if t.state.name == "RUNNING"]
+    # the study has its trial count, and no variant was evaluated twice
+    assert study.finished_count(optuna.load_study(study_name="shared", storage=study.storage(postgres_url))) >= TRIALS
+    evaluated = collections.Counter(r["variant"] for r in records.read(study.records_path("shared")))
+    assert evaluated and max(evaluated.values()) == 1
+    print(f"killed at {killed_at:%H:%M:%S}; stale after "
+          f"{max((trials[n].datetime_complete - killed_at).total_seconds() for n in running):.1f} s; "
+          f"{len(evaluated)} variants evaluated once each")
