@@ -71,6 +71,10 @@ def storage(url: str | None = None):
         if not sqlalchemy.event.contains(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas):
             sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas)
     # Searchers on other hosts cannot tell whether a process is alive: heartbeats tell them.
+    # (Optuna marks the argument experimental: say so once in the README, not on every command.)
+    import warnings
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     kwargs.update(heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, heartbeat_stale_trial_callback=_stale)
     if url.startswith("sqlite"):
         # Two processes creating the same new file race on its schema: take turns.
