@@ -2,10 +2,13 @@
 
 Per batch: ask Optuna for several trials, map each to a valid variant, skip the
 ones the study already knows (their result is copied), compile the rest in
-parallel (while the GPU evaluates the previous batch), then verify and time
-them one at a time in the worker process, and tell Optuna. Failures are data:
-each becomes a FAILED trial with a `reason`. At the end the top k are timed
-again, interleaved, with more repetitions, and the winner is picked on that.
+parallel (while the GPUs evaluate the previous batch), then verify and time them
+in the worker processes, one variant at a time per GPU, and tell Optuna. A
+variant clearly slower than the best after a short probe is pruned. Failures are
+data: each becomes a FAILED trial with a `reason`. Several searchers (processes,
+hosts) can share a study: none evaluates a variant another has, and each runs
+until the study has its trials. At the end the top k are timed again,
+interleaved, with more repetitions, and the winner is picked on that.
 """
 
 from __future__ import annotations
@@ -234,26 +237,20 @@ class Search:
                 self._results[name] = (t.number, self._copy(t))
         return running
 
-    def _settle_known(self, batch, wait: bool):
-        """Tell the trials whose variant the study already measured; return (new, still running elsewhere)."""
-        deadline = time.monotonic() + 3 * self.cfg.eval_timeout + 600
-        while True:
-            running = self._refresh()
-            new, waiting = [], []
-            for trial, variant in batch:
-                if variant.name in self._results:
-                    number, result = self._results[variant.name]
-                    self._tell(trial, variant, result, duplicate_of=number)
-                elif running.get(variant.name, trial.number) < trial.number:
-                    waiting.append((trial, variant))  # an earlier trial evaluates it now
-                else:
-                    new.append((trial, variant))
-            if not (wait and waiting and time.monotonic() < deadline):
-                return new, waiting
-            if new:
-                self._evaluate(new, self._prepare(_unique(new)))
-            batch = waiting
-            time.sleep(0.5)
+    def _settle_known(self, batch):
+        """Tell the trials whose variant the study already measured; return (new, still running
+        elsewhere: the run loop waits for those)."""
+        running = self._refresh()
+        new, waiting = [], []
+        for trial, variant in batch:
+            if variant.name in self._results:
+                number, result = self._results[variant.name]
+                self._tell(trial, variant, result, duplicate_of=number)
+            elif running.get(variant.name, trial.number) < trial.number:
+                waiting.append((trial, variant))  # an earlier trial evaluates it now
+            else:
+                new.append((trial, variant))
+        return new, waiting
 
     def _evaluate(self, batch, prepared: dict[str, dict]) -> None:
         """Each new variant of the batch once, on as many GPUs as the evaluator has (a slot each);
@@ -350,7 +347,7 @@ class Search:
                 others = running - mine  # other searchers' trials: they count as underway
                 room = cfg.trials - finished - len(mine) - len(others)
                 if room > 0 and not out_of_time and not self._stopped:
-                    new, held = self._settle_known(self._ask(min(batch_size, room)), wait=False)
+                    new, held = self._settle_known(self._ask(min(batch_size, room)))
                     waiting += held
                     following = (new, pool.submit(self._prepare, _unique(new)))
                 if pending is None and following is None:
@@ -360,7 +357,7 @@ class Search:
                         # variant), or their searcher died and they are failed (heartbeats, or its
                         # pid here) and queued again; either way the count is reached.
                         if waiting:
-                            new, waiting = self._settle_known(waiting, wait=False)
+                            new, waiting = self._settle_known(waiting)
                             if new:  # the earlier trial failed: evaluate them here
                                 self._evaluate(new, self._prepare(_unique(new)))
                                 continue
@@ -373,7 +370,7 @@ class Search:
                     self._evaluate(pending[0], pending[1].result())
                 pending = following
             if waiting:  # still waiting at the deadline: evaluate them here
-                new, held = self._settle_known(waiting, wait=False)
+                new, held = self._settle_known(waiting)
                 self._evaluate(new + held, self._prepare(_unique(new + held)))
         finally:
             pool.shutdown(wait=True)
