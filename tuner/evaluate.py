@@ -86,8 +86,10 @@ class LiveEvaluator(Evaluator):
         self._binding = False  # built (or loaded) before the first variant: a re-run needs none
         self.parallel = len(self.devices)
         self.host = socket.gethostname()
-        logs = [log_path and (str(log_path) if self.parallel == 1 else f"{log_path}.{i}") for i in self.devices]
-        self.workers = [Worker(i, timeout=eval_timeout, log_path=log) for i, log in zip(self.devices, logs)]
+        def log(i: int) -> str | None:  # one log per worker
+            return None if log_path is None else str(log_path) if self.parallel == 1 else f"{log_path}.{i}"
+
+        self.workers = [Worker(i, timeout=eval_timeout, log_path=log(i)) for i in self.devices]
 
     @property
     def restarts(self) -> int:  # type: ignore[override]
@@ -109,7 +111,8 @@ class LiveEvaluator(Evaluator):
         return {**result, "device": f"{self.host}/cuda:{self.devices[slot]}"}
 
     def retime(self, variants, prepared, objective):
-        jobs = [{"so": prepared[v.name]["so"], "entry": prepared[v.name].get("entry"), "name": v.name} for v in variants if prepared[v.name]["so"]]
+        jobs = [{"so": prepared[v.name]["so"], "entry": prepared[v.name].get("entry"), "name": v.name}
+                for v in variants if prepared[v.name]["so"]]
         result = self.workers[0].evaluate({"kind": "retime", "family": self.problem.family, "kernels": jobs,
                                        "problem": self.problem.__dict__, "objective": objective})
         return result.get("timings", {})

@@ -128,8 +128,7 @@ class Search:
         self.family = families.get(cfg.problem.family)
         self.space = self.family.space_for(cfg.problem.__dict__)
         self.dists = _distributions(self.space)
-        self.name = cfg.study or studies.study_name(self.family.FAMILY, evaluator.gpu_label, cfg.problem.key(),
-                                                    cfg.objective)
+        self.name = _study_name(cfg, evaluator.gpu_label)
         self.storage = studies.storage(cfg.storage)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = studies.create(self.name, self.storage, _sampler(cfg.sampler, cfg.seed), pruner(cfg.prune))
@@ -477,6 +476,10 @@ def _unique(batch) -> list[Variant]:
     return list({v.name: v for _, v in batch}.values())
 
 
+def _study_name(cfg: SearchConfig, gpu_label: str) -> str:
+    return cfg.study or studies.study_name(cfg.problem.family, gpu_label, cfg.problem.key(), cfg.objective)
+
+
 def finished(cfg: SearchConfig) -> SearchReport | None:
     """The report of a study that already has its trials and its winner, read without starting
     CUDA, when the attached GPU (as nvidia-smi names it) is the one it was measured on; else None."""
@@ -484,8 +487,7 @@ def finished(cfg: SearchConfig) -> SearchReport | None:
 
     if cfg.simulate or cfg.plant_faults or cfg.import_records or cfg.gpu.lower() == "auto":
         return None
-    family = families.get(cfg.problem.family)
-    name = cfg.study or studies.study_name(family.FAMILY, cfg.gpu, cfg.problem.key(), cfg.objective)
+    name = _study_name(cfg, cfg.gpu)
     try:
         st = optuna.load_study(study_name=name, storage=studies.storage(cfg.storage))
     except KeyError:

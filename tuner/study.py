@@ -71,7 +71,7 @@ def storage(url: str | None = None):
         if not sqlalchemy.event.contains(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas):
             sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas)
     # Searchers on other hosts cannot tell whether a process is alive: heartbeats tell them.
-    # (Optuna marks the argument experimental: say so once in the README, not on every command.)
+    # (Optuna warns that the argument is experimental; not worth a warning on every command.)
     import warnings
 
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
