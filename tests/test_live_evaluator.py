@@ -26,6 +26,7 @@ class FakeWorker:
 
     def __init__(self, index, timeout, log_path=None):
         self.index, self.log_path, self.jobs, self.restarts, self.closed = index, log_path, [], index, False
+        self.killed = 0
         FakeWorker.made.append(self)
 
     def evaluate(self, job, on_probe=None):

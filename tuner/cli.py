@@ -174,8 +174,9 @@ def cmd_search(args: argparse.Namespace) -> int:
           f"{60 * variants / since_start:.0f} variants/min")
     print(f"{report.trials} trials in {report.wall_s:.1f} s of search ({rate:.0f}/min), "
           f"{report.evaluated} evaluated, {report.compiled} compiled, {report.duplicates} duplicates, "
-          f"failures {report.failed or 'none'}, worker restarts {report.worker_restarts}, "
-          f"re-queued after a kill {report.requeued or 'none'}, imported {report.imported}")
+          f"failures {report.failed or 'none'}, worker restarts {report.worker_restarts} "
+          f"({report.worker_kills} killed from outside, their variants run again), "
+          f"re-queued after a kill {len(report.requeued)}, imported {report.imported}")
     print(f"time: compile {report.compile_s:.1f} s ({share(report.compile_s)}), verify {report.verify_s:.1f} s "
           f"({share(report.verify_s)}), timing {report.time_s:.1f} s ({share(report.time_s)})")
     print(f"measurements: {report.records_path}")

@@ -37,6 +37,7 @@ class Evaluator:
     gpu_info: dict
     batch_size: int
     restarts: int = 0
+    killed: int = 0  # workers killed from outside (their variant was evaluated again)
     parallel: int = 1  # variants it evaluates at once (one per GPU), each in its own slot
 
     def prepare(self, variants: list[Variant]) -> dict[str, dict]:
@@ -94,6 +95,10 @@ class LiveEvaluator(Evaluator):
     @property
     def restarts(self) -> int:  # type: ignore[override]
         return sum(w.restarts for w in self.workers)
+
+    @property
+    def killed(self) -> int:  # type: ignore[override]
+        return sum(w.killed for w in self.workers)
 
     def prepare(self, variants):
         if not self._binding:

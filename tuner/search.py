@@ -77,6 +77,7 @@ class SearchReport:
     winner: dict[str, Any] | None = None
     retimed: list[dict[str, Any]] = field(default_factory=list)
     worker_restarts: int = 0
+    worker_kills: int = 0
     imported: int = 0
 
 
@@ -384,6 +385,7 @@ class Search:
             self.report.retimed = self.study.user_attrs.get("retimed", [])
         self.report.wall_s = time.monotonic() - started
         self.report.worker_restarts = self.evaluator.restarts
+        self.report.worker_kills = self.evaluator.killed
         return self.report
 
     def import_records(self, path: Path) -> int:

@@ -5,12 +5,15 @@ context unusable, and one that never finishes blocks its process. So kernels
 run in a child; the parent waits with a timeout, and a crash (EOF on the pipe),
 a hang (no answer in time) or a CUDA error (the child reports it and exits)
 becomes a failed result, after which a fresh child is started for the next job.
+A child killed from outside (SIGKILL, SIGTERM: a user, the OOM killer) did not die
+of its variant: the variant is evaluated once more on a fresh child.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 import traceback
 from typing import Any
@@ -161,23 +164,31 @@ class WorkerError(RuntimeError):
     """The child could not start at all (our problem, not a variant's)."""
 
 
+# How a child ends when it is killed from outside; kernels that crash the process end it otherwise
+# (SIGSEGV, SIGABRT), and CUDA errors are reported by the child before it exits.
+KILLED = (-signal.SIGKILL, -signal.SIGTERM)
+
+
 class Worker:
-    """A child process that evaluates jobs one at a time; restarted after a crash or hang."""
+    """A child process that evaluates jobs one at a time; restarted after a crash or hang.
+    `target` is the child's main function (tests give a fake one)."""
 
     def __init__(self, device_index: int = 0, timeout: float = 60.0, start_timeout: float = 600.0,
-                 log_path: str | None = None):
+                 log_path: str | None = None, target=None):
         self.device_index = device_index
         self.log_path = log_path
         self.timeout = timeout
         self.start_timeout = start_timeout
+        self.target = target or _child_main
         self.restarts = 0
+        self.killed = 0  # children killed from outside; their jobs were run again
         self._proc = None
         self._conn = None
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_child_main, args=(child, self.device_index, self.log_path),
+        self._proc = ctx.Process(target=self.target, args=(child, self.device_index, self.log_path),
                                  daemon=True)
         self._proc.start()
         child.close()
@@ -195,7 +206,18 @@ class Worker:
 
     def evaluate(self, job: dict, on_probe=None) -> dict:
         """The job's result; a probe the child sends on the way is answered by `on_probe(probe)`
-        (True: go on), or with True when there is none."""
+        (True: go on), or with True when there is none. A child killed from outside is
+        replaced and the job run again, once."""
+        result = self._evaluate(job, on_probe)
+        if result.get("killed"):
+            self.killed += 1
+            result = self._evaluate(job, on_probe)
+            if result.get("killed"):
+                result["message"] += "; twice for this variant"
+        result.pop("killed", None)
+        return result
+
+    def _evaluate(self, job: dict, on_probe=None) -> dict:
         if self._proc is None or not self._proc.is_alive():
             self._start()
         self._conn.send(job)
@@ -211,6 +233,9 @@ class Worker:
                 code = self._proc.exitcode
                 self.close()
                 self.restarts += 1
+                if code in KILLED:
+                    return {"status": "fail", "reason": "crash", "killed": True,
+                            "message": f"the worker was killed from outside ({signal.Signals(-code).name})"}
                 return {"status": "fail", "reason": "crash", "message": f"the worker died (exit code {code})"}
             if "probe" not in result:
                 break

@@ -1,0 +1,33 @@
+"""How a worker's parent handles the deaths of its child, with a child that needs no GPU."""
+
+import fakechild
+from tuner.worker import Worker
+
+
+def _worker():
+    return Worker(0, timeout=30, start_timeout=60, target=fakechild.main)
+
+
+def test_a_child_killed_from_outside_is_replaced_and_the_variant_run_again(tmp_path):
+    with _worker() as w:
+        first = w.evaluate({"name": "a"})
+        again = w.evaluate({"name": "b", "die": "SIGKILL", "once": str(tmp_path / "b")})
+        assert first["status"] == again["status"] == "ok"
+        assert again["pid"] != first["pid"]  # a fresh child answered
+        assert (w.restarts, w.killed) == (1, 1)
+        assert w.evaluate({"name": "c", "die": "SIGTERM", "once": str(tmp_path / "c")})["status"] == "ok"
+
+
+def test_a_variant_whose_child_is_killed_twice_fails_as_a_crash():
+    with _worker() as w:
+        result = w.evaluate({"name": "a", "die": "SIGKILL"})
+        assert result["status"] == "fail" and result["reason"] == "crash" and "killed" not in result
+        assert "SIGKILL" in result["message"] and "twice" in result["message"]
+        assert w.evaluate({"name": "b"})["status"] == "ok"
+
+
+def test_a_child_that_crashes_by_itself_is_not_given_a_second_run(tmp_path):
+    with _worker() as w:
+        result = w.evaluate({"name": "a", "die": "SIGSEGV", "once": str(tmp_path / "a")})
+        assert result["status"] == "fail" and result["reason"] == "crash"
+        assert (w.restarts, w.killed) == (1, 0)
