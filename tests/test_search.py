@@ -60,11 +60,11 @@ def test_a_known_variant_is_not_evaluated_again(sim):
     st = study.load(report.study_name)
     recs = [r["variant"] for r in records.read(report.records_path)]
     assert len(recs) == len(set(recs))
-    dups = [t for t in st.get_trials() if "duplicate_of" in t.user_attrs]
+    dups = [t for t in st.get_trials() if "duplicate_of" in study.facts(t)]
     assert report.duplicates == len(dups) > 0
     by_number = {t.number: t for t in st.get_trials()}
     for t in dups:
-        original = by_number[t.user_attrs["duplicate_of"]]
+        original = by_number[study.facts(t)["duplicate_of"]]
         assert original.user_attrs["variant"] == t.user_attrs["variant"]
         assert t.value == original.value and t.state == original.state
 
@@ -219,7 +219,7 @@ def test_clearly_slow_variants_are_pruned_and_never_win(sim):
     best = min(t.value for t in complete)
     # each was over 1.5x the best known when it was probed, so over 1.5x the final best
     assert all(t.value > 1.5 * best and t.intermediate_values for t in pruned)
-    assert all("fwd_us" in t.user_attrs for t in pruned)  # the probe's times are kept
+    assert all("fwd_us" in study.facts(t) for t in pruned)  # the probe's times are kept
     assert report.winner["variant"] not in {t.user_attrs["variant"] for t in pruned}
     timed = search.run(_cfg(sim, trials=60, sampler="random", study="every-variant-timed", prune=None))
     st = study.load(timed.study_name)
@@ -262,7 +262,7 @@ def test_two_devices_evaluate_side_by_side_each_variant_once(sim):
     st = study.load(report.study_name)
     done = [t for t in st.get_trials() if t.state.name in ("COMPLETE", "PRUNED", "FAIL")]
     assert len(done) >= 48 and report.evaluated + report.failed.get("compile error", 0) == len(done)
-    devices = {t.user_attrs.get("device") for t in done if "device" in t.user_attrs}
+    devices = {study.facts(t).get("device") for t in done if "device" in study.facts(t)}
     assert devices == {"simulated/0", "simulated/1"}  # both slots measured, and each trial says which
     evaluated = [r["variant"] for r in records.read(report.records_path)]
     assert len(evaluated) == len(set(evaluated)) == len(done)

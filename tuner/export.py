@@ -69,8 +69,8 @@ def _winner(st) -> dict[str, Any]:
                  and t.state.name == "COMPLETE")
     return {"variant": variant, "problem": problem, "timings": timings, "objective_us": objective,
             "retimed": retimed, "objective": st.user_attrs.get("objective"), "study": st.study_name,
-            "verification": {"loss_error": trial.user_attrs.get("loss_error"),
-                             "grad_error": trial.user_attrs.get("grad_error")}}
+            "verification": {"loss_error": studies.facts(trial).get("loss_error"),
+                             "grad_error": studies.facts(trial).get("grad_error")}}
 
 
 def export(study_names: list[str], out: Path, storage: str | None = None) -> Path:

@@ -105,19 +105,15 @@ def _distributions(space) -> dict:
     return {d.name: CategoricalDistribution(list(d.values)) for d in space.dims}
 
 
-def _enqueue(study, space, seed: int | None, count: int | None = None) -> None:
-    """Queue variants the study has not seen, in a shuffled order: all of them (grid: a partial
-    grid is spread out), or `count` (random sampling without replacement: a variant is never
-    drawn twice, as Optuna's RandomSampler draws it when its parameters repeat)."""
+def _order(space, seed: int | None) -> list[Variant]:
+    """Every variant in a shuffled order, which random and grid take unseen variants from:
+    sampling without replacement (Optuna's RandomSampler draws a variant again when its
+    parameters repeat), and a partial grid spread over the space."""
     import random
 
-    trials = study.get_trials(deepcopy=False)
-    known = {t.user_attrs.get("variant") for t in trials}
-    known |= {space.nearest(t.params).name for t in trials if t.state.name == "WAITING"}
-    variants = [v for v in space if v.name not in known]
+    variants = list(space)
     random.Random(seed if seed is not None else random.SystemRandom().random()).shuffle(variants)
-    for v in variants[:count]:
-        study.enqueue_trial(space.tuned(v), user_attrs={"owner": studies.owner()})
+    return variants
 
 
 class Search:
@@ -137,6 +133,10 @@ class Search:
         self.records_path = studies.records_path(self.name)
         self.report = SearchReport(self.name, self.records_path)
         self._results: dict[str, tuple[int, dict]] = {}  # variant -> (trial number, outcome)
+        # random and grid: variants still to try, last first; tpe: its sampler proposes them
+        self._queue = _order(self.space, cfg.seed) if cfg.sampler in ("random", "grid") else None
+        self._seen: set[str] = set()  # variants the study has, in any state, as last read
+        self._waiting = 0  # queued trials in the study (retries, planted faults), as last read
         self._best: float | None = None
         self._probed: set[int] = set()  # trials that reported a probe
         self._heartbeat = studies.Heartbeat(self.study, self.storage)
@@ -166,24 +166,41 @@ class Search:
     # ------------------------------------------------------------ trials
 
     def _ask(self, n: int) -> list[tuple[Any, Variant]]:
+        """n new trials: queued ones first (Optuna's ask takes them), then the next unseen
+        variants of random and grid (claimed in one write each), or tpe's proposals."""
         asked = []
         me = studies.owner()
         for _ in range(n):
-            trial = self.study.ask(self.dists)
-            variant = self.space.nearest(trial.params)
-            if trial.user_attrs.get("fault"):
-                variant = variant.replace(fault=trial.user_attrs["fault"])
-            _set_user_attrs(trial, {"variant": variant.name, "owner": me})
+            variant = self._next_unseen() if self._queue is not None and self._waiting <= 0 else None
+            if variant is not None:
+                trial = studies.claim(self.study, self.space.tuned(variant), self.dists,
+                                      {"variant": variant.name, "owner": me})
+            else:
+                self._waiting -= 1
+                trial = self.study.ask(self.dists)
+                variant = self.space.nearest(trial.params)
+                if trial.user_attrs.get("fault"):
+                    variant = variant.replace(fault=trial.user_attrs["fault"])
+                _set_user_attrs(trial, {"variant": variant.name, "owner": me})
+            self._seen.add(variant.name)
             self._heartbeat.add(trial._trial_id)
             asked.append((trial, variant))
         return asked
+
+    def _next_unseen(self) -> Variant | None:
+        """None when every variant is in the study: Optuna's sampler then fills the count."""
+        while self._queue:
+            variant = self._queue.pop()
+            if variant.name not in self._seen:
+                return variant
+        return None
 
     def _tell(self, trial, variant: Variant, result: dict, duplicate_of: int | None = None) -> None:
         import optuna
 
         attrs = result_attrs(result)
         if duplicate_of is not None:
-            attrs["duplicate_of"] = duplicate_of
+            attrs["result"]["duplicate_of"] = duplicate_of
             self.report.duplicates += 1
         if result["status"] == "pruned":
             self.report.pruned += 1
@@ -211,7 +228,7 @@ class Search:
     @staticmethod
     def _copy(prior) -> dict:
         """A finished trial's outcome, in the form `evaluate` returns."""
-        a = prior.user_attrs
+        a = studies.facts(prior)
         result = {k: a.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes", "loss_error",
                                         "grad_error")}
         if prior.state.name in ("COMPLETE", "PRUNED"):
@@ -228,8 +245,11 @@ class Search:
         running: dict[str, int] = {}
         for t in self.study.get_trials(deepcopy=False):
             name = t.user_attrs.get("variant")
+            if t.state.name == "WAITING":
+                self._seen.add(self.space.nearest(t.params).name)
             if name is None:
                 continue
+            self._seen.add(name)
             if t.state.name == "RUNNING":
                 running[name] = min(running.get(name, t.number), t.number)
             elif name not in self._results and (t.state.name in ("COMPLETE", "PRUNED") or (
@@ -312,7 +332,6 @@ class Search:
     # -------------------------------------------------------------- run
 
     def run(self) -> SearchReport:
-        import optuna
         from tqdm import tqdm
 
         cfg = self.cfg
@@ -321,13 +340,8 @@ class Search:
         self.report.requeued = studies.fail_interrupted(self.study, self.storage)
         if cfg.import_records:
             self.report.imported = self.import_records(cfg.import_records)
-        self._plant(cfg.plant_faults)  # queued first, so that they run first
-        if cfg.sampler == "grid" and not self.study.user_attrs.get("grid_enqueued"):
-            self.study.set_user_attr("grid_enqueued", True)
-            _enqueue(self.study, self.space, cfg.seed)
-        elif cfg.sampler == "random":
-            waiting = len(self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-            _enqueue(self.study, self.space, cfg.seed, max(0, cfg.trials - studies.finished_count(self.study) - waiting))
+        self._plant(cfg.plant_faults)  # queued, so that they run first
+        self._refresh()  # what the study has seen already
         done = studies.finished_count(self.study)
         # A sampler that learns between batches (tpe) gets smaller ones; a queue of variants does not.
         batch_size = cfg.batch or self.evaluator.batch_size * (1 if cfg.sampler == "tpe" else 4)
@@ -343,9 +357,10 @@ class Search:
                 following = None
                 out_of_time = cfg.timeout is not None and time.monotonic() - started > cfg.timeout
                 mine = {t.number for t, _ in (pending[0] if pending else []) + waiting}
-                finished, running = studies.tally(self.study)
-                others = running - mine  # other searchers' trials: they count as underway
-                room = cfg.trials - finished - len(mine) - len(others)
+                now = studies.tally(self.study)
+                self._waiting = now.waiting
+                others = now.running - mine  # other searchers' trials: they count as underway
+                room = cfg.trials - now.done - len(mine) - len(others)
                 if room > 0 and not out_of_time and not self._stopped:
                     new, held = self._settle_known(self._ask(min(batch_size, room)))
                     waiting += held
@@ -457,16 +472,19 @@ class Search:
 
 
 def result_attrs(result: dict) -> dict:
-    """A result's facts as trial user attributes (what `show`, `report` and `export` read)."""
-    attrs = {k: result.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes", "device")}
+    """A result's facts as trial user attributes (what `show`, `report` and `export` read through
+    `study.facts`): the measurement packed in one, `result` (one write to the storage where a
+    key each made a dozen), and a failure's reason and message beside it, to filter on."""
+    facts = {k: result.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes", "device")}
+    attrs: dict[str, Any] = {}
     if result.get("status") in ("ok", "pruned"):
-        attrs.update(fwd_us=result["fwd"]["median_us"], fwd_spread_us=result["fwd"]["spread_us"],
+        facts.update(fwd_us=result["fwd"]["median_us"], fwd_spread_us=result["fwd"]["spread_us"],
                      loss_error=result.get("loss_error"), grad_error=result.get("grad_error"))
         if "bwd" in result:
-            attrs.update(bwd_us=result["bwd"]["median_us"], bwd_spread_us=result["bwd"]["spread_us"])
+            facts.update(bwd_us=result["bwd"]["median_us"], bwd_spread_us=result["bwd"]["spread_us"])
     else:
         attrs.update(reason=result.get("reason", "error"), message=str(result.get("message", ""))[:2000])
-    return {k: v for k, v in attrs.items() if v is not None}
+    return {"result": {k: v for k, v in facts.items() if v is not None}, **attrs}
 
 
 def _set_user_attrs(trial, attrs: dict) -> None:

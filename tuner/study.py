@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 from tuner import paths
@@ -75,6 +76,8 @@ def storage(url: str | None = None):
     import warnings
 
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # `study.ask` warns that heartbeats are meant for `optimize`: tuner sends them itself (Heartbeat).
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     kwargs.update(heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, heartbeat_stale_trial_callback=_stale)
     if url.startswith("sqlite"):
         # Two processes creating the same new file race on its schema: take turns.
@@ -304,18 +307,44 @@ def _requeue(study, t) -> None:
 
 def finished_count(study) -> int:
     """Trials that count towards --trials: complete, pruned or failed, except interruptions (re-run)."""
-    from optuna.trial import TrialState
-
-    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                                   TrialState.FAIL))
-               if not interrupted(t))
+    return tally(study).done
 
 
-def tally(study) -> tuple[int, set[int]]:
-    """(trials that count towards --trials, numbers of the running ones), in one read."""
+@dataclass
+class Tally:
+    done: int  # trials that count towards --trials
+    running: set[int]  # numbers of the running trials (any searcher's)
+    waiting: int  # queued trials (retries, planted faults): the next asks take them
+
+
+def tally(study) -> Tally:
+    """Where the study stands, in one read."""
     trials = study.get_trials(deepcopy=False)
-    done = sum(1 for t in trials if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and not interrupted(t))
-    return done, {t.number for t in trials if t.state.name == "RUNNING"}
+    return Tally(done=sum(1 for t in trials if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and not interrupted(t)),
+                 running={t.number for t in trials if t.state.name == "RUNNING"},
+                 waiting=sum(1 for t in trials if t.state.name == "WAITING"))
+
+
+def claim(study, params: dict, distributions: dict, user_attrs: dict):
+    """A new RUNNING trial with its parameters and attributes, written at once: one write to the
+    storage where `study.ask` makes one per parameter and per attribute, and no read of the
+    study's unfinished trials (`ask` reads them all, looking for a queued one).
+
+    Study's storage and id are private attributes, stable since Optuna 3; `Trial(study, id)` is
+    the object `ask` returns."""
+    import optuna
+
+    frozen = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params=params,
+                                       distributions=distributions, user_attrs=user_attrs)
+    trial_id = study._storage.create_new_trial(study._study_id, template_trial=frozen)
+    return optuna.trial.Trial(study, trial_id)
+
+
+def facts(t) -> dict:
+    """A trial's user attributes with its packed `result` spread out (studies written before the
+    result was packed have the same keys at the top level)."""
+    a = t.user_attrs
+    return {**a, **a["result"]} if isinstance(a.get("result"), dict) else dict(a)
 
 
 def interrupted(t) -> bool:
@@ -339,7 +368,7 @@ def trials_frame(study, space):
     params = {v.name: space.tuned(v) for v in space}
     rows = []
     for t in study.get_trials(deepcopy=False):
-        a = t.user_attrs
+        a = facts(t)
         rows.append({
             "number": t.number, "state": t.state.name, "variant": a.get("variant", ""),
             **params.get(a.get("variant"), {d: t.params.get(d) for d in dims}),
