@@ -1,4 +1,5 @@
-"""Several searchers on one study in a real PostgreSQL server: heartbeats, a killed searcher."""
+"""Several searchers on one study in a real PostgreSQL server, in Optuna's relational schema and
+as a journal table: heartbeats, a killed searcher."""
 
 import collections
 import datetime
@@ -9,6 +10,7 @@ import sys
 import time
 
 import optuna
+import pytest
 
 import simdata
 from tuner import records, study
@@ -19,12 +21,15 @@ TRIALS = 200
 def _searcher(sim, url, home, seed):
     args = ["search", "--gpu", "H100", "--simulate", str(sim), "--trials", str(TRIALS), "--sampler", "random",
             "--storage", url, "--study", "shared", "--simulate-delay", "0.4", "--seed", str(seed), "--quiet"]
-    env = {**os.environ, "TUNER_HOME": str(home), "PYTHONPATH": os.pathsep.join(sys.path)}
+    # Each as if on a host of its own: no searcher can see another's process, only its heartbeats.
+    env = {**os.environ, "TUNER_HOME": str(home), "PYTHONPATH": os.pathsep.join(sys.path), "TUNER_HOST": f"host{seed}"}
     return subprocess.Popen([sys.executable, "-m", "tuner", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
-def test_three_searchers_one_killed_lose_nothing_and_finish_the_study(postgres_url, tuner_home, tmp_path):
+@pytest.mark.parametrize("scheme", ["postgresql+psycopg", "journal+postgresql"])
+def test_three_searchers_one_killed_lose_nothing_and_finish_the_study(scheme, postgres_url, tuner_home, tmp_path):
+    postgres_url = scheme + postgres_url[postgres_url.index("://"):]
     sim = simdata.write(tmp_path / "sim.jsonl")
     procs = [_searcher(sim, postgres_url, tuner_home, seed) for seed in (1, 2, 3)]
     st = None

@@ -1,4 +1,5 @@
-"""The default study storage: Optuna's journal in a file (tuner.journal)."""
+"""Optuna's journal as tuner keeps it: in a file (the default, tuner.journal) or a PostgreSQL
+table; and the searchers' heartbeats in a study."""
 
 import multiprocessing as mp
 
@@ -57,3 +58,44 @@ def test_the_default_storage_is_the_journal_but_an_existing_sqlite_home_keeps_it
     (tuner_home / "studies" / "tuner.journal").unlink(missing_ok=True)
     (tuner_home / "studies" / "tuner.db").touch()
     assert study.storage_url() == f"sqlite:///{tuner_home / 'studies' / 'tuner.db'}"
+
+
+def test_a_searcher_that_stops_beating_has_its_trials_run_again(tmp_path):
+    studies = study
+    st = studies.storage(str(tmp_path / "j.journal"))
+    shared = optuna.create_study(study_name="s", storage=st)
+    dists = {"x": CategoricalDistribution([1, 2])}
+    live = studies.claim(shared, {"x": 1}, dists, {"owner": "other-host/1/1"})
+    dead = studies.claim(shared, {"x": 2}, dists, {"owner": "other-host/2/2"})
+    orphan = shared.ask(dists)  # killed between Optuna's ask and recording its owner
+    beat = studies.Heartbeat(shared, st)
+    try:
+        sid = st.get_study_id_from_name("s")
+        for tag in ("other-host/1/1", "other-host/2/2"):
+            st.set_study_system_attr(sid, beat.key(tag), 1)
+        assert beat.watch(now=0.0) == []
+        st.set_study_system_attr(sid, beat.key("other-host/1/1"), 2)  # alive: its beat moves
+        assert beat.watch(now=studies.GRACE_S - 1) == []
+        st.set_study_system_attr(sid, beat.key("other-host/1/1"), 3)
+        assert sorted(beat.watch(now=studies.GRACE_S + 1)) == sorted([dead.number, orphan.number])
+    finally:
+        beat.close()
+    trials = {t.number: t for t in shared.get_trials()}
+    assert trials[live.number].state.name == "RUNNING"
+    for n in (dead.number, orphan.number):
+        assert trials[n].state.name == "FAIL" and studies.interrupted(trials[n])
+    queued = [t for t in trials.values() if t.state.name == "WAITING"]
+    assert sorted(t.user_attrs["retry_of"] for t in queued) == sorted([dead.number, orphan.number])
+    assert beat.watch(now=2 * studies.GRACE_S) == []  # failed once, not again
+
+
+def test_the_journal_table_in_postgresql_keeps_records_in_commit_order(postgres_url):
+    from tuner import journal
+
+    dsn = "postgresql" + postgres_url[postgres_url.index("://"):]
+    a, b = journal.JournalPostgres(dsn), journal.JournalPostgres(dsn)  # two searchers' connections
+    a.append_logs([{"n": 0}, {"n": 1}])
+    b.append_logs([{"n": 2}])
+    assert [log["n"] for log in b.read_logs(0)] == [0, 1, 2]
+    assert [log["n"] for log in a.read_logs(2)] == [2]
+    assert a.read_logs(3) == []

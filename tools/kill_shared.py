@@ -54,6 +54,9 @@ def main() -> int:
     ap.add_argument("--kill", choices=("searcher", "worker"), default="searcher")
     ap.add_argument("--after", type=int, default=20, help="finished trials before the kill")
     ap.add_argument("--logs", default=".", help="folder for each searcher's output")
+    ap.add_argument("--as-hosts", action="store_true",
+                    help="give each searcher a host name of its own (TUNER_HOST): a death is then seen "
+                         "from the heartbeats only, as across hosts")
     ap.add_argument("search", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     extra = args.search[1:] if args.search[:1] == ["--"] else args.search
@@ -69,8 +72,9 @@ def main() -> int:
     procs, logs = [], []
     for i in range(args.searchers):
         logs.append(open(os.path.join(args.logs, f"searcher{i}.log"), "w"))
+        env = {**os.environ, **({"TUNER_HOST": f"host{i}"} if args.as_hosts else {})}
         procs.append(subprocess.Popen([sys.executable, "-m", "tuner", "search", *extra, "--seed", str(i), "--quiet"],
-                                      stdout=logs[-1], stderr=subprocess.STDOUT))
+                                      stdout=logs[-1], stderr=subprocess.STDOUT, env=env))
         time.sleep(2.0)  # the first creates the study
     target, running, before, killed_at = procs[0], set(), {}, None
     while killed_at is None:

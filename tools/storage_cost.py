@@ -1,14 +1,16 @@
 """What a study's storage costs per trial: Optuna's plain ask and tell against tuner's writes.
 
     python tools/storage_cost.py --storage postgresql+psycopg://user@host/db --processes 1,4
+    python tools/storage_cost.py --storage journal+postgresql://user@host/db
 
 Three loops, each in N processes on one fresh study, no sampler work to speak of:
   optuna-ask-tell  `study.ask` with 7 categorical parameters, 3 user attributes, `study.tell`
   tuner-claim      what a random or grid search writes: a claimed trial (parameters and
-                   attributes in one write), a heartbeat, the packed result, `study.tell`
-  tuner-ask        what a tpe search writes: `study.ask`, 2 attributes, a heartbeat, the
-                   packed result, `study.tell`
-Prints trials per second for each loop and process count.
+                   attributes in one write), the probe's intermediate value and the pruner's
+                   question, the packed result, `study.tell`
+  tuner-ask        what a tpe search writes: `study.ask`, 2 attributes, then as tuner-claim
+Prints trials per second for each loop and process count. (A searcher's heartbeat is one
+write every few seconds, whatever the number of trials: not counted.)
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ def _loop(kind: str, url: str, name: str, trials: int, seed: int, out) -> None:
     import optuna
     from optuna.distributions import CategoricalDistribution
 
+    from tuner import pruning
     from tuner import study as studies
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     st = studies.storage(url)
-    study = optuna.load_study(study_name=name, storage=st, sampler=optuna.samplers.RandomSampler(seed=seed))
+    study = optuna.load_study(study_name=name, storage=st, sampler=optuna.samplers.RandomSampler(seed=seed),
+                              pruner=pruning.pruner(pruning.DEFAULT_FACTOR))
     dists = {k: CategoricalDistribution(v) for k, v in PARAMS.items()}
     rng = random.Random(seed)
     started = time.perf_counter()
@@ -51,7 +55,8 @@ def _loop(kind: str, url: str, name: str, trials: int, seed: int, out) -> None:
             if kind == "tuner-ask":
                 trial.set_user_attr("variant", "v")
                 trial.set_user_attr("owner", "host/1/2")
-            st.record_heartbeat(trial._trial_id)
+            trial.report(rng.random(), 10)
+            trial.should_prune()
             trial.set_user_attr("result", RESULT["result"])
         study.tell(trial, rng.random())
     out.put(time.perf_counter() - started)

@@ -17,6 +17,10 @@ from tuner.errors import TunerError
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
+STORAGE_HELP = ("where studies live: a journal file's path, journal+postgresql://USER@HOST/DB, or an Optuna RDB "
+                "URL such as postgresql+psycopg://USER@HOST/DB (default: studies/tuner.journal)")
+
+
 def command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     COMMANDS[fn.__name__.removeprefix("cmd_").replace("_", "-")] = fn
     return fn
@@ -124,7 +128,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def _study_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--objective", default="fwd+bwd", choices=("fwd", "bwd", "fwd+bwd"))
-    p.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")
+    p.add_argument("--storage", help=STORAGE_HELP)
     p.add_argument("--study", help="study name (default: family-GPU-problem-objective)")
     return p
 
@@ -315,7 +319,21 @@ def cmd_report(args: argparse.Namespace) -> int:
         print((out / "by_dimension.md").read_text())
     print(f"wrote {out}/trials.csv, importance.json, by_dimension.csv/.md, time_by_dimension.png, "
           "time_vs_registers.png")
-    print(f"browse the study: optuna-dashboard {study.storage_url(args.storage)}")
+    print(f"browse the study: tuner dashboard --storage {study.storage_url(args.storage)}")
+    return 0
+
+
+@command
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from tuner import study
+
+    try:
+        import optuna_dashboard
+    except ImportError:
+        raise TunerError("the dashboard is a separate package: pip install optuna-dashboard") from None
+    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {study.storage_url(args.storage)} "
+          "(Ctrl-C stops it)", flush=True)
+    optuna_dashboard.run_server(study.storage(args.storage), host=args.host, port=args.port)
     return 0
 
 
@@ -417,7 +435,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("export-best", parents=[family_opt, target], help="export the winners of a GPU's studies")
     s.add_argument("--study", help="export this study only")
     s.add_argument("--out", type=Path, help="artifact folder (default: exports/<family>-<GPU> under $TUNER_HOME)")
-    s.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")
+    s.add_argument("--storage", help=STORAGE_HELP)
 
     s = sub.add_parser("bench", parents=[family_opt, target], help="time the tuned op against what users run today")
     s.add_argument("--artifact", type=Path, help="exported folder (default: the attached GPU's export)")
@@ -445,7 +463,12 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
                    help="exit 1 when the default sampler's (tpe) median is above PCT %% of the space")
 
     s = sub.add_parser("list", help="list stored studies")
-    s.add_argument("--storage", help="Optuna storage URL (default: sqlite under studies/)")
+    s.add_argument("--storage", help=STORAGE_HELP)
+
+    s = sub.add_parser("dashboard", help="Optuna's dashboard on a storage (pip install optuna-dashboard)")
+    s.add_argument("--storage", help=STORAGE_HELP)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
     return p
 
 

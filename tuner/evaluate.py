@@ -66,8 +66,7 @@ class LiveEvaluator(Evaluator):
     def __init__(self, gpu: str, problem, objective: str, arch: str | None = None,
                  jobs: int | None = None, eval_timeout: float = 60.0, log_path: Path | None = None,
                  devices: list[int] | None = None):
-        import socket
-
+        from tuner import study
         from tuner.worker import Worker
 
         self.devices = devices or [0]
@@ -86,7 +85,7 @@ class LiveEvaluator(Evaluator):
         self.batch_size = max(2 * self.jobs, 8)
         self._binding = False  # built (or loaded) before the first variant: a re-run needs none
         self.parallel = len(self.devices)
-        self.host = socket.gethostname()
+        self.host = study.host()
         def log(i: int) -> str | None:  # one log per worker
             return None if log_path is None else str(log_path) if self.parallel == 1 else f"{log_path}.{i}"
 

@@ -133,8 +133,8 @@ class Search:
         self.records_path = studies.records_path(self.name)
         self.report = SearchReport(self.name, self.records_path)
         self._results: dict[str, tuple[int, dict]] = {}  # variant -> (trial number, outcome)
-        # random and grid: variants still to try, last first; tpe: its sampler proposes them
-        self._queue = _order(self.space, cfg.seed) if cfg.sampler in ("random", "grid") else None
+        # random and grid: the variants still to try, the next one last (popped); tpe proposes its own
+        self._queue = _order(self.space, cfg.seed)[::-1] if cfg.sampler in ("random", "grid") else None
         self._seen: set[str] = set()  # variants the study has, in any state, as last read
         self._waiting = 0  # queued trials in the study (retries, planted faults), as last read
         self._best: float | None = None
@@ -183,7 +183,6 @@ class Search:
                     variant = variant.replace(fault=trial.user_attrs["fault"])
                 _set_user_attrs(trial, {"variant": variant.name, "owner": me})
             self._seen.add(variant.name)
-            self._heartbeat.add(trial._trial_id)
             asked.append((trial, variant))
         return asked
 
@@ -195,35 +194,41 @@ class Search:
                 return variant
         return None
 
-    def _tell(self, trial, variant: Variant, result: dict, duplicate_of: int | None = None) -> None:
+    def _tell(self, trial, variant: Variant, result: dict, duplicate_of: int | None = None) -> bool:
+        """Tell the study; False when another searcher failed the trial meanwhile (this one was cut
+        off from the study for too long): it was queued again, and runs again from there."""
         import optuna
 
         attrs = result_attrs(result)
         if duplicate_of is not None:
             attrs["result"]["duplicate_of"] = duplicate_of
-            self.report.duplicates += 1
-        if result["status"] == "pruned":
-            self.report.pruned += 1
-        elif result["status"] != "ok":
-            self.report.failed[attrs["reason"]] = self.report.failed.get(attrs["reason"], 0) + 1
-        _set_user_attrs(trial, attrs)
         value = objective_value(result, self.cfg.objective) if result["status"] == "ok" else None
-        if result["status"] == "pruned":
-            if trial.number not in self._probed:  # a copied outcome: report what was measured then
+        state = {"ok": "COMPLETE", "pruned": "PRUNED"}.get(result["status"], "FAIL")
+        try:
+            _set_user_attrs(trial, attrs)
+            if state == "PRUNED" and trial.number not in self._probed:  # a copied outcome: what was measured then
                 trial.report(objective_value(result, self.cfg.objective), 0)
-            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        elif value is not None:
-            self.study.tell(trial, value)
+            told = self.study.tell(trial, value if state == "COMPLETE" else None,
+                                   state=optuna.trial.TrialState[state], skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+        if told.state.name != state or (state == "FAIL" and told.user_attrs.get("reason") != attrs["reason"]):
+            return False
+        if duplicate_of is not None:
+            self.report.duplicates += 1
+        if state == "PRUNED":
+            self.report.pruned += 1
+        elif state == "FAIL":
+            self.report.failed[attrs["reason"]] = self.report.failed.get(attrs["reason"], 0) + 1
+        if value is not None:
             self._best = value if self._best is None else min(self._best, value)
             self._stopped = self._stopped or bool(self.cfg.stop_when and self.cfg.stop_when(self._best))
-        else:
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        self._heartbeat.discard(trial._trial_id)
         self.report.trials += 1
         if self._bar is not None:
             self._bar.update(1)
             if self._best is not None:
                 self._bar.set_postfix_str(f"best {self._best:.2f} us")
+        return True
 
     @staticmethod
     def _copy(prior) -> dict:
@@ -314,7 +319,8 @@ class Search:
             self.report.time_s += result.get("time_s", 0.0)
             # The study first: a searcher killed before its result landed leaves the trial running,
             # to be failed and run again, and no record of a measurement the study never got.
-            self._tell(trial, variant, result)
+            if not self._tell(trial, variant, result):
+                return
             self._results[variant.name] = (trial.number, result)
             records.append(self.records_path, {
                 "study": self.name, "gpu": self.evaluator.gpu_info, "problem": self.cfg.problem.key(),

@@ -29,7 +29,7 @@ def storage_url(url: str | None = None) -> str:
 
 
 def is_journal(url: str) -> bool:
-    return "://" not in url
+    return "://" not in url or url.startswith("journal+")
 
 
 def records_path(name: str):
@@ -48,8 +48,8 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
         cursor.close()
 
 
-HEARTBEAT_S = 5  # a searcher's running trials are marked alive this often (RDB storages)
-GRACE_S = 20  # a trial not marked for this long is failed as stale and queued again
+HEARTBEAT_S = 5  # each searcher beats this often, in the study
+GRACE_S = 15  # a searcher whose beat has not changed for this long is dead: its trials run again
 
 
 def storage(url: str | None = None):
@@ -64,21 +64,16 @@ def storage(url: str | None = None):
     if is_journal(url):
         from tuner import journal
 
-        return journal.storage(url)
+        try:
+            return journal.storage(url)
+        except ImportError as exc:
+            raise TunerError(f"--storage {url}: {exc}; for PostgreSQL: pip install 'tuner[postgres]'") from exc
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         # Several `tuner search` processes share one file: wait for its lock, do not fail.
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
         if not sqlalchemy.event.contains(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas):
             sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas)
-    # Searchers on other hosts cannot tell whether a process is alive: heartbeats tell them.
-    # (Optuna warns that the argument is experimental; not worth a warning on every command.)
-    import warnings
-
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    # `study.ask` warns that heartbeats are meant for `optimize`: tuner sends them itself (Heartbeat).
-    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-    kwargs.update(heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, heartbeat_stale_trial_callback=_stale)
     if url.startswith("sqlite"):
         # Two processes creating the same new file race on its schema: take turns.
         with _file_lock(url.split(":///", 1)[-1] + ".lock"):
@@ -99,58 +94,97 @@ def storage(url: str | None = None):
         raise TunerError(f"--storage {url}: {exc}; for PostgreSQL: pip install 'tuner[postgres]'") from exc
 
 
-def _stale(study, trial) -> None:
-    """Optuna's heartbeat check failed `trial` (its searcher stopped marking it): run it again."""
-    _requeue(study, trial)
-
-
 class Heartbeat:
-    """Marks this searcher's running trials alive every HEARTBEAT_S, and fails the study's stale
-    ones (another searcher's, dead or cut off), which `_stale` queues again. With ask and tell,
-    Optuna sends no heartbeats by itself. Nothing to do on a storage without heartbeats (the
-    journal: a searcher's liveness is its process, see `fail_interrupted`)."""
+    """This searcher's pulse in the study, and its watch over the others'.
+
+    Every HEARTBEAT_S a thread counts up this searcher's beat (a study system attribute named
+    after its owner tag: one write, however many trials it runs) and reads the others'. A
+    searcher whose beat has not moved for GRACE_S on this host's clock (no clock is compared
+    across hosts) is dead or cut off: its running trials are failed as interrupted and queued
+    again, to be run by whichever searcher asks next. Trials left running without an owner
+    (a kill between Optuna's ask and the owner's record) are treated the same after GRACE_S.
+    Optuna's own heartbeats (RDB storages only) write once per running trial per beat: a
+    searcher keeps a few hundred trials in flight while it compiles."""
 
     def __init__(self, study, st):
         import threading
 
-        from optuna.storages._heartbeat import BaseHeartbeat  # what RDBStorage implements
-
         self.study, self.storage = study, st
-        self.enabled = isinstance(st, BaseHeartbeat) and bool(st.get_heartbeat_interval())
-        self._trials: set[int] = set()
-        self._lock = threading.Lock()
+        self._study_id = st.get_study_id_from_name(study.study_name)
+        self._me = owner()
+        self._count = 0
+        self._seen: dict[str, tuple[Any, float]] = {}  # owner -> (its beat, when it last moved here)
         self._stop = threading.Event()
+        self._beat()
         self._thread = threading.Thread(target=self._run, name="tuner-heartbeat", daemon=True)
-        if self.enabled:
-            self._thread.start()
+        self._thread.start()
 
-    def add(self, trial_id: int) -> None:
-        if self.enabled:
-            self.storage.record_heartbeat(trial_id)
-            with self._lock:
-                self._trials.add(trial_id)
+    @staticmethod
+    def key(tag: str) -> str:
+        return f"tuner:beat:{tag}"
 
-    def discard(self, trial_id: int) -> None:
-        with self._lock:
-            self._trials.discard(trial_id)
+    def _beat(self) -> None:
+        self._count += 1
+        self.storage.set_study_system_attr(self._study_id, self.key(self._me), self._count)
 
     def _run(self) -> None:
-        import optuna
-
-        while not self._stop.wait(self.storage.get_heartbeat_interval()):
+        while not self._stop.wait(HEARTBEAT_S):
             try:
-                with self._lock:
-                    trials = list(self._trials)
-                for trial_id in trials:
-                    self.storage.record_heartbeat(trial_id)
-                optuna.storages.fail_stale_trials(self.study)
+                self._beat()
+                self.watch()
             except Exception:  # noqa: BLE001 - a lost connection must not kill the search; retried next beat
                 pass
+
+    def watch(self, now: float | None = None) -> list[int]:
+        """Fail and queue again the running trials of searchers that stopped beating; their numbers."""
+        import time
+
+        from optuna.trial import TrialState
+
+        now = time.monotonic() if now is None else now
+        beats = self.storage.get_study_system_attrs(self._study_id)
+        dead: list[Any] = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            tag = t.user_attrs.get("owner")
+            if tag == self._me:
+                continue
+            beat = beats.get(self.key(tag)) if tag else ("no owner", t.number)
+            name = tag or f"#{t.number}"
+            last, moved = self._seen.get(name, (None, now))
+            if beat != last or name not in self._seen:
+                self._seen[name] = (beat, now)
+            elif now - moved > GRACE_S:
+                dead.append(t)
+        failed = []
+        for t in dead:
+            tag = t.user_attrs.get("owner", "its searcher, which never recorded itself")
+            if fail(self.study, self.storage, t, f"the searcher that ran it ({tag}) stopped beating for {GRACE_S} s"):
+                failed.append(t.number)
+        return failed
 
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
+
+
+def fail(study, st, t, message: str) -> bool:
+    """Fail a running trial as interrupted and queue its variant again; False when it finished
+    first (its searcher was alive after all, or another searcher failed it)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        # Attributes first: a finished trial takes none. (A searcher that was alive after all may
+        # finish the trial in between; it keeps its result, with this reason beside it.)
+        st.set_trial_user_attr(t._trial_id, "reason", "interrupted")
+        st.set_trial_user_attr(t._trial_id, "message", message)
+        if not st.set_trial_state_values(t._trial_id, TrialState.FAIL):
+            return False
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    _requeue(study, t)
+    return True
 
 
 @contextlib.contextmanager
@@ -209,19 +243,25 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+def host() -> str:
+    """The name this searcher gives its host: TUNER_HOST, or the hostname (containers on one
+    machine may share a hostname but not their processes: give each its own TUNER_HOST)."""
+    return os.environ.get("TUNER_HOST") or socket.gethostname()
+
+
 def owner() -> str:
     pid = os.getpid()
-    return f"{socket.gethostname()}/{pid}/{_start_time(pid)}"
+    return f"{host()}/{pid}/{_start_time(pid)}"
 
 
 def owner_alive(tag: str) -> bool:
     """False only when the process that ran a trial is known to be gone (same host)."""
     try:
-        host, pid, start = tag.rsplit("/", 2)
+        where, pid, start = tag.rsplit("/", 2)
     except ValueError:
         return False
-    if host != socket.gethostname():
-        return True  # cannot tell from here
+    if where != host():
+        return True  # cannot tell from here: the heartbeats tell
     return _start_time(int(pid)) == start
 
 
@@ -283,10 +323,7 @@ def fail_interrupted(study, st) -> list[Any]:
             tag = "unknown (killed before it recorded itself)"
         elif owner_alive(tag):
             continue
-        st.set_trial_user_attr(t._trial_id, "reason", "interrupted")
-        st.set_trial_user_attr(t._trial_id, "message", f"the process that ran it ({tag}) is gone")
-        if st.set_trial_state_values(t._trial_id, TrialState.FAIL):
-            _requeue(study, t)
+        if fail(study, st, t, f"the process that ran it ({tag}) is gone"):
             requeued.append(t.number)
     # A searcher killed between failing an orphan and queueing its retry left it without one.
     trials = study.get_trials(deepcopy=False)
@@ -348,8 +385,8 @@ def facts(t) -> dict:
 
 
 def interrupted(t) -> bool:
-    """Failed because its searcher died, not by its variant: marked so here, or failed by a heartbeat
-    check (a searcher tells every failure with a reason)."""
+    """Failed because its searcher died, not by its variant (marked so by `fail`; a FAIL without a
+    reason is counted the same: a searcher tells every failure of a variant with one)."""
     return t.state.name == "FAIL" and t.user_attrs.get("reason") in (None, "interrupted")
 
 
