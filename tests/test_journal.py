@@ -99,3 +99,19 @@ def test_the_journal_table_in_postgresql_keeps_records_in_commit_order(postgres_
     assert [log["n"] for log in b.read_logs(0)] == [0, 1, 2]
     assert [log["n"] for log in a.read_logs(2)] == [2]
     assert a.read_logs(3) == []
+    b.append_logs([{"n": 3, "x": float("nan"), "big": 1e17}])  # as the journal file keeps them
+    last = a.read_logs(3)[0]
+    assert last["x"] != last["x"] and isinstance(last["big"], float)
+    # a server that drops a searcher's connection: the next call reconnects, nothing is lost or doubled
+    a._conn.execute("SELECT pg_terminate_backend(%s)", (b._conn.info.backend_pid,))
+    b.append_logs([{"n": 4}])
+    assert [log["n"] for log in a.read_logs(0)] == [0, 1, 2, 3, 4]
+
+
+def test_a_journal_url_of_another_kind_is_refused():
+    import pytest
+
+    from tuner.errors import TunerError
+
+    with pytest.raises(TunerError, match="journal\\+postgresql://"):
+        study.storage("journal+postgres://me@host/db")

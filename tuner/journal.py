@@ -62,60 +62,77 @@ class JournalFile(BaseJournalBackend):
 
 class JournalPostgres(BaseJournalBackend):
     """Records in one table, numbered from 0 in the order they commit: an append takes a
-    transaction-scoped advisory lock, so numbers are given out one writer at a time and a
-    reader never sees a record while an earlier one is still uncommitted (it would skip it)."""
+    transaction-scoped advisory lock, so numbers are given out one writer at a time and, at
+    READ COMMITTED, a reader never sees a record while an earlier one is uncommitted (it would
+    skip it for good).
+
+    A record is the journal file's JSON text (jsonb would refuse NaN and reshape numbers) with a
+    unique id, so an append retried after a broken connection, which may have committed or not,
+    is not written twice. A session that goes silent holding the lock (a stopped process, a lost
+    host) is ended by the server within seconds rather than holding every searcher's writes."""
 
     TABLE = "tuner_journal"
     LOCK = 0x7475_6E65  # the advisory lock's key ("tune")
+    TRIES = 4
+    CONNECT = {"options": "-c idle_in_transaction_session_timeout=10s -c lock_timeout=30s",
+               "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+               "connect_timeout": 20}
 
     def __init__(self, dsn: str):
         self.dsn = dsn
         self._conn = None
-        with self._connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK,))  # first searchers race to create it
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {self.TABLE} (id bigint PRIMARY KEY, log jsonb NOT NULL)")
 
-    def _connection(self):
-        import psycopg
+        def create(conn):
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK,))  # the first searchers race here
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {self.TABLE} "
+                             "(id bigint PRIMARY KEY, uid uuid UNIQUE NOT NULL, log text NOT NULL)")
 
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.dsn, autocommit=True)
-        return _Reused(self._conn)
+        self._retry(create)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"dsn": self.dsn, "_conn": None}
 
-    def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
-        with self._connection() as conn:
-            rows = conn.execute(f"SELECT log FROM {self.TABLE} WHERE id >= %s ORDER BY id",
-                                (log_number_from,)).fetchall()
-        return [row[0] for row in rows]
+    def _retry(self, work):
+        """`work(connection)`, again on a fresh connection after a connection or lock-wait error."""
+        import time
 
-    def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        from psycopg.types.json import Jsonb
-
-        with self._connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK,))
-            first = conn.execute(f"SELECT coalesce(max(id) + 1, 0) FROM {self.TABLE}").fetchone()[0]
-            with conn.cursor() as cur:
-                cur.executemany(f"INSERT INTO {self.TABLE} (id, log) VALUES (%s, %s)",
-                                [(first + i, Jsonb(log)) for i, log in enumerate(logs)])
-
-
-class _Reused:
-    """A connection kept across calls; one that broke is closed, to be opened again next call."""
-
-    def __init__(self, conn):
-        self.conn = conn
-
-    def __enter__(self):
-        return self.conn
-
-    def __exit__(self, kind, exc, tb) -> None:
         import psycopg
 
-        if isinstance(exc, psycopg.OperationalError):
-            self.conn.close()
+        for attempt in range(self.TRIES):
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self.dsn, autocommit=True, **self.CONNECT)
+                self._conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            try:
+                return work(self._conn)
+            except psycopg.OperationalError:
+                self._conn.close()
+                if attempt == self.TRIES - 1:
+                    raise
+                time.sleep(attempt + 1)
+
+    def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
+        rows = self._retry(lambda conn: conn.execute(f"SELECT log FROM {self.TABLE} WHERE id >= %s ORDER BY id",
+                                                     (log_number_from,)).fetchall())
+        return [json.loads(row[0]) for row in rows]
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        import uuid
+
+        rows = [(uuid.uuid4(), json.dumps(log, separators=(",", ":"))) for log in logs]
+
+        def append(conn):
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK,))
+                if conn.execute(f"SELECT 1 FROM {self.TABLE} WHERE uid = %s", (rows[0][0],)).fetchone():
+                    return  # a try whose connection broke at its commit had committed
+                first = conn.execute(f"SELECT coalesce(max(id) + 1, 0) FROM {self.TABLE}").fetchone()[0]
+                with conn.cursor() as cur:
+                    cur.executemany(f"INSERT INTO {self.TABLE} (id, uid, log) VALUES (%s, %s, %s)",
+                                    [(first + i, uid, log) for i, (uid, log) in enumerate(rows)])
+
+        if rows:
+            self._retry(append)
 
 
 POSTGRES_SCHEME = "journal+postgresql://"
@@ -125,6 +142,11 @@ def storage(url: str | os.PathLike):
     """Optuna's JournalStorage over a file (a path) or a PostgreSQL table (journal+postgresql://)."""
     from optuna.storages import JournalStorage
 
-    if str(url).startswith(POSTGRES_SCHEME):
-        return JournalStorage(JournalPostgres("postgresql://" + str(url)[len(POSTGRES_SCHEME):]))
+    url = str(url)
+    if url.startswith(POSTGRES_SCHEME):
+        return JournalStorage(JournalPostgres("postgresql://" + url[len(POSTGRES_SCHEME):]))
+    if "://" in url:
+        from tuner.errors import TunerError
+
+        raise TunerError(f"--storage {url}: a journal is a file's path or {POSTGRES_SCHEME}USER@HOST/DB")
     return JournalStorage(JournalFile(url))

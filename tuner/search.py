@@ -95,7 +95,7 @@ def _sampler(name: str, seed: int | None):
 
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=20)
-    # grid and random enqueue the variants to run (see _enqueue); the sampler fills any gap
+    # grid and random take unseen variants in a shuffled order (see _order); the sampler fills any gap
     return optuna.samplers.RandomSampler(seed=seed)
 
 
@@ -168,6 +168,8 @@ class Search:
     def _ask(self, n: int) -> list[tuple[Any, Variant]]:
         """n new trials: queued ones first (Optuna's ask takes them), then the next unseen
         variants of random and grid (claimed in one write each), or tpe's proposals."""
+        import optuna
+
         asked = []
         me = studies.owner()
         for _ in range(n):
@@ -181,10 +183,26 @@ class Search:
                 variant = self.space.nearest(trial.params)
                 if trial.user_attrs.get("fault"):
                     variant = variant.replace(fault=trial.user_attrs["fault"])
-                _set_user_attrs(trial, {"variant": variant.name, "owner": me})
+                try:
+                    _set_user_attrs(trial, {"variant": variant.name, "owner": me})
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    continue  # failed as ownerless by another searcher (this one stalled): queued again
             self._seen.add(variant.name)
             asked.append((trial, variant))
         return asked
+
+    def _own_order(self) -> None:
+        """Searchers of one study given the same --seed would take the same variants in step,
+        each waiting on the other's copy: the second to arrive with a seed shuffles by its own."""
+        if self._queue is None or self.cfg.seed is None:
+            return
+        study_id = self.storage.get_study_id_from_name(self.name)
+        key, me = f"tuner:seed:{self.cfg.seed}", studies.owner()
+        taken = self.storage.get_study_system_attrs(study_id).get(key)
+        if taken not in (None, me):
+            self._queue = _order(self.space, hash((self.cfg.seed, me)) & 0xFFFF_FFFF)[::-1]
+        else:
+            self.storage.set_study_system_attr(study_id, key, me)
 
     def _next_unseen(self) -> Variant | None:
         """None when every variant is in the study: Optuna's sampler then fills the count."""
@@ -330,8 +348,13 @@ class Search:
 
     def _probe(self, trial, partial: dict) -> bool:
         """The first repetitions' objective as the trial's intermediate value; go on unless the
-        study's pruner says prune."""
-        trial.report(objective_value(partial, self.cfg.objective), partial["fwd"].get("reps", 0))
+        study's pruner says prune (or another searcher failed the trial meanwhile: `_tell` drops it)."""
+        import optuna
+
+        try:
+            trial.report(objective_value(partial, self.cfg.objective), partial["fwd"].get("reps", 0))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
         self._probed.add(trial.number)
         return not trial.should_prune()
 
@@ -347,6 +370,7 @@ class Search:
         if cfg.import_records:
             self.report.imported = self.import_records(cfg.import_records)
         self._plant(cfg.plant_faults)  # queued, so that they run first
+        self._own_order()
         self._refresh()  # what the study has seen already
         done = studies.finished_count(self.study)
         # A sampler that learns between batches (tpe) gets smaller ones; a queue of variants does not.

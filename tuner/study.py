@@ -116,8 +116,12 @@ class Heartbeat:
         self._seen: dict[str, tuple[Any, float]] = {}  # owner -> (its beat, when it last moved here)
         self._stop = threading.Event()
         self._beat()
-        self._thread = threading.Thread(target=self._run, name="tuner-heartbeat", daemon=True)
-        self._thread.start()
+        # Two threads: failing a dead searcher's hundreds of trials takes seconds, and this
+        # searcher's own beat must not wait for that.
+        self._threads = [threading.Thread(target=self._every, args=(work,), name=f"tuner-{name}", daemon=True)
+                         for name, work in (("heartbeat", self._beat), ("watch", self.watch))]
+        for thread in self._threads:
+            thread.start()
 
     @staticmethod
     def key(tag: str) -> str:
@@ -127,11 +131,10 @@ class Heartbeat:
         self._count += 1
         self.storage.set_study_system_attr(self._study_id, self.key(self._me), self._count)
 
-    def _run(self) -> None:
+    def _every(self, work) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                self._beat()
-                self.watch()
+                work()
             except Exception:  # noqa: BLE001 - a lost connection must not kill the search; retried next beat
                 pass
 
@@ -164,8 +167,8 @@ class Heartbeat:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(10)
+        for thread in self._threads:
+            thread.join(10)
 
 
 def fail(study, st, t, message: str) -> bool:
@@ -182,6 +185,12 @@ def fail(study, st, t, message: str) -> bool:
         if not st.set_trial_state_values(t._trial_id, TrialState.FAIL):
             return False
     except optuna.exceptions.UpdateFinishedTrialError:
+        # Its searcher finished it first. If that was as a failure, the reason written above now
+        # marks it interrupted, and the searcher drops it (`_tell`): queue it, as no one else will.
+        now = st.get_trial(t._trial_id)
+        if interrupted(now) and not any(o.user_attrs.get("retry_of") == t.number
+                                        for o in study.get_trials(deepcopy=False)):
+            _requeue(study, now)
         return False
     _requeue(study, t)
     return True
