@@ -188,8 +188,7 @@ def fail(study, st, t, message: str) -> bool:
         # Its searcher finished it first. If that was as a failure, the reason written above now
         # marks it interrupted, and the searcher drops it (`_tell`): queue it, as no one else will.
         now = st.get_trial(t._trial_id)
-        if interrupted(now) and not any(o.user_attrs.get("retry_of") == t.number
-                                        for o in study.get_trials(deepcopy=False)):
+        if interrupted(now) and t.number not in retried(study):
             _requeue(study, now)
         return False
     _requeue(study, t)
@@ -335,14 +334,17 @@ def fail_interrupted(study, st) -> list[Any]:
         if fail(study, st, t, f"the process that ran it ({tag}) is gone"):
             requeued.append(t.number)
     # A searcher killed between failing an orphan and queueing its retry left it without one.
-    trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs.get("retry_of") for t in trials}
-    for t in trials:
-        if (interrupted(t) and t.number not in retried
-                and t.number not in requeued):
+    queued_again = retried(study)
+    for t in study.get_trials(deepcopy=False):
+        if interrupted(t) and t.number not in queued_again and t.number not in requeued:
             _requeue(study, t)
             requeued.append(t.number)
     return requeued
+
+
+def retried(study) -> set[int]:
+    """Numbers of the trials queued again (each retry names the trial it repeats)."""
+    return {t.user_attrs["retry_of"] for t in study.get_trials(deepcopy=False) if "retry_of" in t.user_attrs}
 
 
 def _requeue(study, t) -> None:
