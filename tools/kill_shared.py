@@ -107,7 +107,7 @@ def main() -> int:
 
     final = {t.number: t for t in optuna.load_study(study_name=name, storage=studies.storage(url)).get_trials()}
     lost = [n for n, v in before.items() if final[n].state.name != "COMPLETE" or final[n].value != v]
-    retried = {t.user_attrs.get("retry_of") for t in final.values()}
+    retried = studies.retried(optuna.load_study(study_name=name, storage=studies.storage(url)))
     stale = [(final[n].datetime_complete - killed_at).total_seconds() for n in running
              if final[n].state.name == "FAIL" and studies.interrupted(final[n]) and n in retried]
     crashes = [n for n, t in final.items() if t.user_attrs.get("reason") == "crash"]
