@@ -1,6 +1,11 @@
 import os
+import tempfile
 
 import pytest
+
+# Builds (the torch bindings, variants) go to a per-user cache; a test run gets one of its own,
+# shared by all its tests and the processes they start, so that the bindings build once a run.
+os.environ.setdefault("TUNER_CACHE", os.environ.get("TUNER_TEST_CACHE") or tempfile.mkdtemp(prefix="tuner-cache-"))
 
 
 def _has_cuda() -> bool:
@@ -26,6 +31,13 @@ def tuner_home(tmp_path, monkeypatch):
     """A private TUNER_HOME, so tests never touch the user's variants/ and studies/."""
     monkeypatch.setenv("TUNER_HOME", str(tmp_path))
     return tmp_path
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """A private build cache, for tests that count what gets built."""
+    monkeypatch.setenv("TUNER_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 @pytest.fixture(scope="session")

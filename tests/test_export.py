@@ -6,10 +6,9 @@ import pytest
 import torch
 
 import tuner
-from tuner import export, runtime, search
+from tuner import binaries, export, search
 from tuner.errors import TunerError
 from tuner.families import giou
-from tuner.families.giou import op as giou_op
 
 from test_search import REAL, _cfg
 
@@ -65,26 +64,30 @@ def test_study_without_a_verified_trial_is_an_error(tuner_home, tmp_path):
 
 
 def _entry(pred, target, batch, slots, **params):
-    space = giou.space(pred, target)
     base = {"boxes_per_thread": 2, "padding": "branch", "validation": "hoisted", "block_size": 256,
             "loads": "vector", "reduction": "atomic", "backward": "recompute", **params}
-    v = space.variant(**base)
-    return giou_op.Entry({"pred": pred, "target": target, "batch": batch, "slots": slots}, v, "")
+    v = giou.space(pred, target).variant(**base)
+    return {"problem": {"pred": pred, "target": target, "batch": batch, "slots": slots}, "variant": v.name,
+            "params": v.as_dict()}
 
 
-def test_dispatch_picks_the_dtype_pair_and_nearest_shape():
-    state = giou_op.TunedGiou(None, None)
-    state.entries = [_entry("bfloat16", "uint8", 1024, 256, block_size=512),
-                     _entry("bfloat16", "uint8", 64, 256, block_size=128),
-                     _entry("float32", "float32", 1024, 256, block_size=64)]
-    assert state.choose("bfloat16", "uint8", 2048, 256).variant["block_size"] == 512
-    assert state.choose("bfloat16", "uint8", 100, 256).variant["block_size"] == 128
-    assert state.choose("float32", "float32", 8, 8).variant["block_size"] == 64
-    # An untuned pair: the nearest problem's parameters rendered for it, marked as such.
-    e = state.choose("float16", "uint8", 1000, 256)
-    assert e.source is None and e.variant["pred"] == "float16" and e.variant["block_size"] == 512
-    assert e.tuned_for == "bfloat16/uint8"
-    assert len(state.bindings) == 12 and all(state.bindings.values())
+def test_every_dtype_pair_is_bound():
+    """Tuned pairs bind their winners; an untuned pair the nearest problem's parameters rendered for
+    it, marked with the pair they were tuned for."""
+    entries = [_entry("bfloat16", "uint8", 1024, 256, block_size=512),
+               _entry("bfloat16", "uint8", 64, 256, block_size=128),
+               _entry("float32", "float32", 1024, 256, block_size=64)]
+    bound = binaries.bound("giou", entries)
+    pairs = {}
+    for b in bound:
+        pairs.setdefault((b["params"]["pred"], b["params"]["target"]), []).append(b)
+    assert len(pairs) == 12
+    assert [b["params"]["block_size"] for b in pairs[("bfloat16", "uint8")]] == [512, 128]
+    assert [b["params"]["block_size"] for b in pairs[("float32", "float32")]] == [64]
+    untuned = pairs[("float16", "uint8")]
+    assert [b["params"]["block_size"] for b in untuned] == [512, 128, 64]
+    assert [b["tuned_for"] for b in untuned] == ["bfloat16/uint8", "bfloat16/uint8", "float32/float32"]
+    assert all(b["tuned_for"] == "" for b in pairs[("bfloat16", "uint8")])
 
 
 def test_cpu_implementation_equals_the_reference(artifact):

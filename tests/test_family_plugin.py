@@ -34,7 +34,7 @@ def _records(path, fam, gpu_name="NVIDIA H100 80GB HBM3"):
     return path
 
 
-def test_a_family_outside_tuner_goes_end_to_end(scale_add, tuner_home, capsys):
+def test_a_family_outside_tuner_goes_end_to_end(scale_add, tuner_home, fresh_cache, capsys):
     import tuner
 
     assert "scale_add" in families.names()
@@ -46,7 +46,7 @@ def test_a_family_outside_tuner_goes_end_to_end(scale_add, tuner_home, capsys):
     built = json.loads(capsys.readouterr().out)["builds"]
     assert len(built) == 2 and all(b["ok"] for b in built)
     assert all(b["name"].startswith("scale_add.") for b in built)
-    assert len(list((tuner_home / "variants" / "sm_90").glob("scale_add-*.so"))) == 2
+    assert len(list((fresh_cache / "variants" / "sm_90").glob("scale_add-*.so"))) == 2
 
     log = _records(tuner_home / "scale_add.jsonl", scale_add)
     assert cli.main(["search", "--family", "scale_add", "--gpu", "H100", "--simulate", str(log),

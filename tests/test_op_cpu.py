@@ -1,6 +1,7 @@
 """The op's C++ call path, checked on a machine without a GPU: where its kernels are
 registered, which winner a call binds to, and that CPU and CUDA agree on bad input."""
 
+import math
 import random
 
 import pytest
@@ -51,7 +52,7 @@ def test_cuda_and_autograd_kernels_are_registered_from_cpp(op):
     assert op is torch.ops.tuner.giou_loss
     loss = _kernels("tuner::giou_loss")
     assert "giou_op.cpp" in loss["CUDA"] and "giou_op.cpp" in loss["Autograd[alias]"]
-    assert "op.py" in loss["CPU"] and "op.py" in loss["Meta"]  # the reference and the fake
+    assert "runtime.py" in loss["CPU"] and "runtime.py" in loss["Meta"]  # the reference and the fake, by the runtime
     for name in ("tuner::giou_loss_forward", "tuner::giou_loss_backward"):
         assert "giou_op.cpp" in _kernels(name)["CUDA"]
     # The schema itself is defined in C++ too.
@@ -83,24 +84,36 @@ def test_num_boxes_of_any_integer_dtype(op):
         op(p, t, n.bool())
 
 
+def _nearest(winners, B, S):
+    """The rule the C++ applies per call: nearest tuned shape in log distance, first of equals."""
+    def distance(w):
+        p = w["problem"]
+        return abs(math.log(max(B, 1) / p["batch"])) + abs(math.log(max(S, 1) / p["slots"]))
+
+    return min(range(len(winners)), key=lambda i: distance(winners[i]))
+
+
 def test_cpp_picks_the_same_winner_as_python(artifact, op, shared_home):
-    """Binds the artifact's variants (compiled here for sm_90, never run) and asks the
+    """Stages the artifact's prebuilt variants (built for sm_90, never run here) and asks the
     C++ table which winner each shape gets."""
-    state = giou_op._state
-    state.bind("sm_90")
+    manifest = export.read(artifact)
+    bound = manifest["binaries"]["bound"]
+    libraries = {name: artifact / name for name in manifest["binaries"]["libraries"]}
     ops = binding.load("giou")
+    keep = runtime.stage(giou_op.OP, ops, bound, libraries)
+    ops.publish(False)
     rng = random.Random(0)
     names = {"bfloat16": "BFloat16", "float32": "Float", "float16": "Half", "uint8": "Byte"}
     for _ in range(200):
         pred, target = rng.choice(giou.PRED_DTYPES), rng.choice(giou.TARGET_DTYPES)
         B, S = rng.choice([0, 1, 63, 64, 100, 256, 1023, 2048, 4096, 10**6]), rng.choice([1, 7, 32, 64, 256, 300])
-        want = state.choose(pred, target, B, S)
-        got = ops.chosen(names[pred], names[target], B, S)
-        assert state.bindings[(pred, target)][got] is want, (pred, target, B, S)
+        winners = [b for b in bound if (b["params"]["pred"], b["params"]["target"]) == (pred, target)]
+        assert ops.chosen(names[pred], names[target], B, S) == _nearest(winners, B, S), (pred, target, B, S)
     # One fused winner: every pair binds its parameters, so every forward returns a saved gradient.
-    assert all(state.saves(p, t) for p, t in state.bindings)
+    assert all(ops.saves(names[p], names[t]) for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES)
     f = torch.ops.tuner.giou_loss_forward(*giou.make_inputs(3, 5, "float32", "uint8"), 1, 1e-7)
     assert f[2].shape == (3, 5, 4)
+    del keep
 
 
 @pytest.mark.parametrize("bad", [
@@ -124,9 +137,10 @@ def test_cpp_checks_raise_what_the_cpu_path_raises(op, bad):
     assert str(got.value).splitlines()[0] == str(want.value).splitlines()[0]
 
 
-def test_fake_impls_are_found_where_the_cpp_says(op):
-    """torch.compile traces the op with fake tensors; the C++ library names the Python module that
-    holds the fake impls, and torch checks that name on first use."""
+def test_fake_impls_are_registered_by_the_runtime(op):
+    """torch.compile traces the op with fake tensors: the runtime registers the family's fake
+    implementations when it binds an export (a wheel's copy of it too, so the C++ names no
+    Python module to import)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():

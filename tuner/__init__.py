@@ -6,10 +6,17 @@ __version__ = "0.1.0"
 
 
 def load(directory=None, **kwargs):
-    """Load a tuned artifact and return its family's op (see tuner.runtime.load)."""
+    """Load a tuned artifact and return its family's op (see tuner.deploy.load)."""
+    from tuner import deploy
+
+    return deploy.load(directory, **kwargs)
+
+
+def set_validate(mode: str) -> None:
+    """How kernel-found bad input is reported by the loaded ops (see tuner.runtime)."""
     from tuner import runtime
 
-    return runtime.load(directory, **kwargs)
+    runtime.set_validate(mode)
 
 
 def check_errors() -> None:

@@ -1,5 +1,6 @@
 """A family's torch binding: its C++ sources (`BINDING` in templates/<family>/), built once per
-torch/CUDA version with cpp_extension and loaded as a library of torch ops."""
+torch/CUDA version with cpp_extension (in the per-user build cache) and loaded as a library of
+torch ops. An export carries a copy of the built library (tuner/binaries.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import functools
 import hashlib
 import os
 
-from tuner import families, paths, toolkit
+from tuner import families, paths, runtime, toolkit
 from tuner.build import torch_version
 from tuner.render import header_text, templates_dir
 
@@ -31,24 +32,28 @@ def _key(family: str) -> str:
 @functools.lru_cache(maxsize=None)
 def load(family: str, verbose: bool = False):
     """Build (first time only) and load a family's binding; returns its op namespace,
-    `torch.ops.<family.OPS_NAMESPACE>`. Loading it also defines the ops it registers (the
-    family's user-facing op and its CUDA and Autograd kernels).
-
-    The build includes torch/extension.h and so takes about a minute; it is shared
-    by every variant of the family and cached under variants/_binding/<hash>/.
+    `torch.ops.<family.OPS_NAMESPACE>`, or None for a family without one. Loading it also
+    defines the ops it registers (the family's user-facing op and its CUDA and Autograd kernels).
     """
-    import torch
-
     fam = families.get(family)
     if not fam.BINDING:
         return None  # a family whose variants are called without a torch binding
+    return runtime.load_binding(library(family, verbose), fam.OPS_NAMESPACE)
+
+
+def library(family: str, verbose: bool = False):
+    """The built binding library of a family (built the first time: it includes
+    torch/extension.h and so takes about a minute), cached under variants/_binding/<hash>/
+    in the per-user cache, shared by every variant of the family and every TUNER_HOME."""
+    import torch
+
+    fam = families.get(family)
     key = _key(family)
     name = f"tuner_{family}_binding_{key}"
     build_dir = paths.variants_dir() / "_binding" / key
     built = build_dir / f"{name}.so"
-    if built.exists():  # built before: load it without asking ninja (keeps a cached start under 2 s)
-        torch.ops.load_library(str(built))
-        return getattr(torch.ops, fam.OPS_NAMESPACE)
+    if built.exists():  # built before: no ninja, no cpp_extension (keeps a cached start under 2 s)
+        return built
 
     toolkit.export_cuda_home()
     if not torch.cuda.is_available():
@@ -69,4 +74,4 @@ def load(family: str, verbose: bool = False):
         is_python_module=False,
         verbose=verbose,
     )
-    return getattr(torch.ops, fam.OPS_NAMESPACE)
+    return built

@@ -274,13 +274,24 @@ def cmd_export_best(args: argparse.Namespace) -> int:
                              f"run `tuner search --gpu {args.gpu}` first")
     else:
         raise TunerError("say what to export: --gpu H100 (all its studies) or --study NAME")
-    out = export.export(names, args.out or export.default_dir(label, args.family), args.storage)
+    out = export.export(names, args.out or export.default_dir(label, args.family), args.storage,
+                        binaries=not args.sources_only)
     manifest = export.read(out)
     describe = families.part(manifest["family"], "cli").describe
     for e in manifest["entries"]:
         print(f"{describe(e['problem'])}: {e['variant']} ({e['objective']} {e['objective_us']:.2f} us)")
     print(f"exported {len(manifest['entries'])} tuned variant(s) for {manifest['gpu'].get('gpu_name')} to {out}")
+    if manifest.get("binaries"):
+        b = manifest["binaries"]["identity"]
+        print(f"binaries for {b['arch']}, torch {b['torch']}, CUDA {b['cuda']}, Python {b['python']} "
+              "(loaded without a toolchain where these match)")
     print(f'load it with: op = tuner.load("{out}")')
+    if args.wheel:
+        from tuner import wheel
+
+        path = wheel.write(out, args.wheel, gpu_label=label)
+        print(f"wheel: {path} ({path.stat().st_size / 1e6:.1f} MB); `pip install {path}`, then "
+              f"`import {path.name.split('-')[0]}` registers torch.ops.tuner.{families.part(manifest['family'], 'op').OP.op}")
     return 0
 
 
@@ -288,12 +299,12 @@ def cmd_export_best(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from tuner import runtime
+    from tuner import deploy
 
     attached = gpus.attached()
     if args.gpu and not attached.matches(args.gpu):
         raise TunerError(f"--gpu {args.gpu} was asked for, but the attached GPU is {attached.name}")
-    directory = args.artifact or runtime.find_export(args.gpu or "auto", args.family)
+    directory = args.artifact or deploy.find_export(args.gpu or "auto", args.family)
     info = attached.describe()
     print(f"# {info['gpu_name']} ({info['arch']}), driver {info['driver']}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}")
@@ -436,6 +447,10 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--study", help="export this study only")
     s.add_argument("--out", type=Path, help="artifact folder (default: exports/<family>-<GPU> under $TUNER_HOME)")
     s.add_argument("--storage", help=STORAGE_HELP)
+    s.add_argument("--wheel", type=Path, metavar="DIR",
+                   help="also write a pip-installable wheel of the export into DIR (needs torch alone)")
+    s.add_argument("--sources-only", action="store_true",
+                   help="write sources only, no binaries (loading then builds them)")
 
     s = sub.add_parser("bench", parents=[family_opt, target], help="time the tuned op against what users run today")
     s.add_argument("--artifact", type=Path, help="exported folder (default: the attached GPU's export)")

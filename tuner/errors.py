@@ -28,5 +28,6 @@ class BuildError(TunerError):
         self.message = message
 
 
-class KernelInputError(TunerError, ValueError):
-    """A kernel's device-side validation flagged the inputs (num_boxes out of range, non-finite targets)."""
+# A kernel's device-side validation flagged the inputs (num_boxes out of range, non-finite
+# targets, ...): a ValueError defined by the op runtime, which needs torch alone.
+from tuner.runtime import KernelInputError  # noqa: E402,F401

@@ -1,10 +1,12 @@
 """`tuner export-best`: the winners of a GPU's studies as a self-checking artifact.
 
 An artifact is a folder: the rendered CUDA source of each winner (one per tuned
-problem: dtype pair and shape), the ABI header, and `manifest.json` with where and
-how it was measured, and a SHA-256 of every source and of the manifest itself, so
-that `tuner.load` refuses an artifact that was edited. It holds sources, not
-binaries: loading builds them for the attached GPU (and caches the build).
+problem: dtype pair and shape), the ABI header, the binaries built for the study's GPU
+(the family's torch binding and a library of the variants its op binds; tuner/binaries.py),
+and `manifest.json` with where and how it was measured, the build identity, and a SHA-256
+of every source, every binary and of the manifest itself, so that `tuner.load` and the
+runtime refuse an artifact that was edited. Where the identity matches, loading needs no
+toolchain; elsewhere the sources are built.
 """
 
 from __future__ import annotations
@@ -16,23 +18,21 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tuner import __version__, families, paths
+from tuner import __version__, families, paths, runtime
+from tuner import binaries as _binaries
 from tuner import study as studies
 from tuner.errors import TunerError
 from tuner.render import header_text, render, templates_dir
 from tuner.variant import Variant
 
-MANIFEST = "manifest.json"
-FORMAT = 1
+MANIFEST = runtime.MANIFEST
+FORMAT = 2  # 2: binaries beside the sources; format 1 (sources only) still loads
+FORMATS = (1, 2)
+manifest_checksum = runtime.manifest_checksum
 
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def manifest_checksum(manifest: dict) -> str:
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return sha256(json.dumps(body, sort_keys=True))
 
 
 def default_dir(gpu: str, family: str) -> Path:
@@ -73,7 +73,7 @@ def _winner(st) -> dict[str, Any]:
                              "grad_error": studies.facts(trial).get("grad_error")}}
 
 
-def export(study_names: list[str], out: Path, storage: str | None = None) -> Path:
+def export(study_names: list[str], out: Path, storage: str | None = None, binaries: bool = True) -> Path:
     """Write the artifact for these studies (all of one GPU) into `out`."""
     if not study_names:
         raise TunerError("no studies to export: run `tuner search` first, or name one with --study")
@@ -81,11 +81,12 @@ def export(study_names: list[str], out: Path, storage: str | None = None) -> Pat
     gpus = {json.dumps(studies.load(n, storage).user_attrs.get("gpu", {}), sort_keys=True) for n in study_names}
     if len(gpus) > 1:
         raise TunerError("these studies were measured on different GPUs; export one GPU at a time (--study)")
-    return write(out, winners, json.loads(gpus.pop()))
+    return write(out, winners, json.loads(gpus.pop()), binaries)
 
 
-def write(out: Path, winners: list[dict[str, Any]], gpu: dict) -> Path:
-    """Write an artifact: each winner's source, the ABI header and the manifest (written last)."""
+def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = True) -> Path:
+    """Write an artifact: each winner's source, the ABI header, the binaries for the GPU's
+    architecture (`binaries=False`: sources only) and the manifest (written last)."""
     out = Path(out)
     names = {w["variant"].family for w in winners}
     if len(names) != 1:
@@ -113,6 +114,8 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict) -> Path:
         "template_sha256": sha256((templates_dir(family.FAMILY) / family.TEMPLATE).read_text()),
         "entries": entries,
     }
+    if binaries and getattr(families.part(family.FAMILY, "op"), "OP", None) is not None:
+        manifest["binaries"] = _binaries.write(out, family.FAMILY, entries, gpu.get("arch"))
     manifest["checksum"] = manifest_checksum(manifest)
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1))
@@ -136,7 +139,7 @@ def read(directory: Path) -> dict:
         raise TunerError(f"{directory} is not a tuner artifact: no {MANIFEST} (make one with `tuner export-best`)") from exc
     except ValueError as exc:
         raise TunerError(f"{path} is not valid JSON: {exc}") from exc
-    if manifest.get("format") != FORMAT or manifest.get("family") not in families.names():
+    if manifest.get("format") not in FORMATS or manifest.get("family") not in families.names():
         raise TunerError(f"{path}: unsupported artifact (format {manifest.get('format')}, "
                          f"family {manifest.get('family')}; installed families: {', '.join(families.names())})")
     if manifest.get("checksum") != manifest_checksum(manifest):
@@ -157,4 +160,8 @@ def read(directory: Path) -> dict:
         if sha256(text) != expected:
             raise TunerError(f"{directory / name} does not match the hash in {MANIFEST}: it was edited "
                              "after export; refusing to load it")
+    try:
+        runtime.check_binaries(directory, manifest)
+    except RuntimeError as exc:
+        raise TunerError(str(exc)) from exc
     return manifest

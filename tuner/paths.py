@@ -1,4 +1,6 @@
-"""Where builds and studies live: $TUNER_HOME (default: the current folder)."""
+"""Where things live. $TUNER_HOME (default: the current folder) holds studies, exports and
+reports; builds (variants and the torch bindings) go to a per-user cache shared by every
+home: $TUNER_CACHE, else $XDG_CACHE_HOME/tuner, else ~/.cache/tuner."""
 
 from __future__ import annotations
 
@@ -10,8 +12,15 @@ def home() -> Path:
     return Path(os.environ.get("TUNER_HOME") or Path.cwd())
 
 
+def cache_dir() -> Path:
+    if os.environ.get("TUNER_CACHE"):
+        return Path(os.environ["TUNER_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tuner"
+
+
 def variants_dir() -> Path:
-    return home() / "variants"
+    """Compiled variants and bindings: variants/<arch>/ and variants/_binding/ in the cache."""
+    return cache_dir() / "variants"
 
 
 def studies_dir() -> Path:

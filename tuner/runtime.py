@@ -1,75 +1,283 @@
-"""Load an exported artifact: the family it holds binds its winners to its op, which is returned.
+"""The op runtime: an export's binaries bound to its family's op. Needs torch and nothing else.
 
-Each family's `op` module does the binding. A family's op lives in C++ (its torch binding): a
-call is one dispatcher hop into CUDA and Autograd kernels that pick a winner bound at load, and
-only what is off the CUDA path (the CPU reference, the fake implementation for torch.compile) is
-registered from Python.
+`tuner.load` uses it, and every wheel that `tuner export-best --wheel` writes carries a copy
+of this file (so it must import nothing from tuner). What it does:
+
+- checks the binaries against the SHA-256 in the export's manifest, and the build identity
+  (torch, CUDA, C++ ABI, Python, platform; the GPU architecture for the variants) against
+  the running process;
+- loads the family's torch binding (the op's schema, CUDA and Autograd kernels in C++), once
+  per process: a second export of the same binding reuses the library already loaded;
+- registers the family's CPU implementation (its float64 reference) and fake implementation
+  (torch.compile), once per process;
+- loads the winners' C tables (ctypes) and hands each to the binding (`OpSpec.stage`), which
+  picks one per call in C++;
+- the validate modes: how bad input that a kernel finds reaches the host.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import json
+import sys
+import sysconfig
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from typing import Any, Callable
 
-from tuner import export as artifacts
-from tuner import families, gpus, paths
-from tuner.errors import TunerError
-from tuner.render import header_text
-
-_loaded: dict[str, ModuleType] = {}  # family name -> its op module, once an artifact of it is loaded
+VALIDATE = {"deferred": 0, "sync": 1, "async": 2}  # the bindings' codes
+MANIFEST = "manifest.json"
 
 
-def load(directory: str | Path | None = None, *, gpu: str | None = None, family: str | None = None,
-         **options):
-    """Load a tuned artifact and return its family's op (`torch.ops.tuner.<op>`).
+class KernelInputError(ValueError):
+    """A kernel's validation flagged the inputs (e.g. num_boxes or indices out of range)."""
 
-    `load("DIR")` loads an exported folder, whatever family it holds; `load(gpu="auto")` (or
-    `gpu="H100"`) finds the default export of that GPU under $TUNER_HOME/exports, of `family`
-    when several families were exported for it. Other keywords go to the family's `load_op`
-    (tuner/families/<name>/op.py: how bad input is reported, what to do on another GPU).
+
+class BuildMismatch(ImportError):
+    """An export's binaries were built for another torch, CUDA, Python, platform or GPU."""
+
+    def __init__(self, message: str, differences: list[str]):
+        super().__init__(message)
+        self.differences = differences
+
+
+@dataclass
+class OpSpec:
+    """What a family's op hands the runtime (its `OP` in tuner/families/<name>/op.py)."""
+
+    family: str
+    op: str                         # the user's op in torch.ops.tuner, e.g. "giou_loss"
+    namespace: str                  # the binding's own ops (stage, publish, ...), e.g. "tuner_giou"
+    abi: int                        # the variants' C table ABI (first two fields: int abi, char* name)
+    impls: dict[str, tuple[Callable, Callable]]  # op in tuner:: -> (CPU implementation, fake)
+    stage: Callable[[Any, int, dict], None]      # (binding ops, table address, bound winner)
+    extras: dict[str, Callable] = field(default_factory=dict)  # more public names (a wheel exports them)
+
+
+@dataclass
+class Loaded:
+    spec: OpSpec
+    ops: Any                        # torch.ops.<namespace>
+    bound: list[dict]               # the winners, in the order they were staged
+    reference: bool                 # CUDA calls served by the CPU reference
+    libraries: list = field(default_factory=list)  # the ctypes handles the tables point into
+
+
+_loaded: dict[str, Loaded] = {}  # family -> what this copy of the runtime bound last
+
+
+# ----------------------------------------------------------------- identity and checks
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest_checksum(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def identity() -> dict[str, Any]:
+    """What a binding built here depends on (the variants: the arch and CUDA alone)."""
+    import torch
+
+    return {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "platform": sysconfig.get_platform()}
+
+
+def attached_arch() -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def differences(built: dict, arch: str | None) -> list[str]:
+    """What differs between the identity binaries were built for and this process ("torch
+    2.11.0+cu130 here, 2.10.0 in the export", ...); the arch only when a GPU is attached."""
+    here = identity()
+    out = [f"{k} {here[k]} here, {built.get(k)} in the export" for k in here if built.get(k) != here[k]]
+    if arch is not None and built.get("arch") != arch:
+        out.append(f"GPU architecture {arch} here, {built.get('arch')} in the export")
+    return out
+
+
+def read_manifest(directory: Path) -> dict:
+    """An export's manifest with its checksum checked, and its binaries' SHA-256 (not sources)."""
+    path = Path(directory) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise RuntimeError(f"{directory} is not a tuned export: no {MANIFEST}") from exc
+    except ValueError as exc:
+        raise RuntimeError(f"{path} is not valid JSON: {exc}") from exc
+    if manifest.get("checksum") != manifest_checksum(manifest):
+        raise RuntimeError(f"{path} was edited after export (its checksum does not match); refusing to load it")
+    check_binaries(Path(directory), manifest)
+    return manifest
+
+
+def check_binaries(directory: Path, manifest: dict) -> None:
+    binaries = manifest.get("binaries")
+    if not binaries:
+        return
+    files = {binaries["binding"]["file"]: binaries["binding"]["sha256"]} if binaries.get("binding") else {}
+    files.update(binaries["libraries"])
+    for name, expected in files.items():
+        path = directory / name
+        if not path.exists():
+            raise RuntimeError(f"export {directory} is missing {name}")
+        if sha256_file(path) != expected:
+            raise RuntimeError(f"{path} does not match the hash in {MANIFEST}: it was edited after export; "
+                               "refusing to load it")
+
+
+# ----------------------------------------------------------------- loading and binding
+
+def load_binding(path: Path, namespace: str):
+    """Load a binding library once per process. Another copy of the same build (same file
+    name: it carries the hash of its sources and toolchain) is not loaded again; a different
+    build of the same family's binding cannot share a process with it."""
+    import torch
+
+    path = Path(path)
+    loaded = {Path(p).name: p for p in torch.ops.loaded_libraries}
+    if path.name not in loaded:
+        prefix = path.name.rsplit("_", 1)[0] + "_"
+        other = [p for name, p in loaded.items() if name.startswith(prefix)]
+        if other:
+            raise RuntimeError(f"another build of this op's binding is loaded in this process ({other[0]}); "
+                               f"{path} cannot be loaded beside it: use one tuner and one export per process")
+        torch.ops.load_library(str(path))
+    return getattr(torch.ops, namespace)
+
+
+def register_python(spec: OpSpec) -> None:
+    """The CPU and fake implementations of the C++-defined ops, once per process (a second copy
+    of the runtime, e.g. a wheel's beside tuner's, finds them registered and leaves them)."""
+    import torch
+
+    for name, (cpu, fake) in spec.impls.items():
+        qualified = f"tuner::{name}"
+        if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CPU"):
+            continue
+        lib = torch.library.Library("tuner", "IMPL")
+        _LIBS.append(lib)
+        torch.library.impl(qualified, "CPU", lib=lib)(cpu)
+        torch.library.register_fake(qualified, lib=lib)(fake)
+
+
+_LIBS: list = []  # keeps the torch.library.Library objects alive
+
+
+class _Head(ctypes.Structure):
+    _fields_ = [("abi", ctypes.c_int), ("name", ctypes.c_char_p)]
+
+
+def table(library, entry: str, abi: int, expected: str) -> int:
+    """The address of a variant's C table in a loaded library (ctypes.CDLL), checked."""
+    fn = getattr(library, entry)
+    fn.restype = ctypes.c_void_p
+    address = fn()
+    head = _Head.from_address(address)
+    name = head.name.decode()
+    if head.abi != abi:
+        raise RuntimeError(f"{library._name}: variant {name} has C ABI {head.abi}, this op needs {abi}; "
+                           "export it again")
+    if name != expected:
+        raise RuntimeError(f"{library._name}: {entry} holds variant {name}, not {expected}")
+    return address
+
+
+def bind(spec: OpSpec, binding: Path, bound: list[dict], libraries: dict[str, Path], *, validate: str = "async",
+         reference: bool = False):
+    """Load the binding, register the Python side and hand the winners to the op.
+
+    `bound`: the winners in the order the binding gets them, each with `library` (a key of
+    `libraries`), `entry` (its table's C name) and `variant`, plus what `spec.stage` reads.
     """
-    if directory is None:
-        if gpu is None:
-            raise TunerError("tuner.load needs an artifact folder or gpu=... (e.g. gpu='auto')")
-        directory = find_export(gpu, family)
+    import torch
+
+    if validate not in VALIDATE:
+        raise ValueError(f"validate must be one of {tuple(VALIDATE)}: 'async' raises on a later call without "
+                         "syncing, 'sync' raises at once (a sync per call), 'deferred' at check_errors()")
+    ops = load_binding(binding, spec.namespace)
+    ops.set_error_module(__name__)  # the C++ raises this module's KernelInputError
+    register_python(spec)
+    handles = []
+    if torch.cuda.is_available():
+        if not reference:
+            handles = stage(spec, ops, bound, libraries)
+        ops.publish(reference)
+        ops.set_check(VALIDATE[validate])
+    _loaded[spec.family] = Loaded(spec, ops, bound, reference, handles)
+    return getattr(torch.ops.tuner, spec.op)
+
+
+def stage(spec: OpSpec, ops, bound: list[dict], libraries: dict[str, Path]) -> list:
+    """Open the variant libraries and stage every winner's C table (the binding's `publish`
+    makes them live); returns the library handles, which must stay alive while they are bound."""
+    opened = {name: ctypes.CDLL(str(path)) for name, path in libraries.items()}
+    for b in bound:
+        spec.stage(ops, table(opened[b["library"]], b["entry"], spec.abi, b["variant"]), b)
+    return list(opened.values())
+
+
+def load_export(directory: Path, spec: OpSpec, *, validate: str = "async"):
+    """Bind an export's prebuilt binaries; BuildMismatch when they were built for another
+    torch/CUDA/Python/platform or GPU architecture than this process has."""
     directory = Path(directory)
-    manifest = artifacts.read(directory)
-    if family is not None and manifest["family"] != family:
-        raise TunerError(f"{directory} holds the {manifest['family']} family, not {family}")
-    ops = families.part(manifest["family"], "op")
-    if manifest["header_sha256"] != artifacts.sha256(header_text(manifest["family"])):
-        raise TunerError(f"{directory} was exported by a tuner with another kernel ABI; export it again")
-    loaded = ops.load_op(directory, manifest, **options)
-    _loaded[manifest["family"]] = ops
-    return loaded
+    manifest = read_manifest(directory)
+    binaries = manifest.get("binaries")
+    if not binaries:
+        raise BuildMismatch(f"{directory} holds sources only (no binaries); load it with tuner.load", ["binaries"])
+    arch = attached_arch()
+    diff = differences(binaries["identity"], arch)
+    if diff:
+        raise BuildMismatch(f"{directory} was built for another setup: {'; '.join(diff)}. Export it again on a "
+                            "machine like this one, or load its sources with tuner.load where a CUDA toolkit and "
+                            "a C++ compiler are installed", diff)
+    libraries = {name: directory / name for name in binaries["libraries"]}
+    return bind(spec, directory / binaries["binding"]["file"], binaries["bound"], libraries, validate=validate)
 
 
-def find_export(gpu: str, family: str | None) -> Path:
-    """The default export of a GPU (its short name or "auto"): of `family`, or of the one family
-    exported for it."""
-    label = gpus.short_name(gpus.attached()) if gpu.lower() == "auto" else gpu
-    if family is not None:
-        return artifacts.default_dir(label, family)
-    found = [artifacts.default_dir(label, name) for name in families.names()
-             if (artifacts.default_dir(label, name) / artifacts.MANIFEST).exists()]
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise TunerError(f"no export for {label} under {paths.home() / 'exports'}; make one with "
-                         f"`tuner export-best --gpu {label}`")
-    raise TunerError(f"several families were exported for {label} ({', '.join(p.name for p in found)}); "
-                     "pass family=...")
+# ----------------------------------------------------------------- validate modes
+
+def loaded(family: str) -> Loaded:
+    if family not in _loaded:
+        raise RuntimeError(f"no {family} export is loaded; load one first")
+    return _loaded[family]
 
 
 def set_validate(mode: str) -> None:
-    """Switch how kernel-found bad input is reported, for every loaded family's op."""
+    """How kernel-found bad input is reported, for every op loaded through this runtime:
+    "async" (default) on a later call without a sync, "sync" in the call, "deferred" at
+    check_errors()."""
+    if mode not in VALIDATE:
+        raise ValueError(f"validate must be one of {tuple(VALIDATE)}")
     if not _loaded:
-        raise TunerError("no artifact is loaded; call tuner.load(...) first")
-    for ops in _loaded.values():
-        ops.set_validate(mode)
+        raise RuntimeError("no tuned op is loaded; load one first")
+    for state in _loaded.values():
+        state.ops.set_check(VALIDATE[mode])
 
 
 def check_errors() -> None:
-    """Raise KernelInputError if an earlier call of a loaded op saw bad input not yet reported (syncs)."""
-    for ops in _loaded.values():
-        ops.check_errors()
+    """Raise KernelInputError if an earlier call saw bad input not yet reported (syncs)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    for state in _loaded.values():
+        bits = int(state.ops.take_errors())
+        if bits:
+            raise KernelInputError(f"{state.spec.op}: invalid input in an earlier call: "
+                                   f"{state.ops.describe_errors(bits)}")

@@ -21,13 +21,21 @@ inline std::string text(c10::IntArrayRef shape) {
 }
 inline std::string text(int64_t value) { return std::to_string(value); }
 
-// Bad input that a kernel found surfaces as tuner.errors.KernelInputError (a ValueError),
+// The Python module whose KernelInputError the bindings raise: the runtime that bound the
+// op sets it (tuner.runtime, or the copy inside an exported wheel, which imports no tuner).
+inline std::string& error_module() {
+  static std::string name = "tuner.runtime";
+  return name;
+}
+inline void set_error_module(std::string name) { error_module() = std::move(name); }
+
+// Bad input that a kernel found surfaces as KernelInputError (a ValueError) of that module,
 // as a Python exception set here and carried through the dispatcher by python_error; a
 // c10::ValueError where Python does not run.
 [[noreturn]] inline void raise_input_error(const std::string& message) {
   if (Py_IsInitialized()) {
     pybind11::gil_scoped_acquire gil;
-    PyObject* module = PyImport_ImportModule("tuner.errors");
+    PyObject* module = PyImport_ImportModule(error_module().c_str());
     PyObject* type = module != nullptr ? PyObject_GetAttrString(module, "KernelInputError") : nullptr;
     Py_XDECREF(module);
     if (type != nullptr) {

@@ -633,7 +633,6 @@ at::Tensor embedding_bag_autograd(const at::Tensor& weight, const at::Tensor& in
 }  // namespace tuner_embedding_bag
 
 TORCH_LIBRARY_FRAGMENT(tuner, m) {
-  m.set_python_module("tuner.families.embedding_bag.op");
   m.def("embedding_bag(Tensor weight, Tensor indices, Tensor? offsets=None, str mode=\"mean\", "
         "Tensor? per_sample_weights=None, bool include_last_offset=False, int? padding_idx=None) -> Tensor");
   m.def("embedding_bag_forward(Tensor weight, Tensor indices, Tensor? offsets, int mode, "
@@ -664,6 +663,7 @@ TORCH_LIBRARY_FRAGMENT(tuner_embedding_bag, m) {
   m.def("stage(int variant, int dim, int bag_size, int mode, str tuned_for) -> ()", &tuner_embedding_bag::stage);
   m.def("publish(bool reference) -> ()", &tuner_embedding_bag::publish);
   m.def("set_check(int mode) -> ()", &tuner_embedding_bag::set_check);
+  m.def("set_error_module(str module) -> ()", &tuner_binding::set_error_module);
 }
 
 TORCH_LIBRARY_IMPL(tuner_embedding_bag, CUDA, m) {

@@ -341,11 +341,18 @@ int64_t chosen(const std::string& pred, const std::string& target, int64_t batch
   return pair.winners.empty() ? -1 : static_cast<int64_t>(nearest(pair, batch, slots));
 }
 
+// Whether the forward of this dtype pair returns a saved gradient [B, S, 4] (the fake
+// implementation allocates by the same rule).
+bool saves(const std::string& pred, const std::string& target) {
+  const auto t = std::atomic_load(&live);
+  const int p = index_of_name(pred.c_str(), true), q = index_of_name(target.c_str(), false);
+  return t != nullptr && p >= 0 && q >= 0 && t->pairs[p * kTargets + q].saves;
+}
+
 }  // namespace
 }  // namespace tuner_giou
 
 TORCH_LIBRARY_FRAGMENT(tuner, m) {
-  m.set_python_module("tuner.families.giou.op");
   m.def("giou_loss(Tensor pred, Tensor target, Tensor? num_boxes=None, str reduction=\"mean\", float eps=1e-07) "
         "-> Tensor");
   m.def("giou_loss_forward(Tensor pred, Tensor target, Tensor? num_boxes, int reduction, float eps) "
@@ -369,4 +376,6 @@ TORCH_LIBRARY_FRAGMENT(tuner_giou, m) {
   m.def("publish(bool reference) -> ()", &tuner_giou::publish);
   m.def("set_check(int mode) -> ()", &tuner_giou::set_check);
   m.def("chosen(str pred, str target, int batch, int slots) -> int", &tuner_giou::chosen);
+  m.def("saves(str pred, str target) -> bool", &tuner_giou::saves);
+  m.def("set_error_module(str module) -> ()", &tuner_binding::set_error_module);
 }

@@ -1,4 +1,4 @@
-"""The EmbeddingBag family's op: an exported artifact's winners bound to `torch.ops.tuner.embedding_bag`.
+"""The EmbeddingBag family's op, `torch.ops.tuner.embedding_bag`, as the runtime binds it (torch alone).
 
     tuner::embedding_bag(weight, indices, offsets=None, mode="mean", per_sample_weights=None,
                          include_last_offset=False, padding_idx=None) -> Tensor
@@ -9,140 +9,24 @@ and arguments and refuses, with a clear error, the ones this op does not have (m
 scale_grad_by_freq, sparse=True). The op lives in C++ (templates/embedding_bag/embedding_bag_op.cpp):
 schema, CUDA and Autograd kernels and input checks, so that an eager call is one dispatcher
 hop; its forward and backward are `tuner::embedding_bag_forward` / `embedding_bag_backward`.
-This module builds an artifact's variants for the attached GPU and binds them once, and
-registers what stays in Python because it is off the CUDA path: the CPU implementation (the
-float64 reference) and the fake implementation for torch.compile.
+Each winner is staged with its dim, mean bag size and mode (a call runs the nearest). What
+stays in Python is off the CUDA path: the CPU implementation (the float64 reference) and the
+fake implementation for torch.compile. This module and spec.py import nothing from tuner but
+the runtime (relatively), so an exported wheel carries them as they are.
 """
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
-from pathlib import Path
+from ... import runtime
+from .spec import MODES, _counts, _entries, reference, reference_backward
 
-from tuner import build, gpus
-from tuner.errors import KernelInputError, TunerError
-from tuner.families import embedding_bag as eb
-from tuner.variant import Variant
-
-NAMESPACE = "tuner"
-VALIDATE = {"deferred": 0, "sync": 1, "async": 2}  # the binding's codes
-MODE_CODES = {m: i for i, m in enumerate(eb.MODES)}
+NAMESPACE = "tuner_embedding_bag"  # the binding's own ops: stage, publish, set_check, ...
+MODE_CODES = {m: i for i, m in enumerate(MODES)}
 
 
-@dataclass
-class Entry:
-    problem: dict
-    variant: Variant
-    source: str | None       # the artifact's source; None: rendered from the template
-    tuned_for: str = ""      # set when the parameters were tuned for another dtype pair
-
-
-def bindings(entries: list[Entry]) -> dict[tuple[str, str], list[Entry]]:
-    """Per (weight, index) dtype pair, the winners a call chooses from: the pair's tuned entries,
-    or for an untuned pair every entry's parameters rendered for it."""
-    out = {}
-    tuned = [d.name for d in eb.DIMS]
-    for weight in eb.WEIGHT_DTYPES:
-        for index in eb.INDEX_DTYPES:
-            same = [e for e in entries if (e.problem["weight"], e.problem["index"]) == (weight, index)]
-            out[(weight, index)] = same or [
-                Entry(e.problem, eb.space(weight, index).nearest({d: e.variant[d] for d in tuned}), None,
-                      f"{e.problem['weight']}/{e.problem['index']}") for e in entries]
-    return out
-
-
-class _State:
-    def __init__(self):
-        self.kernels: list = []  # the loaded variants; the bound C tables point into them
-        self.validate = "async"
-
-
-_state: _State | None = None
-
-
-def load_op(directory: Path, manifest: dict, *, validate: str = "async", fallback: str = "rebuild"):
-    """Bind a checked artifact of this family (see tuner.runtime.load) to
-    `torch.ops.tuner.embedding_bag`; returns the op.
-
-    Every dtype pair gets winners (an untuned pair the nearest problem's parameters, and a
-    warning on first use); each call runs the winner nearest to its dim and mean bag size.
-    An artifact tuned for another architecture is rebuilt for the attached one, with a
-    warning, or with `fallback="reference"` served by the float64 reference instead.
-    Indices or offsets out of range raise KernelInputError: with validate="async" (default)
-    on a later call, without a sync; "sync" in the call; "deferred" at `tuner.check_errors()`.
-    A winner without validation only clamps them (reads stay in bounds).
-    """
-    global _state
-    import torch
-
-    from tuner import binding
-    from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
-
-    if validate not in VALIDATE:
-        raise TunerError(f"validate must be one of {tuple(VALIDATE)}")
-    if fallback not in ("rebuild", "reference"):
-        raise TunerError("fallback must be 'rebuild' or 'reference'")
-    ops = binding.load(eb.FAMILY)  # defines the op and its C++ kernels
-    _register_python()
-    state = _State()
-    state.validate = validate
-    entries = [Entry(e["problem"], Variant.of(eb.FAMILY, e["params"]), (Path(directory) / e["source"]).read_text())
-               for e in manifest["entries"]]
-    reference = False
-    if torch.cuda.is_available():
-        attached = gpus.attached()
-        if manifest.get("arch") != attached.arch:
-            tuned = f"{directory} was tuned for {manifest.get('arch')} ({manifest['gpu'].get('gpu_name')})"
-            reference = fallback == "reference"
-            warnings.warn(f"{tuned} but this GPU is {attached.name} ({attached.arch}): " +
-                          ("using the reference" if reference else
-                           f"building its variants for {attached.arch}; tune on this GPU for the best"), stacklevel=3)
-        if not reference:
-            table = bindings(entries)
-            unique = {e.variant.name: e for es in table.values() for e in es}
-            built = {b.variant.name: b for b in build.build(
-                [e.variant for e in unique.values()], attached.arch,
-                sources={n: e.source for n, e in unique.items() if e.source is not None})}
-            failed = [b for b in built.values() if not b.ok]
-            if failed:
-                raise TunerError(f"embedding_bag: building {failed[0].variant.name} for {attached.arch} failed:\n"
-                                 f"{failed[0].error}")
-            kernels = {name: EmbeddingBagKernel(b.so, name, b.entry) for name, b in built.items()}
-            for es in table.values():
-                for e in es:
-                    ops.stage(kernels[e.variant.name].address, e.problem["dim"], e.problem["bag_size"],
-                              MODE_CODES[e.problem["mode"]], e.tuned_for)
-            state.kernels = list(kernels.values())
-        ops.publish(reference)
-        ops.set_check(VALIDATE[validate])
-    _state = state
-    return torch.ops.tuner.embedding_bag
-
-
-def set_validate(mode: str) -> None:
-    if _state is None:
-        raise TunerError("no artifact is loaded; call tuner.load(...) first")
-    if mode not in VALIDATE:
-        raise TunerError(f"validate must be one of {tuple(VALIDATE)}")
-    from tuner import binding
-
-    _state.validate = mode
-    binding.load(eb.FAMILY).set_check(VALIDATE[mode])
-
-
-def check_errors() -> None:
-    """Raise KernelInputError if an earlier call saw bad input not yet reported (syncs)."""
-    import torch
-
-    if _state is None or not torch.cuda.is_available():
-        return
-    from tuner import binding
-
-    ops = binding.load(eb.FAMILY)
-    bits = int(ops.take_errors())
-    if bits:
-        raise KernelInputError("embedding_bag: invalid input in an earlier call: " + ops.describe_errors(bits))
+def _stage(ops, address: int, winner: dict) -> None:
+    problem = winner["problem"]
+    ops.stage(address, problem["dim"], problem["bag_size"], MODE_CODES[problem["mode"]], winner.get("tuned_for", ""))
 
 
 def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float = 2.0,
@@ -160,19 +44,15 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float =
                                          padding_idx)
 
 
-# ----------------------------------------------- the Python side: CPU and fake
-
-_registered = False
-_LIBS: list = []  # keeps the torch.library.Library objects alive
-
+# ----------------------------------------------- CPU and fake
 
 def normalize(weight, indices, offsets, mode: str, psw, include_last_offset: bool, padding_idx):
     """The C++ normalize(): checks with its messages, then (1-D indices, offsets with the end of the
     same dtype, padding_idx >= 0 or -1)."""
     import torch
 
-    if mode not in eb.MODES:
-        raise ValueError(f"embedding_bag: mode must be one of {eb.MODES}, got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"embedding_bag: mode must be one of {MODES}, got {mode!r}")
     if weight.dim() != 2:
         raise ValueError(f"embedding_bag: weight must be 2-D [num_embeddings, dim], got {list(weight.shape)}")
     if weight.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -221,32 +101,32 @@ def _check_values(weight, indices, offsets) -> None:
     """What a validating kernel reports, checked at once on CPU (where it costs no sync)."""
     n = indices.numel()
     if n and bool(((indices < 0) | (indices >= weight.shape[0])).any()):
-        raise KernelInputError("embedding_bag: invalid input: an index is outside [0, num_embeddings)")
+        raise runtime.KernelInputError("embedding_bag: invalid input: an index is outside [0, num_embeddings)")
     if offsets.numel() and bool((offsets[1:] < offsets[:-1]).any() | (offsets < 0).any() | (offsets > n).any()):
-        raise KernelInputError("embedding_bag: invalid input: offsets decrease or fall outside [0, len(indices)]")
+        raise runtime.KernelInputError("embedding_bag: invalid input: offsets decrease or fall outside [0, len(indices)]")
 
 
 def _forward_cpu(weight, indices, offsets, mode: int, psw, include_last_offset: bool, padding_idx):
     import torch
 
-    name = eb.MODES[mode]
+    name = MODES[mode]
     idx, offs, pad = normalize(weight, indices, offsets, name, psw, include_last_offset, padding_idx)
     _check_values(weight, idx, offs)
     psw = psw.reshape(-1) if psw is not None else None
     pad = None if pad < 0 else pad
-    out, chosen = eb.reference(weight, idx, offs, name, psw, include_last_offset=True, padding_idx=pad)
+    out, chosen = reference(weight, idx, offs, name, psw, include_last_offset=True, padding_idx=pad)
     maxi = chosen if chosen is not None else torch.empty(0, weight.shape[1], dtype=torch.int64)
-    _, _, bag_of, keep = eb._entries(idx, offs, True, pad)
-    count = eb._counts(bag_of, keep, offs.numel() - 1).float() if name == "mean" else torch.empty(0)
+    _, _, bag_of, keep = _entries(idx, offs, True, pad)
+    count = _counts(bag_of, keep, offs.numel() - 1).float() if name == "mean" else torch.empty(0)
     return out.to(weight.dtype), maxi, count
 
 
 def _backward_cpu(grad, weight, indices, offsets, mode: int, psw, include_last_offset: bool, padding_idx,
                   max_indices, bag_count, weight_grad: bool, psw_grad: bool):
-    name = eb.MODES[mode]
+    name = MODES[mode]
     idx, offs, pad = normalize(weight, indices, offsets, name, psw, include_last_offset, padding_idx)
     flat_psw = psw.reshape(-1) if psw is not None else None
-    gw, gp = eb.reference_backward(weight, idx, offs, name, flat_psw, grad, include_last_offset=True,
+    gw, gp = reference_backward(weight, idx, offs, name, flat_psw, grad, include_last_offset=True,
                                    padding_idx=None if pad < 0 else pad)
     gw = gw.to(weight.dtype) if weight_grad else weight.new_empty(0)
     gp = gp.to(weight.dtype).reshape(psw.shape) if psw_grad and gp is not None else weight.new_empty(0)
@@ -256,7 +136,7 @@ def _backward_cpu(grad, weight, indices, offsets, mode: int, psw, include_last_o
 def _op_cpu(weight, indices, offsets=None, mode="mean", per_sample_weights=None, include_last_offset=False,
             padding_idx=None):
     if mode not in MODE_CODES:
-        raise ValueError(f"embedding_bag: mode must be one of {eb.MODES}, got {mode!r}")
+        raise ValueError(f"embedding_bag: mode must be one of {MODES}, got {mode!r}")
     return _forward_cpu(weight, indices, offsets, MODE_CODES[mode], per_sample_weights, include_last_offset,
                         padding_idx)[0]
 
@@ -288,19 +168,9 @@ def _backward_fake(grad, weight, indices, offsets, mode, psw, include_last_offse
             psw.new_empty(psw.shape) if psw_grad and psw is not None else weight.new_empty((0,)))
 
 
-def _register_python() -> None:
-    """CPU and fake implementations of the C++-defined ops, once per process."""
-    global _registered
-    if _registered:
-        return
-    import torch
-
-    lib = torch.library.Library(NAMESPACE, "IMPL")
-    _LIBS.append(lib)
-    for name, cpu, fake in (("embedding_bag", _op_cpu, _op_fake),
-                            ("embedding_bag_forward", _forward_cpu, _forward_fake),
-                            ("embedding_bag_backward", _backward_cpu, _backward_fake)):
-        qualified = f"{NAMESPACE}::{name}"
-        torch.library.impl(qualified, "CPU", lib=lib)(cpu)
-        torch.library.register_fake(qualified, lib=lib)(fake)
-    _registered = True
+OP = runtime.OpSpec(
+    family="embedding_bag", op="embedding_bag", namespace=NAMESPACE, abi=3, stage=_stage,
+    impls={"embedding_bag": (_op_cpu, _op_fake),
+           "embedding_bag_forward": (_forward_cpu, _forward_fake),
+           "embedding_bag_backward": (_backward_cpu, _backward_fake)},
+    extras={"F_embedding_bag": embedding_bag})

@@ -28,10 +28,8 @@ OPS_NAMESPACE = "tuner_giou"
 KERNEL_ARGS = {"0": "none", "1": "mean", "2": "sum"}  # the kernels' template argument: the reduction  # the binding's low-level ops (calls by a variant's table address)
 HEADERS = ("giou_abi.h",)
 
-PRED_DTYPES = ("float32", "float16", "bfloat16")
-TARGET_DTYPES = ("uint8", "float16", "bfloat16", "float32")
-REDUCTIONS = ("none", "mean", "sum")
-DEFAULT_EPS = 1e-7
+from tuner.families.giou.spec import (DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES,  # noqa: F401
+                                      giou_loss_elementwise, reference, reference_with_grad, valid_mask)
 
 DIMS = (
     Dim("boxes_per_thread", (1, 2, 4, 8), "boxes each thread handles"),
@@ -113,74 +111,6 @@ def render_context(variant: Variant) -> dict[str, Any]:
         uses_bf16="bfloat16" in (pred, target),
     )
     return ctx
-
-
-# ---------------------------------------------------------------- reference
-
-def valid_mask(target, num_boxes=None):
-    """[B, S] bool: which slots hold a real box."""
-    import torch
-
-    B, S = target.shape[:2]
-    if num_boxes is not None:
-        counts = num_boxes.to(device=target.device, dtype=torch.int64).clamp(0, S)
-        return torch.arange(S, device=target.device)[None, :] < counts[:, None]
-    return target[..., 3] > 0
-
-
-def giou_loss_elementwise(p, t, eps: float = DEFAULT_EPS):
-    """1 - GIoU per box, written as torchvision writes it (so ties split gradients alike)."""
-    import torch
-
-    x1, y1, x2, y2 = p.unbind(-1)
-    x1g, y1g, x2g, y2g = t.unbind(-1)
-    xkis1, ykis1 = torch.max(x1, x1g), torch.max(y1, y1g)
-    xkis2, ykis2 = torch.min(x2, x2g), torch.min(y2, y2g)
-    mask = (ykis2 > ykis1) & (xkis2 > xkis1)
-    inter = torch.where(mask, (xkis2 - xkis1) * (ykis2 - ykis1), torch.zeros_like(x1))
-    union = (x2 - x1) * (y2 - y1) + (x2g - x1g) * (y2g - y1g) - inter
-    iou = inter / (union + eps)
-    area_c = (torch.max(x2, x2g) - torch.min(x1, x1g)) * (torch.max(y2, y2g) - torch.min(y1, y1g))
-    return 1 - (iou - (area_c - union) / (area_c + eps))
-
-
-def reference(pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS):
-    """The op's meaning in float64 PyTorch; differentiable with respect to `pred`.
-
-    Padding slots are replaced by a unit box before the math, so that whatever they
-    hold (NaN included) reaches neither the loss nor the gradient.
-    """
-    import torch
-
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    valid = valid_mask(target, num_boxes)
-    p = pred.to(torch.float64)
-    t = target.to(torch.float64)
-    unit = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64, device=p.device)
-    p = torch.where(valid[..., None], p, unit)
-    t = torch.where(valid[..., None], t, unit)
-    loss = torch.where(valid, giou_loss_elementwise(p, t, eps), torch.zeros((), dtype=torch.float64, device=p.device))
-    if reduction == "none":
-        return loss
-    total = loss.sum()
-    if reduction == "sum":
-        return total
-    return total / valid.sum().clamp(min=1)
-
-
-def reference_with_grad(pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS,
-                        grad_out=None):
-    """(loss, d loss / d pred) in float64; grad_out defaults to ones."""
-    import torch
-
-    with torch.enable_grad():  # also when called from inside a backward pass
-        leaf = pred.detach().to(torch.float64).requires_grad_(True)
-        loss = reference(leaf, target, num_boxes, reduction, eps)
-        if grad_out is None:
-            grad_out = torch.ones_like(loss)
-        (grad,) = torch.autograd.grad(loss, leaf, grad_out.to(torch.float64))
-    return loss.detach(), grad
 
 
 # ------------------------------------------------------------------- inputs
