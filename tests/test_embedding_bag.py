@@ -144,4 +144,4 @@ def test_op_opcheck_compile_and_cpp_kernels(op):
         if sep:
             kernels[key.strip()] = rest
     assert "embedding_bag_op.cpp" in kernels["CUDA"] and "embedding_bag_op.cpp" in kernels["Autograd[alias]"]
-    assert "op.py" in kernels["CPU"] and "op.py" in kernels["Meta"]
+    assert "runtime.py" in kernels["CPU"] and "runtime.py" in kernels["Meta"]
