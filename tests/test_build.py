@@ -22,7 +22,7 @@ def test_every_variant_renders_with_its_own_source():
 
 
 @pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
-def test_covering_set_compiles_and_is_never_rebuilt(arch, tuner_home):
+def test_covering_set_compiles_and_is_never_rebuilt(arch, tuner_home, fresh_cache):
     cover = giou.covering_set()
     first = build.build(cover, arch)
     failed = [f"{b.variant.name}: {b.error}" for b in first if not b.ok]
@@ -39,7 +39,7 @@ def test_covering_set_compiles_and_is_never_rebuilt(arch, tuner_home):
     assert [b.key for b in second] == [b.key for b in first]
 
 
-def test_kernel_validation_placement_changes_the_code(tuner_home):
+def test_kernel_validation_placement_changes_the_code(tuner_home, fresh_cache):
     base = giou.space().variant(boxes_per_thread=4, padding="branch", validation="none", block_size=256,
                                 loads="vector", reduction="atomic", backward="recompute")
     placements = [base.replace(validation=v) for v in ("none", "inline", "hoisted", "kernel")]
@@ -49,7 +49,7 @@ def test_kernel_validation_placement_changes_the_code(tuner_home):
     assert len({b.key for b in results}) == 4
 
 
-def test_compile_error_is_data_naming_the_variant(tuner_home, monkeypatch):
+def test_compile_error_is_data_naming_the_variant(tuner_home, fresh_cache, monkeypatch):
     v = giou.covering_set()[0]
     monkeypatch.setattr(build, "render", lambda variant: render.render(variant) + "\nthis is not C++;\n")
     (b,) = build.build([v], "sm_90")
@@ -122,7 +122,7 @@ def test_cuda_home_is_honoured(monkeypatch):
         toolkit.cuda_home.cache_clear()
 
 
-def test_device_assert_variants_compile(tuner_home):
+def test_device_assert_variants_compile(tuner_home, fresh_cache):
     base = giou.covering_set()[2]
     v = giou.space(base["pred"], base["target"], device_assert=True).variant(
         **{d.name: base[d.name] for d in giou.DIMS})
@@ -132,7 +132,7 @@ def test_device_assert_variants_compile(tuner_home):
     assert b.ok, b.error
 
 
-def test_cli_build_failure_names_the_variant_and_exits_non_zero(tuner_home, monkeypatch, capsys):
+def test_cli_build_failure_names_the_variant_and_exits_non_zero(tuner_home, fresh_cache, monkeypatch, capsys):
     from tuner import cli
 
     monkeypatch.setattr(build, "render", lambda variant: render.render(variant) + "\n#error planted\n")
@@ -152,7 +152,7 @@ def test_cli_variants_json_count(capsys):
     assert "unknown GPU 'V1000'" in capsys.readouterr().err
 
 
-def test_batch_folders_of_killed_builds_are_removed(tuner_home):
+def test_batch_folders_of_killed_builds_are_removed(tuner_home, fresh_cache):
     import time
 
     out = build.arch_dir("sm_90")
@@ -165,7 +165,7 @@ def test_batch_folders_of_killed_builds_are_removed(tuner_home):
     assert not old.exists() and young.exists()
 
 
-def test_a_unit_of_several_variants_gives_each_the_code_it_gets_alone(tuner_home, tmp_path):
+def test_a_unit_of_several_variants_gives_each_the_code_it_gets_alone(tuner_home, fresh_cache, tmp_path):
     import ctypes
 
     cover = giou.covering_set()[:4]
@@ -189,7 +189,7 @@ def test_a_unit_of_several_variants_gives_each_the_code_it_gets_alone(tuner_home
     assert all(b.cached and b.so == together[0].so and b.entry == t.entry for b, t in zip(again, together))
 
 
-def test_a_bad_variant_in_a_unit_costs_its_neighbours_a_retry_not_their_result(tuner_home, monkeypatch):
+def test_a_bad_variant_in_a_unit_costs_its_neighbours_a_retry_not_their_result(tuner_home, fresh_cache, monkeypatch):
     cover = giou.covering_set()[:3]
     bad = cover[1].name
 

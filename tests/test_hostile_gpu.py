@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tuner.families import giou
-from tuner.families.giou import op as giou_op
+import oploader
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -25,7 +25,7 @@ def op(shared_home, tmp_path_factory):
     winners = [{"variant": v, "problem": giou.Problem(1024, 256, v["pred"], v["target"]).__dict__}
                for v in giou.covering_set()]
     out = export.write(tmp_path_factory.mktemp("hostile"), winners, gpus.attached().describe())
-    return tuner.load(out, validate="sync")
+    return oploader.load(out, validate="sync")
 
 
 def _close(got, want, pred_dtype) -> bool:
@@ -55,8 +55,7 @@ def _close(got, want, pred_dtype) -> bool:
 def test_hostile_inputs(op, B, S, pair, scale, degenerate, nonfinite, view, counts, reduction, seed):
     import torch
 
-    from tuner import runtime
-    from tuner.errors import KernelInputError
+    KernelInputError = oploader.kernel_input_error()
 
     pred_dtype, target_dtype = pair
     g = torch.Generator().manual_seed(seed)
@@ -82,7 +81,7 @@ def test_hostile_inputs(op, B, S, pair, scale, degenerate, nonfinite, view, coun
     if view and B:  # the same values through a non-contiguous view
         pc = pc.transpose(0, 1).contiguous().transpose(0, 1)
         tc = tc.transpose(0, 1).contiguous().transpose(0, 1)
-    variant = giou_op._state.choose(pred_dtype, target_dtype, B, S).variant
+    variant = oploader.chosen(pred_dtype, target_dtype, B, S)["params"]
     valid = giou.valid_mask(t, nb)
     # What validation reports: counts outside [0, S], and non-finite valid target boxes
     # (a float16 target scaled past 65504 is inf).

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tuner.families import giou
-from tuner.families.giou import op as giou_op
+import oploader
 
 pytestmark = pytest.mark.gpu
 
@@ -20,7 +20,7 @@ def op(shared_home, tmp_path_factory):
     winners = [{"variant": v, "problem": giou.Problem(1024, 256, v["pred"], v["target"]).__dict__}
                for v in giou.covering_set()]
     out = export.write(tmp_path_factory.mktemp("artifact"), winners, gpus.attached().describe())
-    return tuner.load(out), out
+    return oploader.load(out), out
 
 
 @pytest.fixture
@@ -37,9 +37,9 @@ def validating(op, tmp_path):
     out = export.write(tmp_path, [{"variant": v, "problem": giou.Problem().__dict__}],
                        gpus.attached().describe())
     try:
-        yield tuner.load(out), out
+        yield oploader.load(out), out
     finally:
-        tuner.load(covering)
+        oploader.load(covering)
 
 
 @pytest.fixture(params=["covering set", "validating winner"])
@@ -163,13 +163,12 @@ def test_hostile_inputs_error_or_match_the_reference(op):
 def test_num_boxes_out_of_range(either):
     import torch
 
-    import tuner
-    from tuner import runtime
-    from tuner.errors import KernelInputError
+    runtime = oploader.runtime()
+    KernelInputError = oploader.kernel_input_error()
 
     fn, _ = either
     p, t, n = _inputs("bfloat16", "uint8", B=16, S=32)
-    variant = giou_op._state.choose("bfloat16", "uint8", 16, 32).variant
+    variant = oploader.chosen("bfloat16", "uint8", 16, 32)["params"]
     for value in (99, -5):
         bad = n.clone()
         bad[3] = value
@@ -190,8 +189,8 @@ def test_num_boxes_out_of_range(either):
             fn(p, t, bad)  # nothing raised until asked
             _usable(fn)
             with pytest.raises(KernelInputError, match="earlier call.*num_boxes"):
-                tuner.check_errors()
-            tuner.check_errors()  # reported once
+                runtime.check_errors()
+            runtime.check_errors()  # reported once
         finally:
             runtime.set_validate("async")
         _usable(fn)
@@ -204,13 +203,13 @@ def test_second_process_loads_without_compiling(op):
             "from tuner.families import giou; p, t, n = giou.make_inputs(8, 8, 'bfloat16', 'uint8', device='cuda'); "
             "op(p, t, n); torch.cuda.synchronize(); print('load+first call s', round(time.time() - t0, 2))" % str(out))
     env = {**os.environ}
-    before = sorted(os.listdir(os.path.join(env["TUNER_HOME"], "variants", "sm_90"))) \
-        if os.path.isdir(os.path.join(env["TUNER_HOME"], "variants", "sm_90")) else None
+    built = os.path.join(env["TUNER_CACHE"], "variants", "sm_90")
+    before = sorted(os.listdir(built)) if os.path.isdir(built) else None
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     print(r.stdout)
     if before is not None:
-        assert sorted(os.listdir(os.path.join(env["TUNER_HOME"], "variants", "sm_90"))) == before
+        assert sorted(os.listdir(built)) == before
 
 
 def test_reduce_overhead_model(op):
@@ -253,11 +252,11 @@ def test_forward_is_one_launch_without_copies(either):
     import torch
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
-    from tuner import runtime
+    runtime = oploader.runtime()
 
     fn, _ = either
     p, t, n = _inputs("bfloat16", "uint8", B=1024)
-    launches = 2 if giou_op._state.choose("bfloat16", "uint8", 1024, 256).variant["validation"] == "kernel" else 1
+    launches = 2 if oploader.chosen("bfloat16", "uint8", 1024, 256)["params"]["validation"] == "kernel" else 1
     for mode in ("async", "deferred"):
         runtime.set_validate(mode)
         fn(p, t, n)
@@ -273,13 +272,12 @@ def test_forward_is_one_launch_without_copies(either):
 def test_bad_input_in_a_graph_replay_is_reported(validating):
     import torch
 
-    import tuner
-    from tuner import runtime
-    from tuner.errors import KernelInputError
+    runtime = oploader.runtime()
+    KernelInputError = oploader.kernel_input_error()
 
     fn, _ = validating
     p, t, n = _inputs("bfloat16", "uint8", B=256)
-    assert giou_op._state.choose("bfloat16", "uint8", 256, 256).variant["validation"] == "hoisted"
+    assert oploader.chosen("bfloat16", "uint8", 256, 256)["params"]["validation"] == "hoisted"
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -289,14 +287,14 @@ def test_bad_input_in_a_graph_replay_is_reported(validating):
     with torch.cuda.graph(graph):
         fn(p, t, n)
     graph.replay()
-    tuner.check_errors()  # a good replay reports nothing
+    runtime.check_errors()  # a good replay reports nothing
     n[5] = 10_000
     graph.replay()
     with pytest.raises(KernelInputError, match="num_boxes"):
-        tuner.check_errors()
+        runtime.check_errors()
     n[5] = 1
     graph.replay()
-    tuner.check_errors()
+    runtime.check_errors()
 
 
 def test_load_gpu_auto_and_an_untuned_pair(shared_home, op):
@@ -331,4 +329,4 @@ def test_load_gpu_auto_and_an_untuned_pair(shared_home, op):
         _, want = giou.reference_with_grad(p, t, n)
         assert giou.check("grad", leaf.grad, want, giou.GRAD_TOL["float32"], torch.float32)[0]
     finally:
-        tuner.load(covering)  # the module's artifact again
+        oploader.load(covering)  # the module's artifact again
