@@ -130,15 +130,13 @@ def studies_for(gpu_label: str, family: str, storage: str | None = None) -> list
 
 
 def read(directory: Path) -> dict:
-    """The manifest of an artifact, checked: format, manifest checksum, every source's hash."""
+    """The manifest of an artifact, checked: manifest checksum, format, every source's and binary's hash."""
     directory = Path(directory)
     path = directory / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise TunerError(f"{directory} is not a tuner artifact: no {MANIFEST} (make one with `tuner export-best`)") from exc
-    except ValueError as exc:
-        raise TunerError(f"{path} is not valid JSON: {exc}") from exc
+        manifest = runtime.read_manifest(directory)  # JSON, the manifest's checksum, the binaries' hashes
+    except RuntimeError as exc:
+        raise TunerError(str(exc)) from exc
     if manifest.get("format") not in FORMATS or manifest.get("family") not in families.names():
         raise TunerError(f"{path}: unsupported artifact (format {manifest.get('format')}, "
                          f"family {manifest.get('family')}; installed families: {', '.join(families.names())})")
@@ -160,8 +158,4 @@ def read(directory: Path) -> dict:
         if sha256(text) != expected:
             raise TunerError(f"{directory / name} does not match the hash in {MANIFEST}: it was edited "
                              "after export; refusing to load it")
-    try:
-        runtime.check_binaries(directory, manifest)
-    except RuntimeError as exc:
-        raise TunerError(str(exc)) from exc
     return manifest

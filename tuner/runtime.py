@@ -117,7 +117,7 @@ def read_manifest(directory: Path) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise RuntimeError(f"{directory} is not a tuned export: no {MANIFEST}") from exc
+        raise RuntimeError(f"{directory} is not a tuned export: no {MANIFEST} (make one with `tuner export-best`)") from exc
     except ValueError as exc:
         raise RuntimeError(f"{path} is not valid JSON: {exc}") from exc
     if manifest.get("checksum") != manifest_checksum(manifest):
