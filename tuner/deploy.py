@@ -79,13 +79,9 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
             warnings.warn(f"{tuned} but {here}: " + ("using the reference" if reference else
                           f"building its variants for {arch}; timings may differ, tune on this GPU for the best"),
                           stacklevel=2)
-        if reference:
-            pass
-        elif built and not differs and identity.get("arch") == arch:
+        if not reference and built and not differs and identity.get("arch") == arch:
             libraries = {lib: directory / lib for lib in built["libraries"]}
-        else:
-            if manifest.get("arch") == arch:  # another arch was warned about above
-                _can_build(directory, why)
+        elif not reference:  # the binding's branch above said why (or the warning on another arch)
             sources = {e["variant"]: (directory / e["source"]).read_text() for e in manifest["entries"]}
             winners, libraries = binaries.build_variants(name, winners, arch, sources=sources)
     return runtime.bind(spec, binding_path, winners, libraries, validate=validate, reference=reference)
