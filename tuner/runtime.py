@@ -47,8 +47,8 @@ class OpSpec:
     """What a family's op hands the runtime (its `OP` in tuner/families/<name>/op.py)."""
 
     family: str
-    op: str                         # the user's op in torch.ops.tuner, e.g. "giou_loss"
-    namespace: str                  # the binding's own ops (stage, publish, ...), e.g. "tuner_giou"
+    op: str                         # the user's op in torch.ops.tuner, e.g. "<family>_loss"
+    namespace: str                  # the binding's own ops (stage, publish, ...), "tuner_<family>"
     abi: int                        # the variants' C table ABI (first two fields: int abi, char* name)
     impls: dict[str, tuple[Callable, Callable]]  # op in tuner:: -> (CPU implementation, fake)
     stage: Callable[[Any, int, dict], None]      # (binding ops, table address, bound winner)
@@ -183,8 +183,9 @@ class _Head(ctypes.Structure):
     _fields_ = [("abi", ctypes.c_int), ("name", ctypes.c_char_p)]
 
 
-def table(library, entry: str, abi: int, expected: str) -> int:
-    """The address of a variant's C table in a loaded library (ctypes.CDLL), checked."""
+def table(library, entry: str, abi: int, expected: str | None = None) -> int:
+    """The address of a variant's C table in a loaded library (ctypes.CDLL), checked: its C ABI,
+    and that it holds the `expected` variant."""
     fn = getattr(library, entry)
     fn.restype = ctypes.c_void_p
     address = fn()
@@ -193,7 +194,7 @@ def table(library, entry: str, abi: int, expected: str) -> int:
     if head.abi != abi:
         raise RuntimeError(f"{library._name}: variant {name} has C ABI {head.abi}, this op needs {abi}; "
                            "export it again")
-    if name != expected:
+    if expected is not None and name != expected:
         raise RuntimeError(f"{library._name}: {entry} holds variant {name}, not {expected}")
     return address
 

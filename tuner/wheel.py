@@ -1,13 +1,13 @@
 """`tuner export-best --wheel DIR`: an export as a pip-installable wheel that needs torch alone.
 
-The wheel holds one package, e.g. `tuned_giou_h100`:
+The wheel holds one package, `tuned_<family>_<gpu>` (PKG below):
 
-    tuned_giou_h100/__init__.py            imports the op: `torch.ops.tuner.giou_loss` is registered
-    tuned_giou_h100/runtime.py             a copy of tuner/runtime.py
-    tuned_giou_h100/families/giou/op.py    copies of the family's op side (op.py, spec.py): the
-    tuned_giou_h100/families/giou/spec.py  CPU reference, fake, checks, how winners are staged
-    tuned_giou_h100/export/                the export as `export-best` wrote it (manifest, binaries,
-                                           sources)
+    PKG/__init__.py                    importing it registers the family's op in torch.ops.tuner
+    PKG/runtime.py                     a copy of tuner/runtime.py
+    PKG/families/<family>/op.py        copies of the family's op side (op.py, spec.py): the
+    PKG/families/<family>/spec.py      CPU reference, fake, checks, how winners are staged
+    PKG/export/                        the export as `export-best` wrote it (manifest, binaries,
+                                       sources)
 
 Its one requirement is the torch its binaries were built for (`torch==<version>`), and it is
 tagged for the Python and platform they were built on. A wheel is a zip with a fixed layout
@@ -30,7 +30,7 @@ OP_FILES = ("op.py", "spec.py")  # a family's op side: torch alone (tuner/famili
 
 
 def package_name(manifest: dict, gpu_label: str | None = None) -> str:
-    """tuned_<family>_<gpu>, e.g. tuned_giou_h100."""
+    """tuned_<family>_<gpu>, lower case, e.g. tuned_<family>_h100."""
     gpu = gpu_label or manifest["gpu"].get("gpu_name") or manifest.get("arch") or "gpu"
     return re.sub(r"[^a-z0-9]+", "_", f"tuned_{manifest['family']}_{gpu}".lower()).strip("_")
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from tuner import binding
+from tuner import binding, runtime
 from tuner.errors import BuildError, KernelInputError
+from tuner.families.embedding_bag import ENTRY
+from tuner.families.embedding_bag.op import OP
 
-_ABI = 3
 MODE_CODES = {"sum": 0, "mean": 1, "max": 2}
 _CHECK = {False: 0, "deferred": 0, True: 1, "sync": 1, "async": 2}
 
@@ -43,16 +44,12 @@ class EmbeddingBagKernel:
     def __init__(self, so: Path, expected_name: str | None = None, entry: str | None = None):
         self.path = Path(so)
         self._lib = ctypes.CDLL(str(self.path))  # kept alive: the table points into it
-        fn = getattr(self._lib, entry or "tuner_embedding_bag_vtable")  # entry: its name in a unit of several
-        fn.restype = ctypes.POINTER(_Vtable)
-        ptr = fn()
-        table = ptr.contents
+        try:  # entry: the table's name in a unit of several
+            self.address = runtime.table(self._lib, entry or ENTRY, OP.abi, expected_name)
+        except RuntimeError as exc:
+            raise BuildError(expected_name or str(so), str(exc)) from exc
+        table = _Vtable.from_address(self.address)
         self.name = table.name.decode()
-        if table.abi != _ABI:
-            raise BuildError(self.name, f"{so} has ABI {table.abi}, expected {_ABI}; rebuild it")
-        if expected_name is not None and self.name != expected_name:
-            raise BuildError(expected_name, f"{so} holds variant {self.name}, not {expected_name}")
-        self.address = ctypes.cast(ptr, ctypes.c_void_p).value
         self.vec = table.vec
         self.validates = bool(table.validates)
         self.sorted = bool(table.sorted)

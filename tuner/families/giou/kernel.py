@@ -5,11 +5,10 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from tuner import binding
+from tuner import binding, runtime
 from tuner.errors import BuildError, KernelInputError
-from tuner.families.giou import DEFAULT_EPS, REDUCTIONS
-
-_ABI = 2
+from tuner.families.giou import DEFAULT_EPS, ENTRY, REDUCTIONS
+from tuner.families.giou.op import OP
 
 
 class _Vtable(ctypes.Structure):
@@ -41,16 +40,12 @@ class GiouKernel:
     def __init__(self, so: Path, expected_name: str | None = None, entry: str | None = None):
         self.path = Path(so)
         self._lib = ctypes.CDLL(str(self.path))  # kept alive: the table points into it
-        fn = getattr(self._lib, entry or "tuner_giou_vtable")  # entry: its name in a unit of several
-        fn.restype = ctypes.POINTER(_Vtable)
-        ptr = fn()
-        table = ptr.contents
+        try:  # entry: the table's name in a unit of several
+            self.address = runtime.table(self._lib, entry or ENTRY, OP.abi, expected_name)
+        except RuntimeError as exc:
+            raise BuildError(expected_name or str(so), str(exc)) from exc
+        table = _Vtable.from_address(self.address)
         self.name = table.name.decode()
-        if table.abi != _ABI:
-            raise BuildError(self.name, f"{so} has ABI {table.abi}, expected {_ABI}; rebuild it")
-        if expected_name is not None and self.name != expected_name:
-            raise BuildError(expected_name, f"{so} holds variant {self.name}, not {expected_name}")
-        self.address = ctypes.cast(ptr, ctypes.c_void_p).value
         self.alignment = table.alignment
         self.saves_grad = bool(table.saves_grad)
         self.validates = bool(table.validates)
