@@ -16,7 +16,6 @@ from pathlib import Path
 MODE = os.environ.get("TUNER_TEST_OP", "tuner")
 _count = itertools.count()
 _current = {}  # family -> the runtime module that bound it last
-_C10 = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "uint8": "Byte"}
 
 
 def load(out, validate: str = "async"):
@@ -60,6 +59,8 @@ def chosen(pred: str, target: str, batch: int, slots: int) -> dict:
     """The GIoU winner a call of this shape runs (the C++ choice), with its params."""
     import torch
 
+    from tuner.families.giou.spec import C10_NAMES
+
     state = runtime("giou").loaded("giou")
     winners = [b for b in state.bound if (b["params"]["pred"], b["params"]["target"]) == (pred, target)]
-    return winners[torch.ops.tuner_giou.chosen(_C10[pred], _C10[target], batch, slots)]
+    return winners[torch.ops.tuner_giou.chosen(C10_NAMES[pred], C10_NAMES[target], batch, slots)]

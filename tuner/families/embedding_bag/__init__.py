@@ -28,7 +28,7 @@ HEADERS = ("embedding_bag_abi.h",)
 # The torch binding, built once per torch/CUDA version: the search's calls by address and the op.
 BINDING = ("embedding_bag_op.cpp",)
 BINDING_HEADERS: tuple[str, ...] = ()
-OPS_NAMESPACE = "tuner_embedding_bag"
+from tuner.families.embedding_bag.op import NAMESPACE as OPS_NAMESPACE  # noqa: E402
 KERNEL_ARGS = {"0": "sum", "1": "mean", "2": "max"}  # the kernels' template argument: the mode
 FAULTS: tuple[str, ...] = ()
 

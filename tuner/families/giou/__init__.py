@@ -24,11 +24,11 @@ ENTRY = "tuner_giou_vtable"  # the variant's one C-linkage name: its table
 # The torch binding, built once per torch/CUDA version: the search's calls by address and the op.
 BINDING = ("giou_binding.cpp", "giou_op.cpp")
 BINDING_HEADERS = ("giou_binding.h",)
-OPS_NAMESPACE = "tuner_giou"
+from tuner.families.giou.op import NAMESPACE as OPS_NAMESPACE  # noqa: E402
 KERNEL_ARGS = {"0": "none", "1": "mean", "2": "sum"}  # the kernels' template argument: the reduction  # the binding's low-level ops (calls by a variant's table address)
 HEADERS = ("giou_abi.h",)
 
-from tuner.families.giou.spec import (DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES,  # noqa: F401
+from tuner.families.giou.spec import (C10_NAMES, DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES,  # noqa: F401
                                       giou_loss_elementwise, reference, reference_with_grad, valid_mask)
 
 DIMS = (
@@ -53,7 +53,6 @@ CONSTRAINTS = (
 )
 
 _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "uint8": "uint8_t"}
-_TORCH_NAME = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "uint8": "Byte"}
 _ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
             "f16": "float16", "bf16": "bfloat16", "u8": "uint8"}
 
@@ -105,8 +104,8 @@ def render_context(variant: Variant) -> dict[str, Any]:
         name=variant.name,
         pred_ctype=_CTYPE[pred],
         target_ctype=_CTYPE[target],
-        pred_torch=_TORCH_NAME[pred],
-        target_torch=_TORCH_NAME[target],
+        pred_torch=C10_NAMES[pred],
+        target_torch=C10_NAMES[target],
         uses_half="float16" in (pred, target),
         uses_bf16="bfloat16" in (pred, target),
     )

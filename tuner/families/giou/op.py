@@ -20,10 +20,9 @@ wheel carries them as they are.
 from __future__ import annotations
 
 from ... import runtime
-from .spec import DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES, reference, reference_with_grad, valid_mask
+from .spec import C10_NAMES, DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES, reference, reference_with_grad, valid_mask
 
 NAMESPACE = "tuner_giou"  # the binding's own ops: stage, publish, set_check, take_errors, ...
-_C10 = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "uint8": "Byte"}
 
 
 def _stage(ops, address: int, winner: dict) -> None:
@@ -74,7 +73,7 @@ def _saved_shape(pred, target) -> tuple:
     """[B, S, 4] when the bound winners of this dtype pair save a gradient (the C++ forward's rule)."""
     import torch
 
-    names = [_C10.get(str(t.dtype).removeprefix("torch."), "") for t in (pred, target)]
+    names = [C10_NAMES.get(str(t.dtype).removeprefix("torch."), "") for t in (pred, target)]
     if not getattr(torch.ops, NAMESPACE).saves(*names):
         return (0,)
     return (pred.shape[0], pred.shape[1], 4)

@@ -10,6 +10,7 @@ PRED_DTYPES = ("float32", "float16", "bfloat16")
 TARGET_DTYPES = ("uint8", "float16", "bfloat16", "float32")
 REDUCTIONS = ("none", "mean", "sum")
 DEFAULT_EPS = 1e-7
+C10_NAMES = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "uint8": "Byte"}  # c10's dtype names
 
 
 def valid_mask(target, num_boxes=None):
