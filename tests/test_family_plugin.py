@@ -68,6 +68,17 @@ def test_a_family_outside_tuner_goes_end_to_end(scale_add, tuner_home, fresh_cac
     assert tuner.load(gpu="H100", family="scale_add") is op
     x, y = torch.randn(1000), torch.randn(1000)
     torch.testing.assert_close(op(x, y, 2.5), 2.5 * x + y)
+    # The op is native: schema, CUDA and Autograd kernels from the family's C++ (the core's
+    # tuner_op.h machinery), CPU and fake from the runtime.
+    dump = torch._C._dispatch_dump("tuner::scale_add")
+    kernels = {line.split(":")[0].strip(): line for line in dump.splitlines() if "registered at" in line}
+    assert "scale_add_op.cpp" in kernels["CUDA"] and "scale_add_op.cpp" in kernels["Autograd[alias]"]
+    assert "runtime.py" in kernels["CPU"]
+    x.requires_grad_(), y.requires_grad_()
+    gx, gy = torch.autograd.grad(op(x, y, 2.5).sum(), (x, y))
+    torch.testing.assert_close(gx, torch.full_like(x, 2.5))
+    torch.testing.assert_close(gy, torch.ones_like(y))
+    torch.library.opcheck(op, (x.detach(), y.detach(), 2.5))
 
 
 def test_an_unknown_family_is_named_with_the_known_ones(tuner_home, capsys):
@@ -87,6 +98,10 @@ def test_a_family_outside_tuner_runs_its_winner_on_the_gpu(scale_add, tuner_home
     op = tuner.load(out)
     x, y = torch.randn(100_003, device="cuda"), torch.randn(100_003, device="cuda")
     torch.testing.assert_close(op(x, y, -1.5), -1.5 * x + y)
+    x.requires_grad_()
+    (gx,) = torch.autograd.grad(op(x, y, -1.5).sum(), (x,))
+    torch.testing.assert_close(gx, torch.full_like(x, -1.5))
+    torch.library.opcheck(op, (x.detach(), y, -1.5))
 
 
 def test_every_family_in_the_tree_is_packaged():

@@ -4,8 +4,7 @@ An export made by `export-best` holds the family's torch binding and its winners
 built for the study's GPU (tuner/binaries.py). Where the build identity matches the running
 torch, CUDA, Python, platform and GPU, `tuner.runtime` loads those as they are: no nvcc, no
 C++ compiler, no ninja. Where it does not, the sources are built (one warning says why) if a
-toolchain is here, else a clear error names what differs and the ways out. A family whose op
-is not bound by the runtime (no `OP` in its op module) loads through its own `load_op`.
+toolchain is here, else a clear error names what differs and the ways out.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ FALLBACKS = ("rebuild", "reference")
 
 
 def load(directory: str | Path | None = None, *, gpu: str | None = None, family: str | None = None,
-         validate: str = "async", fallback: str = "rebuild", prebuilt: bool = True, **options):
+         validate: str = "async", fallback: str = "rebuild", prebuilt: bool = True):
     """Load a tuned artifact and return its family's op (`torch.ops.tuner.<op>`).
 
     `load("DIR")` loads an exported folder, whatever family it holds; `load(gpu="auto")` (or
@@ -44,12 +43,7 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
         raise TunerError(f"{directory} holds the {name} family, not {family}")
     if manifest["header_sha256"] != artifacts.sha256(header_text(name)):
         raise TunerError(f"{directory} was exported by a tuner with another kernel ABI; export it again")
-    op_module = families.part(name, "op")
-    spec = getattr(op_module, "OP", None)
-    if spec is None:  # a family that registers its op itself
-        return op_module.load_op(directory, manifest, **options)
-    if options:
-        raise TypeError(f"tuner.load got unexpected keywords {sorted(options)}")
+    spec = families.part(name, "op").OP
     if validate not in runtime.VALIDATE:
         raise TunerError(f"validate must be one of {tuple(runtime.VALIDATE)}: 'async' raises on a later call "
                          "without syncing, 'sync' raises at once (a sync per call), 'deferred' at check_errors()")

@@ -114,7 +114,7 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = 
         "template_sha256": sha256((templates_dir(family.FAMILY) / family.TEMPLATE).read_text()),
         "entries": entries,
     }
-    if binaries and getattr(families.part(family.FAMILY, "op"), "OP", None) is not None:
+    if binaries:
         manifest["binaries"] = _binaries.write(out, family.FAMILY, entries, gpu.get("arch"))
     manifest["checksum"] = manifest_checksum(manifest)
     tmp = out / (MANIFEST + ".tmp")

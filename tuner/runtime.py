@@ -10,8 +10,8 @@ of this file (so it must import nothing from tuner). What it does:
   per process: a second export of the same binding reuses the library already loaded;
 - registers the family's CPU implementation (its float64 reference) and fake implementation
   (torch.compile), once per process;
-- loads the winners' C tables (ctypes) and hands each to the binding (`OpSpec.stage`), which
-  picks one per call in C++;
+- loads the winners' C tables (ctypes) and stages each in the binding with its tuned shape
+  (`OpSpec.shape`; templates/common/tuner_op.h), which picks one per call in C++;
 - the validate modes: how bad input that a kernel finds reaches the host.
 """
 
@@ -51,7 +51,9 @@ class OpSpec:
     namespace: str                  # the binding's own ops (stage, publish, ...), "tuner_<family>"
     abi: int                        # the variants' C table ABI (first two fields: int abi, char* name)
     impls: dict[str, tuple[Callable, Callable]]  # op in tuner:: -> (CPU implementation, fake)
-    stage: Callable[[Any, int, dict], None]      # (binding ops, table address, bound winner)
+    # A winner's tuned problem as the binding compares it with a call: (sizes, kind), e.g.
+    # ([rows, width], 0); a call runs the winner nearest in log distance, of its kind if any.
+    shape: Callable[[dict], tuple[list[int], int]]
     extras: dict[str, Callable] = field(default_factory=dict)  # more public names (a wheel exports them)
 
 
@@ -204,7 +206,7 @@ def bind(spec: OpSpec, binding: Path, bound: list[dict], libraries: dict[str, Pa
     """Load the binding, register the Python side and hand the winners to the op.
 
     `bound`: the winners in the order the binding gets them, each with `library` (a key of
-    `libraries`), `entry` (its table's C name) and `variant`, plus what `spec.stage` reads.
+    `libraries`), `entry` (its table's C name) and `variant`, and its `problem` (what `spec.shape` reads).
     """
     import torch
 
@@ -229,7 +231,9 @@ def stage(spec: OpSpec, ops, bound: list[dict], libraries: dict[str, Path]) -> l
     makes them live); returns the library handles, which must stay alive while they are bound."""
     opened = {name: ctypes.CDLL(str(path)) for name, path in libraries.items()}
     for b in bound:
-        spec.stage(ops, table(opened[b["library"]], b["entry"], spec.abi, b["variant"]), b)
+        sizes, kind = spec.shape(b["problem"])
+        ops.stage(table(opened[b["library"]], b["entry"], spec.abi, b["variant"]), [int(n) for n in sizes], int(kind),
+                  b.get("tuned_for", ""))
     return list(opened.values())
 
 

@@ -13,6 +13,15 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from tuner.errors import SpaceError
 from tuner.variant import Variant
 
+_DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
+                  "f16": "float16", "bf16": "bfloat16", "u8": "uint8", "long": "int64", "int": "int32",
+                  "i64": "int64", "i32": "int32"}
+
+
+def dtype_name(name: str) -> str:
+    """A dtype's canonical name, as spaces and problems record it ('bf16' -> 'bfloat16')."""
+    return _DTYPE_ALIASES.get(name.lower(), name.lower())
+
 
 @dataclass(frozen=True)
 class Dim:

@@ -1,58 +1,20 @@
 // The torch side of the EmbeddingBag family, compiled once per torch/CUDA version: the
 // search's calls of any variant by its table's address (tuner_embedding_bag::forward /
 // backward), and the user's op, tuner::embedding_bag, on the call path of a native op:
-// schema, CUDA and Autograd kernels in C++ (pytorch/extension-cpp's pattern), winners
-// bound at tuner.load (stage + publish), each call running the winner of its dtype pair
-// nearest to its shape. CPU and fake implementations are registered from Python
+// schema, checks, CUDA and Autograd kernels in C++. The winners bound at tuner.load, the
+// nearest-problem choice, workspaces, validate modes and control ops come from
+// templates/common/tuner_op.h; CPU and fake implementations are registered from Python
 // (tuner/families/embedding_bag/op.py).
-#include <torch/extension.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/csrc/Exceptions.h>
-#include <cuda_runtime_api.h>
-
-#include <array>
-#include <atomic>
-#include <cmath>
-#include <cstring>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <string>
-#include <vector>
-
 #include "embedding_bag_abi.h"
-#include "tuner_binding.h"
+#include "tuner_op.h"
 
 namespace tuner_embedding_bag {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using tuner_binding::capturing;
-using tuner_binding::raise_input_error;
-using tuner_binding::RelaxedCapture;
-using tuner_binding::text;
-using tuner_binding::warn;
+using namespace tuner_op;
 
-enum Check : int64_t { CHECK_DEFERRED = 0, CHECK_SYNC = 1, CHECK_ASYNC = 2 };
-
-std::string dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kDouble: return "torch.float64";
-    case at::kFloat: return "torch.float32";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    default: return std::string("torch.") + c10::toString(t);
-  }
-}
-
-// ------------------------------------------------------------------ error reporting
+constexpr std::initializer_list<at::ScalarType> kWeights = {at::kFloat, at::kHalf, at::kBFloat16};
+constexpr std::initializer_list<at::ScalarType> kIndices = {at::kLong, at::kInt};
 
 std::string error_text(int64_t bits) {
   std::string out;
@@ -61,80 +23,15 @@ std::string error_text(int64_t bits) {
   return out;
 }
 
-// Per (device, stream): the sticky error word on the device and its host-mapped flags (one
-// byte per bit), so that an async check is a plain load. Allocated outside torch's
-// allocator, so that a first use under CUDA graph capture does not land in a graph's pool.
-struct Workspace {
-  unsigned* word = nullptr;
-  unsigned char* flags = nullptr;
-  unsigned char* flags_device = nullptr;
-  cudaStream_t stream = nullptr;
-  int device = 0;
-};
-
-std::mutex workspace_mutex;
-std::map<std::pair<int, cudaStream_t>, Workspace> workspaces;
-
-Workspace& workspace_for(int device, cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(workspace_mutex);
-  Workspace& ws = workspaces[std::make_pair(device, stream)];
-  if (ws.word != nullptr) return ws;
-  RelaxedCapture relaxed;
-  void* word = nullptr;
-  C10_CUDA_CHECK(cudaMalloc(&word, sizeof(unsigned)));
-  static std::map<int, cudaStream_t> zeroing_streams;  // private: nothing lands in a graph being captured
-  cudaStream_t& zeroing = zeroing_streams[device];
-  if (zeroing == nullptr) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking));
-  C10_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(unsigned), zeroing));
-  C10_CUDA_CHECK(cudaStreamSynchronize(zeroing));
-  void* host = nullptr;
-  C10_CUDA_CHECK(cudaHostAlloc(&host, 8, cudaHostAllocMapped | cudaHostAllocPortable));
-  std::memset(host, 0, 8);
-  void* dev = nullptr;
-  C10_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
-  ws.word = static_cast<unsigned*>(word);
-  ws.flags = static_cast<unsigned char*>(host);
-  ws.flags_device = static_cast<unsigned char*>(dev);
-  ws.stream = stream;
-  ws.device = device;
-  return ws;
+int pair_of(const TunerEmbeddingBagVtable* vt) {
+  const int w = index_of(vt->weight_dtype, kWeights), i = index_of(vt->index_dtype, kIndices);
+  return w < 0 || i < 0 ? -1 : w * 2 + i;
 }
 
-// Error bits whose flags have landed, cleared (never waits).
-int64_t take_landed(Workspace& ws) {
-  int64_t bits = 0;
-  for (int i = 0; i < TUNER_EB_ERROR_BITS; ++i) {
-    if (__atomic_load_n(ws.flags + i, __ATOMIC_ACQUIRE)) {
-      bits |= int64_t(1) << i;
-      __atomic_store_n(ws.flags + i, 0, __ATOMIC_RELEASE);
-    }
-  }
-  if (bits) C10_CUDA_CHECK(cudaMemsetAsync(ws.word, 0, sizeof(unsigned), ws.stream));
-  return bits;
-}
-
-// Waits for every device with a workspace, then reads and clears all error flags; their OR.
-int64_t take_errors() {
-  std::lock_guard<std::mutex> lock(workspace_mutex);
-  int64_t bits = 0;
-  for (auto& entry : workspaces) {
-    Workspace& ws = entry.second;
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ws.device));
-    C10_CUDA_CHECK(cudaDeviceSynchronize());
-    bits |= take_landed(ws);
-  }
-  return bits;
-}
+Op<TunerEmbeddingBagVtable> op("embedding_bag", TUNER_EMBEDDING_BAG_ABI, 6, pair_of, error_text, 0,
+                               TUNER_EB_ERROR_BITS);
 
 // ------------------------------------------------------------------ calling a variant
-
-const TunerEmbeddingBagVtable* table(int64_t address) {
-  auto* t = reinterpret_cast<const TunerEmbeddingBagVtable*>(address);
-  TORCH_CHECK(t != nullptr, "embedding_bag: null variant table");
-  TORCH_CHECK(t->abi == TUNER_EMBEDDING_BAG_ABI, "embedding_bag: variant ", t->name, " has ABI ", text(t->abi),
-              " but this binding speaks ABI ", text(TUNER_EMBEDDING_BAG_ABI), "; rebuild the variant");
-  return t;
-}
 
 bool has(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 
@@ -191,13 +88,7 @@ void run_forward(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, co
   }
   c10::cuda::CUDAGuard guard(weight.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  Workspace& ws = workspace_for(static_cast<int>(weight.get_device()), stream);
-  // Under graph capture nothing may sync or be enqueued besides the launch.
-  const bool validates = vt->validates && check != CHECK_DEFERRED && !capturing(stream);
-  if (validates && check == CHECK_ASYNC) {
-    const int64_t earlier = take_landed(ws);
-    if (earlier) raise_input_error("embedding_bag: invalid input in an earlier call: " + error_text(earlier));
-  }
+  Workspace& ws = op.workspaces.get(static_cast<int>(weight.get_device()), stream, 1);
   TunerEmbeddingBagArgs a{};
   a.weight = weight.data_ptr();
   a.indices = indices.data_ptr();
@@ -214,16 +105,9 @@ void run_forward(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, co
   a.n = indices.numel();
   a.mode = static_cast<int>(mode);
   a.padding_idx = padding_idx;
-  a.error_word = ws.word;
+  a.error_word = ws.words;
   a.error_flags = ws.flags_device;
-  const int rc = vt->forward(&a, stream);
-  TORCH_CHECK(rc == 0, "embedding_bag: variant ", vt->name, " failed to launch: ",
-              cudaGetErrorString(static_cast<cudaError_t>(rc)));
-  if (validates && check == CHECK_SYNC) {
-    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const int64_t bits = take_landed(ws);
-    if (bits) raise_input_error("embedding_bag: invalid input: " + error_text(bits));
-  }
+  op.launch(vt, vt->validates, check, ws, stream, [&] { return vt->forward(&a, stream); });
 }
 
 // grad_weight must be zeroed by the caller (the search reuses one buffer and leaves it);
@@ -285,7 +169,7 @@ void forward_by_address(int64_t variant, const at::Tensor& weight, const at::Ten
                         const at::Tensor& offsets, int64_t mode, const std::optional<at::Tensor>& psw,
                         int64_t padding_idx, const at::Tensor& out, const at::Tensor& max_indices,
                         const at::Tensor& bag_count, int64_t check) {
-  run_forward(table(variant), weight, indices, with_end(offsets), mode, psw, padding_idx, out, max_indices, bag_count,
+  run_forward(op.table(variant), weight, indices, with_end(offsets), mode, psw, padding_idx, out, max_indices, bag_count,
               check);
 }
 
@@ -293,104 +177,18 @@ void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tens
                          const at::Tensor& indices, const at::Tensor& offsets, int64_t mode,
                          const std::optional<at::Tensor>& psw, int64_t padding_idx, const at::Tensor& max_indices,
                          const at::Tensor& bag_count, const at::Tensor& grad_weight, const at::Tensor& grad_psw) {
-  run_backward(table(variant), grad, weight, indices, with_end(offsets), mode, psw, padding_idx, max_indices,
+  run_backward(op.table(variant), grad, weight, indices, with_end(offsets), mode, psw, padding_idx, max_indices,
                bag_count, grad_weight, grad_psw);
 }
 
 // ------------------------------------------------------------------ the op's winners
 
-constexpr int kWeights = 3, kIndices = 2;
-
-int weight_index(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return 0;
-    case at::kHalf: return 1;
-    case at::kBFloat16: return 2;
-    default: return -1;
-  }
-}
-
-int index_index(at::ScalarType t) { return t == at::kLong ? 0 : (t == at::kInt ? 1 : -1); }
-
-int index_of_name(const char* name, bool weight) {
-  for (auto t : {at::kFloat, at::kHalf, at::kBFloat16, at::kLong, at::kInt})
-    if (std::strcmp(c10::toString(t), name) == 0) return weight ? weight_index(t) : index_index(t);
-  return -1;
-}
-
-struct Winner {
-  int64_t dim, bag_size, mode;
-  const TunerEmbeddingBagVtable* vt;
-  std::string tuned_for;  // non-empty: another dtype pair's parameters, rendered for this one
-};
-
-struct Pair {
-  std::vector<Winner> winners;
-  std::shared_ptr<std::atomic<bool>> warned = std::make_shared<std::atomic<bool>>(false);
-};
-
-struct Table {
-  std::array<Pair, kWeights * kIndices> pairs;
-  bool reference = false;  // serve the CPU implementation (an artifact for another architecture)
-};
-
-std::mutex bind_mutex;
-Table staging;
-std::shared_ptr<const Table> live;  // read with std::atomic_load: a call never sees a half-bound table
-std::atomic<int64_t> check_mode{CHECK_ASYNC};
-
-std::shared_ptr<const Table> bound() {
-  auto t = std::atomic_load(&live);
-  TORCH_CHECK(t != nullptr, "embedding_bag: no artifact is loaded; call tuner.load(...) first");
-  return t;
-}
-
-// Nearest tuned problem: log distance in dim and mean bag size, a tuned mode of its own
-// preferred; the first of equals wins.
-size_t nearest(const Pair& pair, int64_t dim, int64_t bag_size, int64_t mode) {
-  size_t best = 0;
-  double best_d = 0;
-  for (size_t i = 0; i < pair.winners.size(); ++i) {
-    const Winner& w = pair.winners[i];
-    const double d = std::fabs(std::log(std::max<double>(dim, 1) / w.dim)) +
-                     std::fabs(std::log(std::max<double>(bag_size, 1) / std::max<double>(w.bag_size, 1))) +
-                     (w.mode == mode ? 0.0 : 10.0);
-    if (i == 0 || d < best_d) best = i, best_d = d;
-  }
-  return best;
-}
-
-const Winner& choose(const Table& t, const at::Tensor& weight, const at::Tensor& indices, int64_t bags,
-                     int64_t mode) {
-  const Pair& pair = t.pairs[weight_index(weight.scalar_type()) * kIndices + index_index(indices.scalar_type())];
-  TORCH_CHECK(!pair.winners.empty(), "embedding_bag: the loaded artifact has no variant for weight ",
-              dtype_name(weight.scalar_type()), " and indices ", dtype_name(indices.scalar_type()));
-  const Winner& best = pair.winners[nearest(pair, weight.size(1), indices.numel() / std::max<int64_t>(bags, 1), mode)];
-  if (!best.tuned_for.empty() && !pair.warned->exchange(true)) {
-    warn("embedding_bag: no variant was tuned for weight " + dtype_name(weight.scalar_type()) + " and indices " +
-         dtype_name(indices.scalar_type()) + "; using the parameters tuned for " + best.tuned_for);
-  }
-  return best;
-}
-
-void stage(int64_t variant, int64_t dim, int64_t bag_size, int64_t mode, std::string tuned_for) {
-  const TunerEmbeddingBagVtable* vt = table(variant);
-  const int w = index_of_name(vt->weight_dtype, true), i = index_of_name(vt->index_dtype, false);
-  TORCH_CHECK(w >= 0 && i >= 0, "embedding_bag: variant ", vt->name, " has unknown dtypes");
-  std::lock_guard<std::mutex> lock(bind_mutex);
-  staging.pairs[w * kIndices + i].winners.push_back(Winner{dim, bag_size, mode, vt, std::move(tuned_for)});
-}
-
-void publish(bool reference) {
-  std::lock_guard<std::mutex> lock(bind_mutex);
-  staging.reference = reference;
-  std::atomic_store(&live, std::shared_ptr<const Table>(std::make_shared<Table>(std::move(staging))));
-  staging = Table();
-}
-
-void set_check(int64_t mode) {
-  TORCH_CHECK(mode >= CHECK_DEFERRED && mode <= CHECK_ASYNC, "embedding_bag: check mode must be 0, 1 or 2");
-  check_mode.store(mode);
+// The winner nearest in dim and mean bag size, a tuned mode of its own preferred.
+const Winner<TunerEmbeddingBagVtable>& choose(const Table<TunerEmbeddingBagVtable>& t, const at::Tensor& weight,
+                                              const at::Tensor& indices, int64_t bags, int64_t mode) {
+  const int pair = index_of(weight.scalar_type(), kWeights) * 2 + index_of(indices.scalar_type(), kIndices);
+  return op.choose(t, pair, {weight.size(1), indices.numel() / std::max<int64_t>(bags, 1)}, mode,
+                   "weight " + dtype_name(weight.scalar_type()) + " and indices " + dtype_name(indices.scalar_type()));
 }
 
 // ------------------------------------------------------------------ the op
@@ -417,9 +215,9 @@ Normal normalize(const at::Tensor& weight, const at::Tensor& indices, const std:
                  std::optional<int64_t> padding_idx) {
   TORCH_CHECK_VALUE(weight.dim() == 2, "embedding_bag: weight must be 2-D [num_embeddings, dim], got ",
                     text(weight.sizes()));
-  TORCH_CHECK_TYPE(weight_index(weight.scalar_type()) >= 0, "embedding_bag: weight must be float32, float16 or "
+  TORCH_CHECK_TYPE(index_of(weight.scalar_type(), kWeights) >= 0, "embedding_bag: weight must be float32, float16 or "
                    "bfloat16, got ", dtype_name(weight.scalar_type()));
-  TORCH_CHECK_TYPE(index_index(indices.scalar_type()) >= 0, "embedding_bag: indices must be int32 or int64, got ",
+  TORCH_CHECK_TYPE(index_of(indices.scalar_type(), kIndices) >= 0, "embedding_bag: indices must be int32 or int64, got ",
                    dtype_name(indices.scalar_type()));
   TORCH_CHECK_VALUE(indices.device() == weight.device(), "embedding_bag: indices are on ", indices.device(),
                     " but weight is on ", weight.device());
@@ -448,7 +246,7 @@ Normal normalize(const at::Tensor& weight, const at::Tensor& indices, const std:
                     text(indices.sizes()));
   TORCH_CHECK_VALUE(offsets.has_value(), "embedding_bag: offsets are required when indices are 1-D");
   const at::Tensor& o = *offsets;
-  TORCH_CHECK_TYPE(index_index(o.scalar_type()) >= 0, "embedding_bag: offsets must be int32 or int64, got ",
+  TORCH_CHECK_TYPE(index_of(o.scalar_type(), kIndices) >= 0, "embedding_bag: offsets must be int32 or int64, got ",
                    dtype_name(o.scalar_type()));
   TORCH_CHECK_VALUE(o.dim() == 1, "embedding_bag: offsets must be 1-D, got ", text(o.sizes()));
   TORCH_CHECK_VALUE(o.device() == weight.device(), "embedding_bag: offsets are on ", o.device(), " but weight is on ",
@@ -460,7 +258,6 @@ Normal normalize(const at::Tensor& weight, const at::Tensor& indices, const std:
           Bags{o.to(dtype).contiguous(), o.numel() - (include_last_offset ? 1 : 0), -1, include_last_offset}, pad};
 }
 
-c10::Device cpu() { return c10::Device(c10::kCPU); }
 
 using ForwardOut = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using Opt = std::optional<at::Tensor>;
@@ -468,45 +265,18 @@ using Opt = std::optional<at::Tensor>;
 // The forward and backward take the user's arguments as given (the Autograd kernel also
 // runs on symbolic shapes under torch.compile, where nothing may be normalized); each
 // normalizes on the tensors it runs on.
-ForwardOut forward_op(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets, int64_t mode,
-                      const Opt& psw, bool include_last_offset, std::optional<int64_t> padding_idx) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("tuner::embedding_bag_forward", "")
-                       .typed<ForwardOut(const at::Tensor&, const at::Tensor&, const Opt&, int64_t, const Opt&, bool,
-                                         std::optional<int64_t>)>();
-  return op.call(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
-}
-
 using BackwardOut = std::tuple<at::Tensor, at::Tensor>;
-
-BackwardOut backward_op(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& indices,
-                        const Opt& offsets, int64_t mode, const Opt& psw, bool include_last_offset,
-                        std::optional<int64_t> padding_idx, const at::Tensor& max_indices, const at::Tensor& bag_count,
-                        bool weight_grad, bool psw_grad) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("tuner::embedding_bag_backward", "")
-                       .typed<BackwardOut(const at::Tensor&, const at::Tensor&, const at::Tensor&, const Opt&, int64_t,
-                                          const Opt&, bool, std::optional<int64_t>, const at::Tensor&,
-                                          const at::Tensor&, bool, bool)>();
-  return op.call(grad, weight, indices, offsets, mode, psw, include_last_offset, padding_idx, max_indices, bag_count,
-                 weight_grad, psw_grad);
-}
-
-Opt on_cpu(const Opt& t) {
-  if (!t.has_value()) return std::nullopt;
-  return t->to(cpu());
-}
+using ForwardSig = ForwardOut(const at::Tensor&, const at::Tensor&, const Opt&, int64_t, const Opt&, bool,
+                              std::optional<int64_t>);
+using BackwardSig = BackwardOut(const at::Tensor&, const at::Tensor&, const at::Tensor&, const Opt&, int64_t,
+                                const Opt&, bool, std::optional<int64_t>, const at::Tensor&, const at::Tensor&, bool,
+                                bool);
+using OpSig = at::Tensor(const at::Tensor&, const at::Tensor&, const Opt&, c10::string_view, const Opt&, bool,
+                         std::optional<int64_t>);
 
 Opt flat(const Opt& psw) {
   if (!psw.has_value()) return std::nullopt;
   return psw->reshape(-1).contiguous();
-}
-
-// Contiguous and aligned for the variant's loads (a copy only when needed).
-at::Tensor ready(const at::Tensor& t, int64_t alignment) {
-  at::Tensor c = t.contiguous();
-  if (reinterpret_cast<uintptr_t>(c.data_ptr()) % alignment) c = c.clone();
-  return c;
 }
 
 // (out, max_indices, bag_count); with `save` false the last two only where the kernel needs them.
@@ -514,20 +284,16 @@ ForwardOut forward_cuda(const at::Tensor& weight, const at::Tensor& indices, con
                         const Opt& psw, bool include_last_offset, std::optional<int64_t> padding_idx, bool save) {
   TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "embedding_bag: mode code must be 0, 1 or 2");
   const Normal a = normalize(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
-  const auto t = bound();
-  if (t->reference) {
-    auto r = forward_op(weight.to(cpu()), indices.to(cpu()), on_cpu(offsets), mode, on_cpu(psw), include_last_offset,
-                        padding_idx);
-    return {std::get<0>(r).to(weight.device()), std::get<1>(r).to(weight.device()), std::get<2>(r).to(weight.device())};
-  }
+  const auto t = op.bound();
+  if (t->reference) return OnCpu<ForwardSig>::call("tuner::embedding_bag_forward", weight.device(), weight, indices,
+                                                   offsets, mode, psw, include_last_offset, padding_idx);
   const int64_t bags = a.bags.count, dim = weight.size(1);
-  const Winner& w = choose(*t, weight, a.indices, bags, mode);
+  const auto& w = choose(*t, weight, a.indices, bags, mode);
   const at::Tensor wt = ready(weight, w.vt->vec * weight.element_size());
   at::Tensor out = at::empty({bags, dim}, weight.options());
   at::Tensor maxi = at::empty({mode == TUNER_EB_MAX ? bags : 0, dim}, weight.options().dtype(at::kLong));
   at::Tensor count = at::empty({save && mode == TUNER_EB_MEAN ? bags : 0}, weight.options().dtype(at::kFloat));
-  run_forward(w.vt, wt, a.indices, a.bags, mode, flat(psw), a.padding_idx, out, maxi, count,
-              check_mode.load(std::memory_order_relaxed));
+  run_forward(w.vt, wt, a.indices, a.bags, mode, flat(psw), a.padding_idx, out, maxi, count, op.check());
   return {out, maxi, count};
 }
 
@@ -550,14 +316,11 @@ BackwardOut embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor
                                         std::optional<int64_t> padding_idx, const at::Tensor& max_indices,
                                         const at::Tensor& bag_count, bool weight_grad, bool psw_grad) {
   const Normal a = normalize(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
-  const auto t = bound();
-  if (t->reference) {
-    auto r = backward_op(grad.to(cpu()), weight.to(cpu()), indices.to(cpu()), on_cpu(offsets), mode, on_cpu(psw),
-                         include_last_offset, padding_idx, max_indices.to(cpu()), bag_count.to(cpu()), weight_grad,
-                         psw_grad);
-    return {std::get<0>(r).to(weight.device()), std::get<1>(r).to(weight.device())};
-  }
-  const Winner& w = choose(*t, weight, a.indices, a.bags.count, mode);  // the forward's
+  const auto t = op.bound();
+  if (t->reference) return OnCpu<BackwardSig>::call("tuner::embedding_bag_backward", weight.device(), grad, weight,
+                                                    indices, offsets, mode, psw, include_last_offset, padding_idx,
+                                                    max_indices, bag_count, weight_grad, psw_grad);
+  const auto& w = choose(*t, weight, a.indices, a.bags.count, mode);  // the forward's
   const int64_t alignment = w.vt->vec * weight.element_size();
   const at::Tensor wt = ready(weight, alignment);
   const at::Tensor g = ready(grad.to(weight.scalar_type()), alignment);
@@ -579,7 +342,8 @@ class EmbeddingBag : public torch::autograd::Function<EmbeddingBag> {
                             const Opt& offsets, int64_t mode, const Opt& psw, bool include_last_offset,
                             std::optional<int64_t> padding_idx) {
     at::AutoDispatchBelowADInplaceOrView below;
-    auto [out, maxi, count] = forward_op(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
+    auto [out, maxi, count] = Call<ForwardSig>::call("tuner::embedding_bag_forward", weight, indices, offsets, mode, psw,
+                                                      include_last_offset, padding_idx);
     ctx->save_for_backward({weight, indices, offsets.value_or(at::Tensor()), psw.value_or(at::Tensor()), maxi, count});
     // needs_input_grad counts the tensor arguments given: weight, indices, offsets if any, psw.
     ctx->saved_data["psw_edge"] = int64_t(offsets.has_value() && offsets->defined() ? 3 : 2);
@@ -597,8 +361,8 @@ class EmbeddingBag : public torch::autograd::Function<EmbeddingBag> {
     if (grads[0].defined() && (weight_grad || psw_grad)) {
       const auto opt = [](const at::Tensor& t) { return t.defined() ? Opt(t) : std::nullopt; };
       const auto& pad = ctx->saved_data["padding_idx"];
-      std::tie(grad_weight, grad_psw) = backward_op(
-          grads[0].contiguous(), s[0], s[1], opt(s[2]), ctx->saved_data["mode"].toInt(), opt(s[3]),
+      std::tie(grad_weight, grad_psw) = Call<BackwardSig>::call(
+          "tuner::embedding_bag_backward", grads[0].contiguous(), s[0], s[1], opt(s[2]), ctx->saved_data["mode"].toInt(), opt(s[3]),
           ctx->saved_data["include_last_offset"].toBool(),
           pad.isNone() ? std::nullopt : std::optional<int64_t>(pad.toInt()), s[4], s[5], weight_grad, psw_grad);
       if (!weight_grad) grad_weight = at::Tensor();
@@ -608,23 +372,14 @@ class EmbeddingBag : public torch::autograd::Function<EmbeddingBag> {
   }
 };
 
-at::Tensor embedding_bag_op(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets,
-                            c10::string_view mode, const Opt& psw, bool include_last_offset,
-                            std::optional<int64_t> padding_idx) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("tuner::embedding_bag", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const Opt&, c10::string_view,
-                                         const Opt&, bool, std::optional<int64_t>)>();
-  return op.call(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
-}
-
 at::Tensor embedding_bag_autograd(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets,
                                   c10::string_view mode, const Opt& psw, bool include_last_offset,
                                   std::optional<int64_t> padding_idx) {
   const bool wants = weight.requires_grad() || (psw.has_value() && psw->requires_grad());
   if (!(at::GradMode::is_enabled() && wants)) {  // no graph: the plain forward, nothing saved
     at::AutoDispatchBelowADInplaceOrView below;
-    return embedding_bag_op(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
+    return Call<OpSig>::call("tuner::embedding_bag", weight, indices, offsets, mode, psw, include_last_offset,
+                             padding_idx);
   }
   return EmbeddingBag::apply(weight, indices, offsets, mode_code(mode), psw, include_last_offset, padding_idx);
 }
@@ -652,18 +407,14 @@ TORCH_LIBRARY_IMPL(tuner, Autograd, m) {
   m.impl("embedding_bag", &tuner_embedding_bag::embedding_bag_autograd);
 }
 
+TUNER_OP_CONTROL(tuner_embedding_bag, tuner_embedding_bag::op)
+
 TORCH_LIBRARY_FRAGMENT(tuner_embedding_bag, m) {
   m.def("forward(int variant, Tensor weight, Tensor indices, Tensor offsets, int mode, Tensor? per_sample_weights, "
         "int padding_idx, Tensor(a!) out, Tensor(b!) max_indices, Tensor(c!) bag_count, int check) -> ()");
   m.def("backward(int variant, Tensor grad, Tensor weight, Tensor indices, Tensor offsets, int mode, "
         "Tensor? per_sample_weights, int padding_idx, Tensor max_indices, Tensor bag_count, "
         "Tensor(a!) grad_weight, Tensor(b!) grad_per_sample_weights) -> ()");
-  m.def("take_errors() -> int", &tuner_embedding_bag::take_errors);
-  m.def("describe_errors(int bits) -> str", &tuner_embedding_bag::error_text);
-  m.def("stage(int variant, int dim, int bag_size, int mode, str tuned_for) -> ()", &tuner_embedding_bag::stage);
-  m.def("publish(bool reference) -> ()", &tuner_embedding_bag::publish);
-  m.def("set_check(int mode) -> ()", &tuner_embedding_bag::set_check);
-  m.def("set_error_module(str module) -> ()", &tuner_binding::set_error_module);
 }
 
 TORCH_LIBRARY_IMPL(tuner_embedding_bag, CUDA, m) {

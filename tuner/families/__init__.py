@@ -58,7 +58,7 @@ def get(name: str) -> ModuleType:
 def part(name: str, module: str) -> ModuleType:
     """A module of a family's package, imported on first use. What core asks of each:
     `cli` (options, spaces, problem, bench), `evaluate` (Evaluation, for the worker), `op`
-    (load_op, set_validate, check_errors), `bench` (its rows)."""
+    (OP, the op's tuner.runtime.OpSpec), `bench` (its rows)."""
     get(name)
     try:
         return importlib.import_module(f"{__name__}.{name}.{module}")

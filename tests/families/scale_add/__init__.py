@@ -19,6 +19,9 @@ TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = "scale_add.cu.j2"
 ENTRY = "tuner_scale_add_vtable"  # the variant's one C-linkage name: its table
 HEADERS = ("scale_add_abi.h",)
+BINDING = ("scale_add_op.cpp",)  # the op in C++ on the core's machinery (templates/common/tuner_op.h)
+BINDING_HEADERS: tuple[str, ...] = ()
+OPS_NAMESPACE = "tuner_scale_add"
 FAULTS: tuple[str, ...] = ()
 
 DIMS = (
@@ -45,6 +48,11 @@ def space_for(problem: dict) -> Space:
     return space(problem)
 
 
+def all_spaces() -> list[Space]:
+    """One space per dtype pair the op serves (an export binds a winner for each): one here."""
+    return [space()]
+
+
 def covering_set() -> list[Variant]:
     return covering([space()])
 
@@ -53,5 +61,4 @@ def render_context(variant: Variant) -> dict[str, Any]:
     return {**variant.as_dict(), "name": variant.name}
 
 
-def reference(x, y, alpha: float):
-    return (alpha * x.double() + y.double()).to(x.dtype)
+from .op import _cpu as reference  # noqa: E402,F401

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tuner.errors import SpaceError
-from tuner.space import Constraint, Dim, Space, covering
+from tuner.space import Constraint, Dim, Space, covering, dtype_name  # noqa: F401
 from tuner.variant import Variant
 
 FAMILY = "embedding_bag"
@@ -65,12 +65,6 @@ def _constraints(weight: str) -> tuple[Constraint, ...]:
     )
 
 
-_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
-            "bf16": "bfloat16", "long": "int64", "int": "int32", "i64": "int64", "i32": "int32"}
-
-
-def dtype_name(name: str) -> str:
-    return _ALIASES.get(name.lower(), name.lower())
 
 
 def space(weight: str = "float32", index: str = "int64") -> Space:

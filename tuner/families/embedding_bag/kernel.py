@@ -4,23 +4,11 @@ binding by its C table's address (templates/embedding_bag/embedding_bag_op.cpp).
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
-from tuner import binding, runtime
-from tuner.errors import BuildError, KernelInputError
-from tuner.families.embedding_bag import ENTRY
-from tuner.families.embedding_bag.op import OP
-
-MODE_CODES = {"sum": 0, "mean": 1, "max": 2}
-_CHECK = {False: 0, "deferred": 0, True: 1, "sync": 1, "async": 2}
-
-
-class _Vtable(ctypes.Structure):
-    # Mirrors TunerEmbeddingBagVtable in templates/embedding_bag/embedding_bag_abi.h.
-    _fields_ = [("abi", ctypes.c_int), ("name", ctypes.c_char_p), ("weight_dtype", ctypes.c_char_p),
-                ("index_dtype", ctypes.c_char_p), ("vec", ctypes.c_int), ("validates", ctypes.c_int),
-                ("sorted", ctypes.c_int), ("piece", ctypes.c_int), ("forward", ctypes.c_void_p),
-                ("backward", ctypes.c_void_p)]
+from tuner.errors import KernelInputError
+from tuner.families.embedding_bag.op import MODE_CODES
+from tuner.kernel import CHECK as _CHECK
+from tuner.kernel import Kernel
 
 
 def flat(indices, offsets=None, include_last_offset: bool = False):
@@ -36,24 +24,15 @@ def flat(indices, offsets=None, include_last_offset: bool = False):
     return indices.contiguous(), offsets.to(indices.dtype).contiguous()
 
 
-class EmbeddingBagKernel:
+class EmbeddingBagKernel(Kernel):
     """Forward and backward of one compiled variant on the current CUDA stream. With check
     "deferred" (the search's), errors the variant's validation finds stay in the binding's
     error word until `take_errors()`; with "sync" the call raises KernelInputError."""
 
-    def __init__(self, so: Path, expected_name: str | None = None, entry: str | None = None):
-        self.path = Path(so)
-        self._lib = ctypes.CDLL(str(self.path))  # kept alive: the table points into it
-        try:  # entry: the table's name in a unit of several
-            self.address = runtime.table(self._lib, entry or ENTRY, OP.abi, expected_name)
-        except RuntimeError as exc:
-            raise BuildError(expected_name or str(so), str(exc)) from exc
-        table = _Vtable.from_address(self.address)
-        self.name = table.name.decode()
-        self.vec = table.vec
-        self.validates = bool(table.validates)
-        self.sorted = bool(table.sorted)
-        self.ops = binding.load("embedding_bag")
+    family = "embedding_bag"
+    fields = [("weight_dtype", ctypes.c_char_p), ("index_dtype", ctypes.c_char_p), ("vec", ctypes.c_int),
+              ("validates", ctypes.c_int), ("sorted", ctypes.c_int), ("piece", ctypes.c_int),
+              ("forward", ctypes.c_void_p), ("backward", ctypes.c_void_p)]
 
     def forward(self, weight, indices, offsets=None, mode: str = "mean", per_sample_weights=None,
                 include_last_offset: bool = False, padding_idx: int | None = None, *, out=None,
@@ -118,5 +97,3 @@ class EmbeddingBagKernel:
         call()
         return grad_weight, grad_psw
 
-    def take_errors(self) -> int:
-        return int(self.ops.take_errors())

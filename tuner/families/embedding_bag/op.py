@@ -24,11 +24,6 @@ NAMESPACE = "tuner_embedding_bag"  # the binding's own ops: stage, publish, set_
 MODE_CODES = {m: i for i, m in enumerate(MODES)}
 
 
-def _stage(ops, address: int, winner: dict) -> None:
-    problem = winner["problem"]
-    ops.stage(address, problem["dim"], problem["bag_size"], MODE_CODES[problem["mode"]], winner.get("tuned_for", ""))
-
-
 def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float = 2.0,
                   scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
                   per_sample_weights=None, include_last_offset: bool = False, padding_idx=None):
@@ -169,7 +164,8 @@ def _backward_fake(grad, weight, indices, offsets, mode, psw, include_last_offse
 
 
 OP = runtime.OpSpec(
-    family="embedding_bag", op="embedding_bag", namespace=NAMESPACE, abi=3, stage=_stage,
+    family="embedding_bag", op="embedding_bag", namespace=NAMESPACE, abi=3,
+    shape=lambda problem: ([problem["dim"], problem["bag_size"]], MODE_CODES[problem["mode"]]),
     impls={"embedding_bag": (_op_cpu, _op_fake),
            "embedding_bag_forward": (_forward_cpu, _forward_fake),
            "embedding_bag_backward": (_backward_cpu, _backward_fake)},

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tuner.space import Constraint, Dim, Space, covering
+from tuner.space import Constraint, Dim, Space, covering, dtype_name  # noqa: F401
 from tuner.variant import Variant
 
 FAMILY = "giou"
@@ -53,13 +53,6 @@ CONSTRAINTS = (
 )
 
 _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "uint8": "uint8_t"}
-_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
-            "f16": "float16", "bf16": "bfloat16", "u8": "uint8"}
-
-
-def dtype_name(name: str) -> str:
-    """Canonical dtype name ('bf16' -> 'bfloat16')."""
-    return _ALIASES.get(name.lower(), name.lower())
 
 
 # Faults a test can plant in a variant, to check that a search survives them.

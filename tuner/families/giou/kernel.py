@@ -3,31 +3,14 @@
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
-from tuner import binding, runtime
-from tuner.errors import BuildError, KernelInputError
-from tuner.families.giou import DEFAULT_EPS, ENTRY, REDUCTIONS
-from tuner.families.giou.op import OP
-
-
-class _Vtable(ctypes.Structure):
-    # Mirrors TunerGiouVtable in templates/giou/giou_abi.h.
-    _fields_ = [
-        ("abi", ctypes.c_int),
-        ("name", ctypes.c_char_p),
-        ("pred_dtype", ctypes.c_char_p),
-        ("target_dtype", ctypes.c_char_p),
-        ("alignment", ctypes.c_int),
-        ("saves_grad", ctypes.c_int),
-        ("validates", ctypes.c_int),
-        ("forward", ctypes.c_void_p),
-        ("backward", ctypes.c_void_p),
-        ("workspace_words", ctypes.c_void_p),
-    ]
+from tuner.errors import KernelInputError
+from tuner.families.giou import DEFAULT_EPS, REDUCTIONS
+from tuner.kernel import CHECK as _CHECK
+from tuner.kernel import Kernel
 
 
-class GiouKernel:
+class GiouKernel(Kernel):
     """Forward and backward of one compiled variant.
 
     Bad input (validation's error bits) is reported by `check`:
@@ -37,19 +20,10 @@ class GiouKernel:
       "deferred" (or False)  leave it in the workspace until `take_errors()`.
     """
 
-    def __init__(self, so: Path, expected_name: str | None = None, entry: str | None = None):
-        self.path = Path(so)
-        self._lib = ctypes.CDLL(str(self.path))  # kept alive: the table points into it
-        try:  # entry: the table's name in a unit of several
-            self.address = runtime.table(self._lib, entry or ENTRY, OP.abi, expected_name)
-        except RuntimeError as exc:
-            raise BuildError(expected_name or str(so), str(exc)) from exc
-        table = _Vtable.from_address(self.address)
-        self.name = table.name.decode()
-        self.alignment = table.alignment
-        self.saves_grad = bool(table.saves_grad)
-        self.validates = bool(table.validates)
-        self.ops = binding.load("giou")
+    family = "giou"
+    fields = [("pred_dtype", ctypes.c_char_p), ("target_dtype", ctypes.c_char_p), ("alignment", ctypes.c_int),
+              ("saves_grad", ctypes.c_int), ("validates", ctypes.c_int), ("forward", ctypes.c_void_p),
+              ("backward", ctypes.c_void_p), ("workspace_words", ctypes.c_void_p)]
 
     def _ready(self, t):
         """Contiguous and aligned for this variant's loads (a copy only when needed)."""
@@ -96,11 +70,6 @@ class GiouKernel:
                           _reduction_code(reduction), eps, grad_pred)
         return grad_pred
 
-    def take_errors(self) -> int:
-        return int(self.ops.take_errors())
-
-
-_CHECK = {False: 0, "deferred": 0, True: 1, "sync": 1, "async": 2}
 
 
 def _reduction_code(reduction: str) -> int:

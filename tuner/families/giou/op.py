@@ -25,11 +25,6 @@ from .spec import C10_NAMES, DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES
 NAMESPACE = "tuner_giou"  # the binding's own ops: stage, publish, set_check, take_errors, ...
 
 
-def _stage(ops, address: int, winner: dict) -> None:
-    problem = winner["problem"]
-    ops.stage(address, problem["batch"], problem["slots"], winner.get("tuned_for", ""))
-
-
 # ----------------------------------------------- CPU and fake
 
 def _check_inputs(pred, target, num_boxes) -> None:
@@ -120,7 +115,8 @@ def _loss_fake(pred, target, num_boxes=None, reduction="mean", eps=DEFAULT_EPS):
 
 
 OP = runtime.OpSpec(
-    family="giou", op="giou_loss", namespace=NAMESPACE, abi=2, stage=_stage,
+    family="giou", op="giou_loss", namespace=NAMESPACE, abi=2,
+    shape=lambda problem: ([problem["batch"], problem["slots"]], 0),
     impls={"giou_loss": (_loss_cpu, _loss_fake),
            "giou_loss_forward": (_forward_cpu, _forward_fake),
            "giou_loss_backward": (_backward_cpu, lambda grad, pred, *rest: pred.new_empty(pred.shape))})

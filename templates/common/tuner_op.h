@@ -1,0 +1,407 @@
+// What every family's op needs besides its schema, its input checks and its autograd, once:
+// the winners bound at load (one list per dtype pair, the nearest tuned shape per call), the
+// per-stream error workspace, the three validate modes, calls served by the CPU reference,
+// and the binding's control ops (stage, publish, set_check, take_errors, ...). A family's op
+// source holds one `tuner_op::Op<ItsVtable>` and names it in TUNER_OP_CONTROL. Header-only;
+// tuner/binding.py puts this folder on each binding's include path.
+#pragma once
+#include "tuner_binding.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace tuner_op {
+
+using tuner_binding::capturing;
+using tuner_binding::raise_input_error;
+using tuner_binding::RelaxedCapture;
+using tuner_binding::text;
+using tuner_binding::warn;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// How bad input that a variant's validation finds reaches the host (tuner.runtime.VALIDATE).
+enum Check : int64_t {
+  CHECK_DEFERRED = 0,  // left in the workspace until take_errors()
+  CHECK_SYNC = 1,      // read after the launch (a stream sync; only when the variant validates)
+  CHECK_ASYNC = 2,     // raised by a later call once the kernel's flag has landed (no sync, no copy)
+};
+
+// torch's spelling of a dtype in messages ("torch.float32"), as the Python API prints it.
+inline std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return "torch.float64";
+    case at::kFloat: return "torch.float32";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kByte: return "torch.uint8";
+    case at::kChar: return "torch.int8";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kBool: return "torch.bool";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + c10::toString(t);
+  }
+}
+
+// A dtype's position in a family's list of supported dtypes, by type or by c10 name
+// ("BFloat16", as a variant's table names its dtypes); -1 when it is not in the list.
+inline int index_of(at::ScalarType t, std::initializer_list<at::ScalarType> dtypes) {
+  int i = 0;
+  for (auto d : dtypes) {
+    if (d == t) return i;
+    ++i;
+  }
+  return -1;
+}
+inline int index_of(const char* name, std::initializer_list<at::ScalarType> dtypes) {
+  int i = 0;
+  for (auto d : dtypes) {
+    if (std::strcmp(c10::toString(d), name) == 0) return i;
+    ++i;
+  }
+  return -1;
+}
+
+// Contiguous and aligned for a variant's vector loads (a copy only when needed).
+inline at::Tensor ready(const at::Tensor& t, int64_t alignment) {
+  at::Tensor c = t.contiguous();
+  if (alignment > 1 && reinterpret_cast<uintptr_t>(c.data_ptr()) % alignment) c = c.clone();
+  return c;
+}
+
+// ------------------------------------------------------------------ error workspace
+
+// One per (device, stream): `words` 32-bit device words that start zeroed (a family's kernels
+// may use them as scratch, leaving them zeroed) holding the sticky error word, and `flags`,
+// host memory the GPU writes (one byte per error bit), so that an async check is a plain load.
+// The memory comes from cudaMalloc / cudaHostAlloc, not torch's allocator: a workspace first
+// used while a CUDA graph is captured (torch.compile's cudagraph trees) must not live in the
+// graph's pool, and it outlives every graph that captured it (outgrown words stay allocated).
+struct Workspace {
+  unsigned* words = nullptr;
+  int64_t capacity = 0;
+  unsigned char* flags = nullptr;         // host pointer
+  unsigned char* flags_device = nullptr;  // the same memory as the kernel sees it
+  cudaStream_t stream = nullptr;
+  int device = 0;
+};
+
+class Workspaces {
+ public:
+  Workspaces(int error_word, int error_bits) : error_word_(error_word), error_bits_(error_bits) {}
+
+  Workspace& get(int device, cudaStream_t stream, int64_t words) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Workspace& ws = map_[std::make_pair(device, stream)];
+    if (ws.capacity >= words && ws.words != nullptr) return ws;
+    const int64_t capacity = std::max<int64_t>(words, 64);
+    RelaxedCapture relaxed;
+    void* fresh = nullptr;
+    C10_CUDA_CHECK(cudaMalloc(&fresh, capacity * sizeof(unsigned)));
+    // Zeroed on a private stream of the device, so that nothing lands in a graph being captured.
+    cudaStream_t& zeroing = zeroing_[device];
+    if (zeroing == nullptr) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking));
+    C10_CUDA_CHECK(cudaMemsetAsync(fresh, 0, capacity * sizeof(unsigned), zeroing));
+    C10_CUDA_CHECK(cudaStreamSynchronize(zeroing));
+    if (ws.flags == nullptr) {
+      void* host = nullptr;
+      C10_CUDA_CHECK(cudaHostAlloc(&host, 8, cudaHostAllocMapped | cudaHostAllocPortable));
+      std::memset(host, 0, 8);
+      void* dev = nullptr;
+      C10_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+      ws.flags = static_cast<unsigned char*>(host);
+      ws.flags_device = static_cast<unsigned char*>(dev);
+      ws.stream = stream;
+      ws.device = device;
+    }
+    ws.words = static_cast<unsigned*>(fresh);
+    ws.capacity = capacity;
+    return ws;
+  }
+
+  // Error bits whose flags have landed, cleared (never waits). Clearing the device's sticky
+  // word too lets a later launch report the same bit again.
+  int64_t take_landed(Workspace& ws) {
+    int64_t bits = 0;
+    for (int i = 0; i < error_bits_; ++i) {
+      if (__atomic_load_n(ws.flags + i, __ATOMIC_ACQUIRE)) {
+        bits |= int64_t(1) << i;
+        __atomic_store_n(ws.flags + i, 0, __ATOMIC_RELEASE);
+      }
+    }
+    if (bits) C10_CUDA_CHECK(cudaMemsetAsync(ws.words + error_word_, 0, sizeof(unsigned), ws.stream));
+    return bits;
+  }
+
+  // Waits for every device with a workspace, then reads and clears all error flags; their OR.
+  int64_t take_all() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int64_t bits = 0;
+    int synced = -1;
+    for (auto& entry : map_) {
+      Workspace& ws = entry.second;
+      if (ws.flags == nullptr) continue;
+      if (ws.device != synced) {
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(ws.device));
+        C10_CUDA_CHECK(cudaDeviceSynchronize());
+        synced = ws.device;
+      }
+      bits |= take_landed(ws);
+    }
+    return bits;
+  }
+
+ private:
+  int error_word_, error_bits_;
+  std::mutex mutex_;
+  std::map<std::pair<int, cudaStream_t>, Workspace> map_;
+  std::map<int, cudaStream_t> zeroing_;
+};
+
+// ------------------------------------------------------------------ the op's state
+
+// A winner bound at load: the variant's table, the problem it was tuned for (sizes compared
+// in log distance, and a kind, e.g. a mode, that a call prefers to match), and, when it was
+// tuned for another dtype pair, which (the call warns once).
+template <class Vtable>
+struct Winner {
+  std::vector<int64_t> shape;
+  int64_t kind;
+  const Vtable* vt;
+  std::string tuned_for;
+};
+
+template <class Vtable>
+struct Pair {
+  std::vector<Winner<Vtable>> winners;
+  std::shared_ptr<std::atomic<bool>> warned = std::make_shared<std::atomic<bool>>(false);
+};
+
+template <class Vtable>
+struct Table {
+  std::vector<Pair<Vtable>> pairs;
+  bool reference = false;  // CUDA calls served by the CPU reference (an export for another arch)
+};
+
+// One family's op: `name` for messages, `pairs` dtype pairs (a variant's table says which it
+// is for, through `pair_of`), `describe` turns error bits into words; error bits live in
+// workspace word `error_word`.
+template <class Vtable>
+class Op {
+ public:
+  using PairOf = int (*)(const Vtable*);
+  using Describe = std::string (*)(int64_t);
+
+  Op(const char* name, int abi, int pairs, PairOf pair_of, Describe describe, int error_word = 0, int error_bits = 8)
+      : name(name), workspaces(error_word, error_bits), abi_(abi), pairs_(pairs), pair_of_(pair_of),
+        describe_(describe) {
+    staging_.pairs.resize(pairs);
+  }
+
+  const std::string name;
+  Workspaces workspaces;
+
+  // A variant's C table from its address, checked: every family's table starts with
+  // `int abi; const char* name;`.
+  const Vtable* table(int64_t address) const {
+    auto* t = reinterpret_cast<const Vtable*>(address);
+    TORCH_CHECK(t != nullptr, name, ": null variant table");
+    TORCH_CHECK(t->abi == abi_, name, ": variant ", t->name, " has ABI ", text(t->abi), " but this binding speaks ABI ",
+                text(abi_), "; rebuild the variant");
+    return t;
+  }
+
+  std::string describe(int64_t bits) const { return describe_ ? describe_(bits) : "error bits " + text(bits); }
+
+  // ---------------------------------------------------------------- binding winners
+
+  void stage(int64_t address, std::vector<int64_t> shape, int64_t kind, std::string tuned_for) {
+    const Vtable* vt = table(address);
+    const int pair = pair_of_(vt);
+    TORCH_CHECK(pair >= 0 && pair < pairs_, name, ": variant ", vt->name, " has unknown dtypes");
+    for (int64_t s : shape) TORCH_CHECK(s > 0, name, ": a tuned shape must be positive");
+    std::lock_guard<std::mutex> lock(mutex_);
+    staging_.pairs[pair].winners.push_back(Winner<Vtable>{std::move(shape), kind, vt, std::move(tuned_for)});
+  }
+
+  // Makes the staged winners the live table (calls in flight keep the one they took).
+  void publish(bool reference) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    staging_.reference = reference;
+    std::atomic_store(&live_, std::shared_ptr<const Table<Vtable>>(std::make_shared<Table<Vtable>>(std::move(staging_))));
+    staging_ = Table<Vtable>();
+    staging_.pairs.resize(pairs_);
+  }
+
+  std::shared_ptr<const Table<Vtable>> bound() const {
+    auto t = std::atomic_load(&live_);
+    TORCH_CHECK(t != nullptr, name, ": no export is loaded; call tuner.load(...) first");
+    return t;
+  }
+
+  std::shared_ptr<const Table<Vtable>> bound_or_null() const { return std::atomic_load(&live_); }
+
+  void set_check(int64_t mode) {
+    TORCH_CHECK(mode >= CHECK_DEFERRED && mode <= CHECK_ASYNC, name, ": check mode must be 0, 1 or 2");
+    check_.store(mode);
+  }
+  int64_t check() const { return check_.load(std::memory_order_relaxed); }
+
+  // Nearest tuned problem: log distance over the shape, 10 more for another kind; the first
+  // of equals wins. -1 when the pair has no winner.
+  int64_t nearest(const Table<Vtable>& t, int pair, const std::vector<int64_t>& shape, int64_t kind) const {
+    if (pair < 0 || pair >= pairs_) return -1;
+    const auto& winners = t.pairs[pair].winners;
+    int64_t best = -1;
+    double best_d = 0;
+    for (size_t i = 0; i < winners.size(); ++i) {
+      const auto& w = winners[i];
+      double d = w.kind == kind ? 0.0 : 10.0;
+      for (size_t k = 0; k < shape.size() && k < w.shape.size(); ++k)
+        d += std::fabs(std::log(std::max<double>(shape[k], 1) / std::max<double>(w.shape[k], 1)));
+      if (best < 0 || d < best_d) best = static_cast<int64_t>(i), best_d = d;
+    }
+    return best;
+  }
+
+  // The winner a call runs; `what` names the call's dtypes ("x torch.float16 and weight ...").
+  const Winner<Vtable>& choose(const Table<Vtable>& t, int pair, const std::vector<int64_t>& shape, int64_t kind,
+                               const std::string& what) const {
+    const int64_t i = nearest(t, pair, shape, kind);
+    TORCH_CHECK(i >= 0, name, ": the loaded export has no variant for ", what);
+    const auto& p = t.pairs[pair];
+    const auto& best = p.winners[i];
+    if (!best.tuned_for.empty() && !p.warned->exchange(true)) {
+      warn(name + ": no variant was tuned for " + what + "; using the parameters tuned for " + best.tuned_for);
+    }
+    return best;
+  }
+
+  // ---------------------------------------------------------------- launching
+
+  // Runs `launch` (returns a cudaError_t as int) on `stream` with the validate mode's checks:
+  // an async check raises what an earlier call flagged, a sync check waits and raises what this
+  // one did. Under graph capture nothing may sync or be enqueued besides the launch: reports then
+  // wait for a later eager call on this stream or for take_errors().
+  template <class Launch>
+  void launch(const Vtable* vt, bool validates, int64_t check, Workspace& ws, cudaStream_t stream, Launch&& launch,
+              const char* what = "") {
+    const bool checks = validates && check != CHECK_DEFERRED && !capturing(stream);
+    if (checks && check == CHECK_ASYNC) {
+      const int64_t earlier = workspaces.take_landed(ws);
+      if (earlier) raise_input_error(name + ": invalid input in an earlier call: " + describe(earlier));
+    }
+    const int rc = launch();
+    TORCH_CHECK(rc == 0, name, ": variant ", vt->name, what, " failed to launch: ",
+                cudaGetErrorString(static_cast<cudaError_t>(rc)));
+    if (checks && check == CHECK_SYNC) {
+      C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const int64_t bits = workspaces.take_landed(ws);
+      if (bits) raise_input_error(name + ": invalid input: " + describe(bits));
+    }
+  }
+
+  // The same for a call with nothing to validate.
+  template <class Launch>
+  void launch(const Vtable* vt, Launch&& launch, const char* what = "") const {
+    const int rc = launch();
+    TORCH_CHECK(rc == 0, name, ": variant ", vt->name, what, " failed to launch: ",
+                cudaGetErrorString(static_cast<cudaError_t>(rc)));
+  }
+
+  int64_t take_errors() { return workspaces.take_all(); }
+
+ private:
+  int abi_, pairs_;
+  PairOf pair_of_;
+  Describe describe_;
+  std::mutex mutex_;
+  Table<Vtable> staging_;
+  std::shared_ptr<const Table<Vtable>> live_;  // read with std::atomic_load: never half-bound
+  std::atomic<int64_t> check_{CHECK_ASYNC};
+};
+
+// ------------------------------------------------------------------ calling ops
+
+// An op of the dispatcher by name ("tuner::rms_norm_forward") with its C++ signature, looked
+// up once. Kept by name, not by signature alone: ops of one signature are many, and every
+// binding loaded in a process shares these template statics.
+template <class Sig>
+const c10::TypedOperatorHandle<Sig>& handle(const char* op) {
+  static std::mutex mutex;
+  static std::map<std::string, c10::TypedOperatorHandle<Sig>> handles;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = handles.find(op);
+  if (it == handles.end())
+    it = handles.emplace(op, c10::Dispatcher::singleton().findSchemaOrThrow(op, "").typed<Sig>()).first;
+  return it->second;
+}
+
+// How an Autograd kernel calls the forward and backward ops below it.
+template <class Sig>
+struct Call;
+template <class Ret, class... Args>
+struct Call<Ret(Args...)> {
+  static Ret call(const char* op, Args... args) { return handle<Ret(Args...)>(op).call(std::forward<Args>(args)...); }
+};
+
+inline at::Tensor to_cpu(const at::Tensor& t) { return t.defined() ? t.to(c10::Device(c10::kCPU)) : t; }
+inline std::optional<at::Tensor> to_cpu(const std::optional<at::Tensor>& t) {
+  if (!t.has_value()) return std::nullopt;
+  return to_cpu(*t);
+}
+template <class T>
+T to_cpu(const T& value) {
+  return value;
+}
+inline at::Tensor back(const at::Tensor& t, c10::Device d) { return t.defined() ? t.to(d) : t; }
+template <class... T>
+std::tuple<T...> back(const std::tuple<T...>& t, c10::Device d) {
+  return std::apply([&](const auto&... x) { return std::tuple<T...>(back(x, d)...); }, t);
+}
+
+// A CUDA call served by the op's CPU implementation (the float64 reference): arguments moved
+// to the CPU, results back to `device`. What an export for another GPU architecture runs
+// with tuner.load(fallback="reference").
+template <class Sig>
+struct OnCpu;
+template <class Ret, class... Args>
+struct OnCpu<Ret(Args...)> {
+  static Ret call(const char* op, c10::Device device, Args... args) {
+    return back(handle<Ret(Args...)>(op).call(to_cpu(args)...), device);
+  }
+};
+
+}  // namespace tuner_op
+
+// The binding's control ops in namespace `ns` for the tuner_op::Op object `op` (what
+// tuner.runtime calls): stage a winner (its table's address, tuned shape, kind, the dtype pair
+// it was tuned for when not its own), publish the staged ones, the validate mode, errors.
+#define TUNER_OP_CONTROL(ns, op)                                                                             \
+  TORCH_LIBRARY_FRAGMENT(ns, m) {                                                                           \
+    m.def("stage(int variant, int[] shape, int kind, str tuned_for) -> ()",                                 \
+          [](int64_t v, c10::IntArrayRef s, int64_t k, std::string t) { op.stage(v, s.vec(), k, std::move(t)); });      \
+    m.def("publish(bool reference) -> ()", [](bool r) { op.publish(r); });                                   \
+    m.def("set_check(int mode) -> ()", [](int64_t mode) { op.set_check(mode); });                            \
+    m.def("take_errors() -> int", []() { return op.take_errors(); });                                        \
+    m.def("describe_errors(int bits) -> str", [](int64_t bits) { return op.describe(bits); });               \
+    m.def("set_error_module(str module) -> ()", &tuner_binding::set_error_module);                           \
+  }
