@@ -1,0 +1,204 @@
+// tuner::rms_norm, the user's op (schema, checks, autograd), and the search's calls of any
+// variant by its table's address; the winners' table, validate modes and control ops come
+// from templates/common/tuner_op.h.
+#include "rms_norm_abi.h"
+#include "tuner_op.h"
+
+namespace tuner_rms_norm {
+namespace {
+
+using namespace tuner_op;
+constexpr std::initializer_list<at::ScalarType> kDtypes = {at::kFloat, at::kHalf, at::kBFloat16};
+
+int pair_of(const TunerRmsNormVtable* vt) {
+  const int x = index_of(vt->x_dtype, kDtypes), w = index_of(vt->weight_dtype, kDtypes);
+  return x < 0 || w < 0 ? -1 : x * 3 + w;
+}
+
+Op<TunerRmsNormVtable> op("rms_norm", TUNER_RMS_NORM_ABI, 9, pair_of, nullptr);
+
+int64_t rows_of_shape(const at::Tensor& x) {
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) rows *= x.size(i);
+  return rows;
+}
+
+void check_inputs(const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, "rms_norm: x must have at least one dimension");
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == x.size(-1), "rms_norm: weight must have shape [",
+                    text(x.size(-1)), "] (x's last dimension), got ", text(weight.sizes()));
+  TORCH_CHECK_TYPE(index_of(x.scalar_type(), kDtypes) >= 0, "rms_norm: x must be float32, float16 or bfloat16, got ",
+                   dtype_name(x.scalar_type()));
+  TORCH_CHECK_TYPE(index_of(weight.scalar_type(), kDtypes) >= 0,
+                   "rms_norm: weight must be float32, float16 or bfloat16, got ", dtype_name(weight.scalar_type()));
+  TORCH_CHECK_VALUE(weight.device() == x.device(), "rms_norm: x is on ", x.device(), " but weight is on ",
+                    weight.device());
+}
+
+void check_call(const TunerRmsNormVtable* vt, const at::Tensor& x, const at::Tensor& weight) {
+  check_inputs(x, weight);
+  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && weight.is_contiguous(), "rms_norm: contiguous CUDA tensors needed");
+  TORCH_CHECK(pair_of(vt) == index_of(x.scalar_type(), kDtypes) * 3 + index_of(weight.scalar_type(), kDtypes),
+              "rms_norm: variant ", vt->name, " takes x ", vt->x_dtype, " and weight ", vt->weight_dtype);
+}
+
+void check_like(const char* what, const at::Tensor& t, const at::Tensor& like, at::ScalarType dtype) {
+  TORCH_CHECK(t.numel() == like.numel() && t.scalar_type() == dtype && t.is_contiguous() && t.device() == like.device(),
+              "rms_norm: ", what, " must be a contiguous ", dtype_name(dtype), " tensor of ", text(like.numel()),
+              " elements on ", like.device());
+}
+
+void run_forward(const TunerRmsNormVtable* vt, const at::Tensor& x, const at::Tensor& weight, double eps,
+                 const at::Tensor& y, const at::Tensor& rstd) {
+  check_call(vt, x, weight);
+  check_like("y", y, x, x.scalar_type());
+  TORCH_CHECK(rstd.numel() == rows_of_shape(x) && rstd.scalar_type() == at::kFloat, "rms_norm: rstd must be [rows] float32");
+  c10::cuda::CUDAGuard guard(x.device());
+  const TunerRmsNormArgs a{x.data_ptr(), weight.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), rows_of_shape(x),
+                           x.size(-1), static_cast<float>(eps)};
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  op.launch(vt, [&] { return vt->forward(&a, stream); });
+}
+
+void run_backward(const TunerRmsNormVtable* vt, const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                  const at::Tensor& rstd, double eps, const at::Tensor& grad_x, const at::Tensor& grad_weight,
+                  const at::Tensor& scratch) {
+  check_call(vt, x, weight);
+  check_like("grad", grad, x, x.scalar_type());
+  if (grad_x.numel()) check_like("grad_x", grad_x, x, x.scalar_type());
+  if (grad_weight.numel()) check_like("grad_weight", grad_weight, weight, weight.scalar_type());
+  const int64_t rows = rows_of_shape(x), width = x.size(-1);
+  TORCH_CHECK(!vt->saves_rstd || rstd.numel() == rows, "rms_norm: variant ", vt->name, " needs the forward's rstd");
+  TORCH_CHECK(scratch.scalar_type() == at::kFloat && scratch.numel() >= vt->scratch_floats(rows, width),
+              "rms_norm: scratch too small");
+  c10::cuda::CUDAGuard guard(x.device());
+  const TunerRmsNormBackwardArgs a{grad.data_ptr(), x.data_ptr(), weight.data_ptr(),
+                                   vt->saves_rstd ? rstd.data_ptr<float>() : nullptr,
+                                   grad_x.numel() ? grad_x.data_ptr() : nullptr,
+                                   grad_weight.numel() ? grad_weight.data_ptr() : nullptr,
+                                   scratch.data_ptr<float>(), rows, width, static_cast<float>(eps)};
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  op.launch(vt, [&] { return vt->backward(&a, stream); }, " backward");
+}
+
+// ------------------------------------------------------------------ the op
+
+using Pair2 = std::tuple<at::Tensor, at::Tensor>;
+
+const Winner<TunerRmsNormVtable>& choose(const at::Tensor& x, const at::Tensor& weight) {
+  const auto t = op.bound();
+  const int pair = index_of(x.scalar_type(), kDtypes) * 3 + index_of(weight.scalar_type(), kDtypes);
+  return op.choose(*t, pair, {rows_of_shape(x), x.size(-1)}, 0,
+                   "x " + dtype_name(x.scalar_type()) + " and weight " + dtype_name(weight.scalar_type()));
+}
+
+Pair2 forward_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_inputs(x, weight);
+  if (op.bound()->reference) return OnCpu<Pair2(const at::Tensor&, const at::Tensor&, double)>::call(
+      "tuner::rms_norm_forward", x.device(), x, weight, eps);
+  const auto& w = choose(x, weight);
+  const at::Tensor xc = ready(x, 16), wc = ready(weight, 16);
+  at::Tensor y = at::empty_like(xc), rstd = at::empty({rows_of_shape(x)}, x.options().dtype(at::kFloat));
+  run_forward(w.vt, xc, wc, eps, y, rstd);
+  return {y, rstd};
+}
+
+at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return std::get<0>(forward_cuda(x, weight, eps));
+}
+
+Pair2 backward_cuda(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& rstd,
+                    double eps, bool x_grad, bool weight_grad) {
+  check_inputs(x, weight);
+  if (op.bound()->reference)
+    return OnCpu<Pair2(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool, bool)>::
+        call("tuner::rms_norm_backward", x.device(), grad, x, weight, rstd, eps, x_grad, weight_grad);
+  const auto& w = choose(x, weight);
+  const at::Tensor xc = ready(x, 16), wc = ready(weight, 16), g = ready(grad.to(x.scalar_type()), 16);
+  at::Tensor gx = x_grad ? at::empty_like(xc) : at::empty({0}, x.options());
+  at::Tensor gw = weight_grad ? at::empty_like(wc) : at::empty({0}, weight.options());
+  at::Tensor scratch = at::empty({weight_grad ? w.vt->scratch_floats(rows_of_shape(x), x.size(-1)) : 1},
+                                 x.options().dtype(at::kFloat));
+  if (x_grad || weight_grad) run_backward(w.vt, g, xc, wc, rstd.contiguous(), eps, gx, gw, scratch);
+  return {gx, gw};
+}
+
+class RmsNorm : public torch::autograd::Function<RmsNorm> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, rstd] = Call<Pair2(const at::Tensor&, const at::Tensor&, double)>::call("tuner::rms_norm_forward", x,
+                                                                                    weight, eps);
+    ctx->save_for_backward({x, weight, rstd});
+    ctx->saved_data["eps"] = eps;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const bool gx = ctx->needs_input_grad(0), gw = ctx->needs_input_grad(1);
+    at::Tensor dx, dw;
+    if (grads[0].defined() && (gx || gw)) {
+      std::tie(dx, dw) = Call<Pair2(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                    bool, bool)>::call("tuner::rms_norm_backward", grads[0], s[0], s[1], s[2],
+                                                       ctx->saved_data["eps"].toDouble(), gx, gw);
+    }
+    return {gx ? dx : at::Tensor(), gw ? dw : at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor rms_norm_autograd(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (!(at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return Call<at::Tensor(const at::Tensor&, const at::Tensor&, double)>::call("tuner::rms_norm", x, weight, eps);
+  }
+  return RmsNorm::apply(x, weight, eps);
+}
+
+// The search's calls: one variant by its table's address, outputs given by the caller.
+void forward_by_address(int64_t variant, const at::Tensor& x, const at::Tensor& weight, double eps,
+                        const at::Tensor& y, const at::Tensor& rstd) {
+  run_forward(op.table(variant), x, weight, eps, y, rstd);
+}
+
+void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                         const at::Tensor& rstd, double eps, const at::Tensor& grad_x, const at::Tensor& grad_weight,
+                         const at::Tensor& scratch) {
+  run_backward(op.table(variant), grad, x, weight, rstd, eps, grad_x, grad_weight, scratch);
+}
+
+int64_t scratch_floats(int64_t variant, int64_t rows, int64_t width) {
+  return op.table(variant)->scratch_floats(rows, width);
+}
+
+}  // namespace
+}  // namespace tuner_rms_norm
+
+TORCH_LIBRARY_FRAGMENT(tuner, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor");
+  m.def("rms_norm_forward(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rms_norm_backward(Tensor grad, Tensor x, Tensor weight, Tensor rstd, float eps, bool x_grad, "
+        "bool weight_grad) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(tuner, CUDA, m) {
+  m.impl("rms_norm", &tuner_rms_norm::rms_norm_cuda);
+  m.impl("rms_norm_forward", &tuner_rms_norm::forward_cuda);
+  m.impl("rms_norm_backward", &tuner_rms_norm::backward_cuda);
+}
+
+TORCH_LIBRARY_IMPL(tuner, Autograd, m) { m.impl("rms_norm", &tuner_rms_norm::rms_norm_autograd); }
+
+TUNER_OP_CONTROL(tuner_rms_norm, tuner_rms_norm::op)
+
+TORCH_LIBRARY_FRAGMENT(tuner_rms_norm, m) {
+  m.def("forward(int variant, Tensor x, Tensor weight, float eps, Tensor(a!) y, Tensor(b!) rstd) -> ()");
+  m.def("backward(int variant, Tensor grad, Tensor x, Tensor weight, Tensor rstd, float eps, Tensor(a!) grad_x, "
+        "Tensor(b!) grad_weight, Tensor(c!) scratch) -> ()");
+  m.def("scratch_floats(int variant, int rows, int width) -> int", &tuner_rms_norm::scratch_floats);
+}
+
+TORCH_LIBRARY_IMPL(tuner_rms_norm, CUDA, m) {
+  m.impl("forward", &tuner_rms_norm::forward_by_address);
+  m.impl("backward", &tuner_rms_norm::backward_by_address);
+}

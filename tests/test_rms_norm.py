@@ -1,0 +1,93 @@
+"""RMSNorm, the third family, on a machine without a GPU: its space, its reference against
+torch's F.rms_norm in every dtype, every dtype pair's variants compiling, and its C++ op
+bound from an export (CPU kernels, autograd, opcheck, clear errors)."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tuner
+from tuner import build, export
+from tuner.families import rms_norm
+
+GPU = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
+DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def test_space_keeps_invalid_points_out():
+    s = rms_norm.space("bfloat16", "bfloat16")
+    assert 2000 < len(s) < 3000
+    for v in s:
+        p = v.as_dict()
+        assert p["threads_per_row"] <= p["block_size"] and p["vec"] * p["unroll"] <= 16
+        assert p["bwd_blocks"] * p["block_size"] <= 2048
+    assert all(v.as_dict()["vec"] <= 4 for v in rms_norm.space("bfloat16", "float32"))  # 16-byte loads of fp32
+    with pytest.raises(tuner.errors.SpaceError, match="not one of"):
+        rms_norm.space("int8", "float32")
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", list(itertools.product(DT, DT)))
+def test_reference_matches_torch(x_dtype, w_dtype):
+    x, w = rms_norm.make_inputs(33, 257, x_dtype, w_dtype, device="cpu", seed=3)
+    want = F.rms_norm(x.double(), (257,), w.double(), rms_norm.DEFAULT_EPS)
+    torch.testing.assert_close(rms_norm.reference(x, w), want)
+    # torch in the storage dtype (math in float32) agrees within that dtype's rounding
+    got = F.rms_norm(x.float(), (257,), w.float(), rms_norm.DEFAULT_EPS).to(DT[x_dtype])
+    torch.testing.assert_close(rms_norm.reference(x, w).to(DT[x_dtype]), got, rtol=2e-2, atol=2e-2)
+    g = torch.randn(33, 257, dtype=torch.float64)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    want_x, want_w = torch.autograd.grad(F.rms_norm(x64, (257,), w64, rms_norm.DEFAULT_EPS), (x64, w64), g)
+    got_x, got_w = rms_norm.reference_backward(x, w, g)
+    torch.testing.assert_close(got_x, want_x)
+    torch.testing.assert_close(got_w, want_w)
+
+
+@pytest.mark.slow
+def test_every_dtype_pair_compiles(tuner_home):
+    variants = rms_norm.covering_set()
+    assert {(v.as_dict()["x"], v.as_dict()["weight"]) for v in variants} == set(itertools.product(DT, DT))
+    builds = build.build(variants, "sm_90")
+    assert all(b.ok for b in builds), [b.error for b in builds if not b.ok][:1]
+
+
+@pytest.fixture(scope="module")
+def op(tmp_path_factory, shared_home):
+    space = rms_norm.space()
+    winners = [{"variant": space.variant(threads_per_row=256, block_size=256, vec=8, unroll=2, rstd="saved",
+                                         grad_weight="partials", bwd_blocks=2),
+                "problem": rms_norm.Problem().__dict__}]
+    return tuner.load(export.write(tmp_path_factory.mktemp("rms"), winners, GPU))
+
+
+def test_the_op_is_native(op):
+    assert op is torch.ops.tuner.rms_norm
+    kernels = {line.split(":")[0].strip(): line for line in torch._C._dispatch_dump("tuner::rms_norm").splitlines()
+               if "registered at" in line}
+    assert "rms_norm_op.cpp" in kernels["CUDA"] and "rms_norm_op.cpp" in kernels["Autograd[alias]"]
+    assert "runtime.py" in kernels["CPU"] and "runtime.py" in kernels["Meta"]
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float32")])
+def test_the_op_on_cpu_is_the_reference_with_its_gradients(op, x_dtype, w_dtype):
+    x, w = rms_norm.make_inputs(4 * 7, 129, x_dtype, w_dtype, device="cpu", seed=1)
+    x = x.reshape(4, 7, 129).requires_grad_()
+    w.requires_grad_()
+    y = op(x, w)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    torch.testing.assert_close(y, rms_norm.reference(x.detach(), w.detach()).to(x.dtype))
+    g = torch.randn_like(y)
+    gx, gw = torch.autograd.grad(y, (x, w), g)
+    want_x, want_w = rms_norm.reference_backward(x.detach(), w.detach(), g)
+    torch.testing.assert_close(gx, want_x.to(x.dtype))
+    torch.testing.assert_close(gw, want_w.to(w.dtype))
+    torch.library.opcheck(op, (x.detach(), w.detach(), 1e-5))
+
+
+def test_bad_input_is_refused_clearly(op):
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match=r"weight must have shape \[8\]"):
+        op(x, torch.ones(7))
+    with pytest.raises(TypeError, match="x must be float32, float16 or bfloat16, got torch.float64"):
+        op(x.double(), torch.ones(8))

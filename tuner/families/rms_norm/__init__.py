@@ -1,0 +1,100 @@
+"""The RMSNorm family: torch.nn.functional.rms_norm over the last dimension, tuned.
+
+y = x / sqrt(mean(x^2) + eps) * weight for x [..., width] and weight [width], x and weight
+each float32, float16 or bfloat16; y has x's dtype; math in float32. The backward gives the
+gradients of x and of weight. Tuned: how a row maps to threads, the loads, what stays in
+registers, whether the backward reads 1/rms saved by the forward, how the weight's gradient
+is reduced (float atomics, or deterministic per-block partials).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tuner.errors import SpaceError
+from tuner.families.rms_norm.op import NAMESPACE as OPS_NAMESPACE  # noqa: F401
+from tuner.families.rms_norm.spec import DEFAULT_EPS, DTYPES, reference, reference_backward  # noqa: F401
+from tuner.space import Constraint, Dim, Space, covering, dtype_name
+from tuner.variant import Variant
+
+FAMILY = "rms_norm"
+TEMPLATE = "rms_norm.cu.j2"
+ENTRY = "tuner_rms_norm_vtable"
+HEADERS = ("rms_norm_abi.h",)
+BINDING = ("rms_norm_op.cpp",)
+BINDING_HEADERS: tuple[str, ...] = ()
+FAULTS: tuple[str, ...] = ()
+
+DIMS = (
+    Dim("threads_per_row", (32, 64, 128, 256, 512, 1024), "threads per row: a warp, several warps, a block"),
+    Dim("block_size", (64, 128, 256, 512, 1024), "threads per block (rows per block: block / threads per row)"),
+    Dim("vec", (1, 2, 4, 8), "elements per load"),
+    Dim("unroll", (1, 2, 4), "loads per thread kept in registers between a row's two passes"),
+    Dim("rstd", ("recompute", "saved"), "backward: 1/rms recomputed from x, or read as the forward saved it"),
+    Dim("grad_weight", ("atomic", "partials"),
+        "weight gradient: per-block sums added with float atomics, or per-block partial rows summed by a "
+        "second kernel (deterministic)"),
+    Dim("bwd_blocks", (1, 2, 4, 8), "backward blocks resident per SM (each sums the weight gradient of its rows)"),
+)
+_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+_C10 = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16"}
+
+
+def space(x: str = "bfloat16", weight: str = "bfloat16") -> Space:
+    """The variants for one (x, weight) dtype pair; the dtypes are the problem, not tuned."""
+    x, weight = dtype_name(x), dtype_name(weight)
+    for what, d in (("x", x), ("weight", weight)):
+        if d not in DTYPES:
+            raise SpaceError(f"{what} dtype {d!r} is not one of {list(DTYPES)}")
+    widest = max(_BYTES[x], _BYTES[weight])
+    constraints = (
+        Constraint("a row's threads fit in a block", lambda p: p["threads_per_row"] <= p["block_size"]),
+        Constraint("a load is at most 16 bytes (vec * element size <= 16)", lambda p: p["vec"] * widest <= 16),
+        Constraint("at most 16 elements a thread kept in registers (vec * unroll <= 16)",
+                   lambda p: p["vec"] * p["unroll"] <= 16),
+        Constraint("at most 2048 backward threads an SM", lambda p: p["bwd_blocks"] * p["block_size"] <= 2048),
+    )
+    return Space(FAMILY, {"x": x, "weight": weight}, DIMS, constraints)
+
+
+def space_for(problem: dict) -> Space:
+    return space(problem.get("x", "bfloat16"), problem.get("weight", "bfloat16"))
+
+
+def all_spaces() -> list[Space]:
+    return [space(x, w) for x in DTYPES for w in DTYPES]
+
+
+def covering_set() -> list[Variant]:
+    return covering(all_spaces())
+
+
+def render_context(variant: Variant) -> dict[str, Any]:
+    ctx = variant.as_dict()
+    return {**ctx, "name": variant.name, "x_ctype": _CTYPE[ctx["x"]], "weight_ctype": _CTYPE[ctx["weight"]],
+            "x_torch": _C10[ctx["x"]], "weight_torch": _C10[ctx["weight"]]}
+
+
+@dataclass(frozen=True)
+class Problem:
+    family: ClassVar[str] = FAMILY
+    rows: int = 4096
+    width: int = 4096
+    x: str = "bfloat16"
+    weight: str = "bfloat16"
+
+    def key(self) -> str:
+        return f"R{self.rows}-W{self.width}-{self.x}-{self.weight}"
+
+
+def make_inputs(rows: int, width: int, x: str = "bfloat16", weight: str = "bfloat16", device="cuda",
+                seed: int = 0):
+    """Random x (normal, rows of different scales) and weight (near 1, as trained norms are)."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    xs = torch.randn(rows, width, generator=g, device=device) * (torch.rand(rows, 1, generator=g, device=device) * 4 + 0.1)
+    w = 1 + 0.2 * torch.randn(width, generator=g, device=device)
+    return xs.to(getattr(torch, dtype_name(x))), w.to(getattr(torch, dtype_name(weight)))

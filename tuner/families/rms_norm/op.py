@@ -1,0 +1,65 @@
+"""RMSNorm's op, `torch.ops.tuner.rms_norm(x, weight, eps=1e-6)`, as the runtime binds it (torch
+alone). Schema, CUDA and Autograd kernels live in C++ (templates/rms_norm/rms_norm_op.cpp); its
+forward and backward ops are `tuner::rms_norm_forward(x, weight, eps) -> (y, rstd)` and
+`tuner::rms_norm_backward(grad, x, weight, rstd, eps, x_grad, weight_grad) -> (grad_x,
+grad_weight)`. Here: the CPU implementation (the float64 reference) and the fake one."""
+
+from __future__ import annotations
+
+import math
+
+from ... import runtime
+from .spec import DEFAULT_EPS, DTYPES, reference, reference_backward, rstd
+
+NAMESPACE = "tuner_rms_norm"
+
+
+def _check(x, weight) -> None:
+    """The C++ checks and messages (rms_norm_op.cpp), for the CPU and fake paths."""
+    if x.dim() < 1:
+        raise ValueError("rms_norm: x must have at least one dimension")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"rms_norm: weight must have shape [{x.shape[-1]}] (x's last dimension), "
+                         f"got {list(weight.shape)}")
+    for name, t in (("x", x), ("weight", weight)):
+        if str(t.dtype).removeprefix("torch.") not in DTYPES:
+            raise TypeError(f"rms_norm: {name} must be float32, float16 or bfloat16, got {t.dtype}")
+    if weight.device != x.device:
+        raise ValueError(f"rms_norm: x is on {x.device} but weight is on {weight.device}")
+
+
+def _rows(x):
+    return math.prod(x.shape[:-1])
+
+
+def _forward_cpu(x, weight, eps: float):
+    import torch
+
+    _check(x, weight)
+    return reference(x, weight, eps).to(x.dtype), rstd(x, eps).reshape(-1).to(torch.float32)
+
+
+def _backward_cpu(grad, x, weight, saved_rstd, eps: float, x_grad: bool, weight_grad: bool):
+    _check(x, weight)
+    gx, gw = reference_backward(x, weight, grad, eps)
+    return (gx.to(x.dtype) if x_grad else x.new_empty(0)), (gw.to(weight.dtype) if weight_grad else weight.new_empty(0))
+
+
+def _forward_fake(x, weight, eps: float):
+    import torch
+
+    _check(x, weight)
+    return x.new_empty(x.shape), x.new_empty((_rows(x),), dtype=torch.float32)
+
+
+def _backward_fake(grad, x, weight, saved_rstd, eps, x_grad, weight_grad):
+    return (x.new_empty(x.shape if x_grad else (0,)), weight.new_empty(weight.shape if weight_grad else (0,)))
+
+
+OP = runtime.OpSpec(
+    family="rms_norm", op="rms_norm", namespace=NAMESPACE, abi=1,
+    shape=lambda problem: ([problem["rows"], problem["width"]], 0),
+    impls={"rms_norm": (lambda x, weight, eps=DEFAULT_EPS: _forward_cpu(x, weight, eps)[0],
+                        lambda x, weight, eps=DEFAULT_EPS: _forward_fake(x, weight, eps)[0]),
+           "rms_norm_forward": (_forward_cpu, _forward_fake),
+           "rms_norm_backward": (_backward_cpu, _backward_fake)})
