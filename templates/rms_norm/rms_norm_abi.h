@@ -9,7 +9,7 @@ typedef struct {
   const void* x;       // [rows, width], x dtype
   const void* weight;  // [width], weight dtype
   void* y;             // [rows, width], promote(x, weight) dtype
-  float* rstd;         // [rows] 1 / rms, or null when the variant recomputes it in the backward
+  float* rstd;         // [rows] 1 / rms, written when not null
   long long rows, width;
   float eps;
 } TunerRmsNormArgs;
