@@ -35,9 +35,9 @@ def test_covering_variants_match_float64(shared_home):
 def op(shared_home, tmp_path_factory):
     space = rms_norm.space()
     winners = [{"variant": space.variant(threads_per_row=256, block_size=256, vec=8, unroll=2, rstd="saved",
-                                         grad_weight="partials", bwd_blocks=2), "problem": rms_norm.Problem().__dict__},
+                                         grad_weight="partials", bwd_blocks=2, walk="resident"), "problem": rms_norm.Problem().__dict__},
                {"variant": space.variant(threads_per_row=32, block_size=128, vec=4, unroll=1, rstd="recompute",
-                                         grad_weight="atomic", bwd_blocks=8), "problem": rms_norm.Problem(rows=64, width=512).__dict__}]
+                                         grad_weight="atomic", bwd_blocks=8, walk="blocks"), "problem": rms_norm.Problem(rows=64, width=512).__dict__}]
     return tuner.load(export.write(tmp_path_factory.mktemp("rms"), winners, gpus.attached().describe()))
 
 

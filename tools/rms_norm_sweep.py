@@ -23,11 +23,11 @@ def main() -> None:
     ap.add_argument("--shapes", default="4096x4096,8192x8192")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--limit", type=int, default=160, help="variants sampled from the space (seeded)")
-    ap.add_argument("--where", default="", help="fixed parameters, e.g. vec=8,rstd=saved")
+    ap.add_argument("--where", default="", help="parameters to keep, e.g. vec=4|8,rstd=saved")
     args = ap.parse_args()
     fixed = dict(kv.split("=") for kv in args.where.split(",") if kv)
     variants = [v for v in rms_norm.space(args.dtype, args.dtype)
-                if all(str(v.as_dict()[k]) == val for k, val in fixed.items())]
+                if all(str(v.as_dict()[k]) in val.split("|") for k, val in fixed.items())]
     random.Random(0).shuffle(variants)
     variants = variants[:args.limit]
     ev = Evaluation()

@@ -28,7 +28,7 @@ FAULTS: tuple[str, ...] = ()
 
 DIMS = (
     Dim("threads_per_row", (32, 64, 128, 256, 512, 1024), "threads per row: a warp, several warps, a block"),
-    Dim("block_size", (64, 128, 256, 512, 1024), "threads per block (rows per block: block / threads per row)"),
+    Dim("block_size", (128, 256, 512, 1024), "threads per block (rows per block: block / threads per row)"),
     Dim("vec", (1, 2, 4, 8), "elements per load"),
     Dim("unroll", (1, 2, 4), "loads per thread kept in registers between a row's two passes"),
     Dim("rstd", ("recompute", "saved"), "backward: 1/rms recomputed from x, or read as the forward saved it"),
@@ -36,6 +36,9 @@ DIMS = (
         "weight gradient: per-block sums added with float atomics, or per-block partial rows summed by a "
         "second kernel (deterministic)"),
     Dim("bwd_blocks", (1, 2, 4, 8), "backward blocks resident per SM (each sums the weight gradient of its rows)"),
+    Dim("walk", ("blocks", "resident"),
+        "rows that fit in registers: one row group per block, or resident blocks striding over rows that keep "
+        "the weight in registers and load the next row while writing this one"),
 )
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
