@@ -282,15 +282,17 @@ class Op {
     return best;
   }
 
-  // The winner a call runs; `what` names the call's dtypes ("x torch.float16 and weight ...").
+  // The winner a call runs; `what()` names the call's dtypes ("x torch.float16 and weight ..."),
+  // made only for a message.
+  template <class What>
   const Winner<Vtable>& choose(const Table<Vtable>& t, int pair, const std::vector<int64_t>& shape, int64_t kind,
-                               const std::string& what) const {
+                               What&& what) const {
     const int64_t i = nearest(t, pair, shape, kind);
-    TORCH_CHECK(i >= 0, name, ": the loaded export has no variant for ", what);
+    TORCH_CHECK(i >= 0, name, ": the loaded export has no variant for ", what());
     const auto& p = t.pairs[pair];
     const auto& best = p.winners[i];
     if (!best.tuned_for.empty() && !p.warned->exchange(true)) {
-      warn(name + ": no variant was tuned for " + what + "; using the parameters tuned for " + best.tuned_for);
+      warn(name + ": no variant was tuned for " + what() + "; using the parameters tuned for " + best.tuned_for);
     }
     return best;
   }

@@ -187,8 +187,9 @@ void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tens
 const Winner<TunerEmbeddingBagVtable>& choose(const Table<TunerEmbeddingBagVtable>& t, const at::Tensor& weight,
                                               const at::Tensor& indices, int64_t bags, int64_t mode) {
   const int pair = index_of(weight.scalar_type(), kWeights) * 2 + index_of(indices.scalar_type(), kIndices);
-  return op.choose(t, pair, {weight.size(1), indices.numel() / std::max<int64_t>(bags, 1)}, mode,
-                   "weight " + dtype_name(weight.scalar_type()) + " and indices " + dtype_name(indices.scalar_type()));
+  return op.choose(t, pair, {weight.size(1), indices.numel() / std::max<int64_t>(bags, 1)}, mode, [&] {
+    return "weight " + dtype_name(weight.scalar_type()) + " and indices " + dtype_name(indices.scalar_type());
+  });
 }
 
 // ------------------------------------------------------------------ the op

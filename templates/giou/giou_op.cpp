@@ -23,8 +23,9 @@ int pair_of(const at::Tensor& pred, const at::Tensor& target) {
 
 const Winner<TunerGiouVtable>& choose(const Table<TunerGiouVtable>& t, const at::Tensor& pred,
                                       const at::Tensor& target) {
-  return op.choose(t, pair_of(pred, target), {pred.size(0), pred.size(1)}, 0,
-                   "pred " + dtype_name(pred.scalar_type()) + " and target " + dtype_name(target.scalar_type()));
+  return op.choose(t, pair_of(pred, target), {pred.size(0), pred.size(1)}, 0, [&] {
+    return "pred " + dtype_name(pred.scalar_type()) + " and target " + dtype_name(target.scalar_type());
+  });
 }
 
 // The forward returns a saved gradient [B, S, 4] when some winner of its dtype pair saves one.

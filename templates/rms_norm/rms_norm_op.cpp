@@ -88,8 +88,9 @@ using Pair2 = std::tuple<at::Tensor, at::Tensor>;
 const Winner<TunerRmsNormVtable>& choose(const at::Tensor& x, const at::Tensor& weight) {
   const auto t = op.bound();
   const int pair = index_of(x.scalar_type(), kDtypes) * 3 + index_of(weight.scalar_type(), kDtypes);
-  return op.choose(*t, pair, {rows_of_shape(x), x.size(-1)}, 0,
-                   "x " + dtype_name(x.scalar_type()) + " and weight " + dtype_name(weight.scalar_type()));
+  return op.choose(*t, pair, {rows_of_shape(x), x.size(-1)}, 0, [&] {
+    return "x " + dtype_name(x.scalar_type()) + " and weight " + dtype_name(weight.scalar_type());
+  });
 }
 
 Pair2 forward_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {

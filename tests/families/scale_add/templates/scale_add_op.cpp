@@ -16,7 +16,7 @@ at::Tensor scale_add_cuda(const at::Tensor& x, const at::Tensor& y, double alpha
   TORCH_CHECK_VALUE(x.sizes() == y.sizes() && x.device() == y.device(), "scale_add: x and y must match in shape and device");
   const auto t = op.bound();
   if (t->reference) return OnCpu<Sig>::call("tuner::scale_add", x.device(), x, y, alpha);
-  const auto& w = op.choose(*t, 0, {x.numel()}, 0, "float32");
+  const auto& w = op.choose(*t, 0, {x.numel()}, 0, [] { return std::string("float32"); });
   const at::Tensor a = x.contiguous(), b = y.contiguous();
   at::Tensor out = at::empty_like(a);
   c10::cuda::CUDAGuard guard(x.device());
