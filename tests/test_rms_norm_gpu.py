@@ -11,7 +11,8 @@ import torch
 import tuner
 from tuner import build, export, gpus
 from tuner.families import rms_norm
-from tuner.families.rms_norm.evaluate import Evaluation, relative_error, tolerance
+from tuner.accuracy import check
+from tuner.families.rms_norm.evaluate import TOL, Evaluation
 
 pytestmark = pytest.mark.gpu
 DTYPES = list(itertools.product(rms_norm.DTYPES, rms_norm.DTYPES))
@@ -49,9 +50,9 @@ def _check(op, x, w):
     want_x, want_w = rms_norm.reference_backward(x.detach(), w.detach(), g)
     for got, want, dtype in ((y, rms_norm.reference(x.detach(), w.detach()), x.dtype), (gx, want_x, x.dtype),
                              (gw, want_w, w.dtype)):
-        name = str(dtype).removeprefix("torch.")
         assert got.dtype == dtype and got.shape == want.shape
-        assert relative_error(got, want) <= tolerance(want, name)
+        ok, _, message = check("output", got, want, TOL[str(dtype).removeprefix("torch.")], dtype)
+        assert ok, message
 
 
 @pytest.mark.filterwarnings("ignore:rms_norm. no variant was tuned")  # pairs served by bf16's parameters

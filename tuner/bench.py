@@ -113,6 +113,34 @@ def graph_us(fn: Callable[[], object], calls: int = 20, replays: int = 10, round
     return statistics.median(times)
 
 
+def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, floor: dict | None = None,
+                 check: Callable | None = None) -> list[dict]:
+    """One configuration's rows: each implementation `fn(*inputs)`, checked first by `check(name,
+    out, grads)` (grads of the inputs that require grad, for output gradient `grad`), then timed
+    forward (no grad) and forward+backward: wall time of back-to-back calls, GPU time from
+    CUDA-graph replays (`*_kernel_us`). `floor` ({"impl": "floor: ...", "fwd_kernel_us": ...,
+    "fwd_bwd_kernel_us": ...}) comes first."""
+    leaves = [t for t in inputs if getattr(t, "requires_grad", False)]
+    plain = [t.detach() if hasattr(t, "detach") else t for t in inputs]
+
+    def forward(fn):
+        return lambda: fn(*plain)
+
+    def both(fn):
+        return lambda: torch.autograd.grad(fn(*inputs), leaves, grad)
+
+    for name, fn in impls.items():
+        if check is not None:
+            check(name, fn(*plain), both(fn)())
+    fwd = wall_us({name: (forward(fn), None) for name, fn in impls.items()})
+    fwd_bwd = wall_us({name: (both(fn), None) for name, fn in impls.items()})
+    rows = [{"impl": floor["impl"], **config, **{k: v for k, v in floor.items() if k != "impl"}}] if floor else []
+    for name, fn in impls.items():
+        rows.append({"impl": name, **config, "fwd_wall_us": fwd[name], "fwd_kernel_us": graph_us(forward(fn)),
+                     "fwd_bwd_wall_us": fwd_bwd[name], "fwd_bwd_kernel_us": graph_us(both(fn))})
+    return rows
+
+
 METRICS = ("fwd_wall_us", "fwd_kernel_us", "fwd_bwd_wall_us", "fwd_bwd_kernel_us")
 MEASURES = (("forward+backward", "fwd_bwd"), ("forward", "fwd"))
 

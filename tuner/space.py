@@ -145,3 +145,20 @@ def covering(spaces: Sequence[Space]) -> list[Variant]:
             uncovered.discard(pair)
             used[pair] = used.get(pair, 0) + 1
     return picks
+
+
+def fixed_spaces(make: Callable[..., Space], **choices: Sequence[str]):
+    """A family's `space_for(problem)`, `all_spaces()` and `covering_set()` from its
+    `space(**fixed)` and the values each fixed field (a dtype, say) takes: a problem's fields
+    pick its space, and every combination of values is one space."""
+    def space_for(problem: Mapping[str, Any]) -> Space:
+        return make(**{k: problem[k] for k in choices if k in problem})
+
+    def all_spaces() -> list[Space]:
+        return [make(**dict(zip(choices, combo))) for combo in itertools.product(*choices.values())]
+
+    def covering_set() -> list[Variant]:
+        """Every value of every dimension at least once, in every space."""
+        return covering(all_spaces())
+
+    return space_for, all_spaces, covering_set

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tuner.space import Constraint, Dim, Space, covering
+from tuner.space import Constraint, Dim, Space, fixed_spaces
 from tuner.variant import Variant
 
 FAMILY = "scale_add"
@@ -44,17 +44,7 @@ def space(_problem: dict | None = None) -> Space:
     return Space(FAMILY, {}, DIMS, CONSTRAINTS)
 
 
-def space_for(problem: dict) -> Space:
-    return space(problem)
-
-
-def all_spaces() -> list[Space]:
-    """One space per dtype pair the op serves (an export binds a winner for each): one here."""
-    return [space()]
-
-
-def covering_set() -> list[Variant]:
-    return covering([space()])
+space_for, all_spaces, covering_set = fixed_spaces(space)  # one space: nothing picks it
 
 
 def render_context(variant: Variant) -> dict[str, Any]:

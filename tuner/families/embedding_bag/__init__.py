@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tuner.errors import SpaceError
-from tuner.space import Constraint, Dim, Space, covering, dtype_name  # noqa: F401
+from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name  # noqa: F401
 from tuner.variant import Variant
 
 FAMILY = "embedding_bag"
@@ -77,16 +77,7 @@ def space(weight: str = "float32", index: str = "int64") -> Space:
     return Space(FAMILY, {"weight": weight, "index": index}, DIMS, _constraints(weight))
 
 
-def space_for(problem: dict) -> Space:
-    return space(problem.get("weight", "float32"), problem.get("index", "int64"))
-
-
-def all_spaces() -> list[Space]:
-    return [space(w, i) for w in WEIGHT_DTYPES for i in INDEX_DTYPES]
-
-
-def covering_set() -> list[Variant]:
-    return covering(all_spaces())
+space_for, all_spaces, covering_set = fixed_spaces(space, weight=WEIGHT_DTYPES, index=INDEX_DTYPES)
 
 
 _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16",

@@ -11,11 +11,10 @@ the storage dtype; the loss is float32, the gradient has pred's dtype.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tuner.space import Constraint, Dim, Space, covering, dtype_name  # noqa: F401
+from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name  # noqa: F401
 from tuner.variant import Variant
 
 FAMILY = "giou"
@@ -76,18 +75,7 @@ def space(pred: str = "bfloat16", target: str = "uint8", device_assert: bool = F
     )
 
 
-def space_for(problem: dict) -> Space:
-    """The space a problem (a Problem's fields, as studies and artifacts record them) is tuned in."""
-    return space(problem.get("pred", "bfloat16"), problem.get("target", "uint8"))
-
-
-def all_spaces() -> list[Space]:
-    return [space(p, t) for p in PRED_DTYPES for t in TARGET_DTYPES]
-
-
-def covering_set() -> list[Variant]:
-    """Every value of every dimension at least once, and every dtype pair."""
-    return covering(all_spaces())
+space_for, all_spaces, covering_set = fixed_spaces(space, pred=PRED_DTYPES, target=TARGET_DTYPES)
 
 
 def render_context(variant: Variant) -> dict[str, Any]:
@@ -192,31 +180,6 @@ LOSS_TOL = 2e-5
 GRAD_TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
 
-def relative_error(got, want) -> float:
-    """||got - want|| / ||want||, inf when got has NaN/inf where want is finite."""
-    import torch
-
-    if got.shape != want.shape:
-        return math.inf
-    got = got.detach().to(device=want.device, dtype=torch.float64)
-    want = want.detach().to(torch.float64)
-    # one copy to the host for all three numbers (the tensors stay where they are)
-    finite, scale, diff = torch.stack([torch.isfinite(got).all().double(), want.norm(), (got - want).norm()]).tolist()
-    if not finite:
-        return math.inf
-    return diff / scale if scale > 0 else diff
-
-
-def check(name: str, got, want, tol: float, dtype=None) -> tuple[bool, float, str]:
-    """Relative error within `tol`; with `dtype`, the error that rounding the exact result to
-    that dtype makes (twice over) is allowed on top: float16 gradients of a mean over
-    thousands of boxes are subnormal, and no kernel can store them more exactly.
-    """
-    err = relative_error(got, want)
-    if dtype is not None:
-        tol += 2 * relative_error(want.to(dtype), want)
-    ok = err <= tol
-    msg = f"{name}: relative error {err:.3g} (tolerance {tol:.3g})"
-    return ok, err, msg
+from tuner.accuracy import check, relative_error  # noqa: E402,F401  (verify.py and tests use them from here)
 
 

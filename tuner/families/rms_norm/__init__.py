@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from tuner.errors import SpaceError
 from tuner.families.rms_norm.op import NAMESPACE as OPS_NAMESPACE  # noqa: F401
 from tuner.families.rms_norm.spec import DEFAULT_EPS, DTYPES, reference, reference_backward  # noqa: F401
-from tuner.space import Constraint, Dim, Space, covering, dtype_name
+from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name
 from tuner.variant import Variant
 
 FAMILY = "rms_norm"
@@ -62,16 +62,7 @@ def space(x: str = "bfloat16", weight: str = "bfloat16") -> Space:
     return Space(FAMILY, {"x": x, "weight": weight}, DIMS, constraints)
 
 
-def space_for(problem: dict) -> Space:
-    return space(problem.get("x", "bfloat16"), problem.get("weight", "bfloat16"))
-
-
-def all_spaces() -> list[Space]:
-    return [space(x, w) for x in DTYPES for w in DTYPES]
-
-
-def covering_set() -> list[Variant]:
-    return covering(all_spaces())
+space_for, all_spaces, covering_set = fixed_spaces(space, x=DTYPES, weight=DTYPES)
 
 
 def render_context(variant: Variant) -> dict[str, Any]:

@@ -5,28 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from tuner.accuracy import check
 from tuner.cases import Cases
 from tuner.families import rms_norm
 from tuner.families.rms_norm.kernel import RmsNormKernel
 
 TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}  # relative (norm) error beyond rounding
-
-
-def relative_error(got, want) -> float:
-    """||got - want|| / ||want||; inf when got is not finite."""
-    import torch
-
-    got = got.detach().double()
-    if not bool(torch.isfinite(got).all()):
-        return float("inf")
-    return float((got - want).norm() / want.norm().clamp_min(1e-30))
-
-
-def tolerance(want, dtype) -> float:
-    """The dtype's allowance plus twice the error of rounding the exact answer to that dtype."""
-    import torch
-
-    return TOL[dtype] + 2 * relative_error(want.to(getattr(torch, dtype)), want)
 
 
 def make_case(problem: dict, rows: int, width: int, seed: int) -> dict:
@@ -54,11 +38,10 @@ def run_case(kernel: RmsNormKernel, case: dict) -> tuple[dict, str]:
     back()
     errors, failed = {"loss_error": 0.0, "grad_error": 0.0}, ""
     for what, got, (want, dtype) in zip(("y", "grad_x", "grad_weight"), (y, gx, gw), case["answers"]):
-        err = relative_error(got, want)
+        ok, err, message = check(what, got, want, TOL[dtype], getattr(torch, dtype))
         key = "loss_error" if what == "y" else "grad_error"
         errors[key] = max(errors[key], err)
-        if not failed and not err <= tolerance(want, dtype):
-            failed = f"{what}: relative error {err:.3g} (tolerance {tolerance(want, dtype):.3g})"
+        failed = failed or ("" if ok else message)
     return errors, failed
 
 
