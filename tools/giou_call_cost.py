@@ -1,0 +1,13 @@
+"""Export one GIoU variant (bfloat16/uint8, the covering set's) for the attached GPU, for
+`tuner bench --family giou --artifact DIR` to time the op's call cost (GPU machine).
+
+    python tools/giou_call_cost.py DIR
+"""
+
+import sys
+
+from tuner import export, gpus
+from tuner.families import giou
+
+variant = next(v for v in giou.covering_set() if v.as_dict()["pred"] == "bfloat16" and v.as_dict()["target"] == "uint8")
+print(export.write(sys.argv[1], [{"variant": variant, "problem": giou.Problem().__dict__}], gpus.attached().describe()))
