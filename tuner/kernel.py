@@ -1,7 +1,7 @@
 """A built variant loaded into this process: its C table found in the library (ctypes) and
 checked (the family's C ABI, the variant's name), and the family's torch binding loaded, which
 calls the variant by its table's address. Each family's kernel class names its table's fields
-after `abi` and `name`; they become attributes."""
+after `abi` and `name`; those that are not function pointers become attributes."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ class Kernel:
         table = self._table.from_address(self.address)
         self.name = table.name.decode()
         for name, kind in self.fields:
+            if kind is ctypes.c_void_p:  # the variant's functions: the binding calls them, by the table
+                continue
             value = getattr(table, name)
             setattr(self, name, value.decode() if isinstance(value, bytes) else value)
         self.ops = binding.load(self.family)
