@@ -254,3 +254,13 @@ def test_another_setup_is_built_from_sources_or_refused_clearly(giou_export, sta
         tuner.load(export_dir)
     with pytest.raises(ImportError, match=r"torch 9\.9\.9 here.*Export it again"):
         runtime.load_export(export_dir, families.part("giou", "op").OP)
+
+
+def test_binaries_of_an_older_op_protocol_are_not_bound(giou_export):
+    """An export records the op protocol its binding speaks (templates/common/tuner_op.h's control
+    ops); binaries of an older tuner, without it, count as another setup (built from sources)."""
+    export_dir, _ = giou_export
+    built = runtime.read_manifest(export_dir)["binaries"]["identity"]
+    assert built["op_protocol"] == runtime.OP_PROTOCOL
+    older = {k: v for k, v in built.items() if k != "op_protocol"}
+    assert runtime.differences(older, None) == [f"op_protocol {runtime.OP_PROTOCOL} here, None in the export"]

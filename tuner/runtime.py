@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 VALIDATE = {"deferred": 0, "sync": 1, "async": 2}  # the bindings' codes
+# The control ops a binding offers this runtime (templates/common/tuner_op.h); 2: stage(variant,
+# int[] shape, int kind, str tuned_for). Binaries built for another protocol are not bound.
+OP_PROTOCOL = 2
 MANIFEST = "manifest.json"
 
 
@@ -88,7 +91,7 @@ def identity() -> dict[str, Any]:
     """What a binding built here depends on (the variants: the arch and CUDA alone)."""
     import torch
 
-    return {"torch": torch.__version__, "cuda": torch.version.cuda,
+    return {"op_protocol": OP_PROTOCOL, "torch": torch.__version__, "cuda": torch.version.cuda,
             "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
             "python": f"{sys.version_info.major}.{sys.version_info.minor}",
             "platform": sysconfig.get_platform()}
