@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import random
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 from tuner import gpus
+from tuner.cli_build import cmd_bench, cmd_build, cmd_variants
+from tuner.cli_studies import _show, cmd_dashboard, cmd_export_best, cmd_list, cmd_report, cmd_show
 from tuner.errors import TunerError
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -24,6 +23,11 @@ STORAGE_HELP = ("where studies live: a journal file's path, journal+postgresql:/
 def command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     COMMANDS[fn.__name__.removeprefix("cmd_").replace("_", "-")] = fn
     return fn
+
+
+# the commands that live in cli_build and cli_studies; search and samplers register with @command below
+for _fn in (cmd_variants, cmd_build, cmd_show, cmd_list, cmd_export_best, cmd_bench, cmd_report, cmd_dashboard):
+    command(_fn)
 
 
 def _target_parser() -> argparse.ArgumentParser:
@@ -47,82 +51,6 @@ def _cli(args):
     from tuner import families
 
     return families.part(args.family, "cli")
-
-
-def _spread(variants: list, limit: int | None) -> list:
-    """`limit` variants spread over the space (a fixed shuffle, so reruns pick the same ones)."""
-    if not limit or limit >= len(variants):
-        return variants
-    picked = list(variants)
-    random.Random(0).shuffle(picked)
-    return picked[:limit]
-
-
-@command
-def cmd_variants(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    arch = gpus.resolve(args.gpu, args.arch)
-    rows = []
-    for space in _cli(args).spaces(args):
-        for v in space:
-            rows.append({"name": v.name, **v.as_dict()})
-    if args.json:
-        print(json.dumps({"arch": arch, "count": len(rows), "variants": rows}, indent=1))
-        return 0
-    table = pd.DataFrame(rows).drop(columns=["name"])
-    # opt-in and test-only dimensions say nothing while every row has the same off value
-    table = table.drop(columns=[c for c in table if table[c].isna().all()
-                                or (table[c].dtype == bool and not table[c].any())])
-    print(f"{len(rows)} valid variants for {arch}")
-    shown = table if args.limit == 0 else table.head(args.limit)
-    print(shown.to_string(index=False))
-    if len(shown) < len(table):
-        print(f"... {len(table) - len(shown)} more (--limit 0 shows all, --json for machine-readable output)")
-    return 0
-
-
-def _children_cpu_s() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-@command
-def cmd_build(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from tuner import build, families
-
-    arch = gpus.resolve(args.gpu, args.arch)
-    if args.covering:
-        variants = families.get(args.family).covering_set()
-    else:
-        variants = _spread([v for s in _cli(args).spaces(args) for v in s], args.limit)
-    started, cpu = time.monotonic(), _children_cpu_s()
-    results = build.build(variants, arch, jobs=args.jobs)
-    wall, cpu = time.monotonic() - started, _children_cpu_s() - cpu
-    rows = [{
-        "variant": b.variant.name, "ok": b.ok, "cached": b.cached, "unit": b.unit_size,
-        "compile_s": round(b.compile_s, 2),
-        "regs_fwd": b.regs("forward") or "", "regs_bwd": b.regs("backward") or "", "spill_bytes": b.spill_bytes,
-        "smem_bytes": b.smem_bytes,
-    } for b in results]
-    if args.json:
-        print(json.dumps({"arch": arch, "wall_s": wall, "builds": [b.summary() for b in results]}, indent=1))
-    else:
-        print(pd.DataFrame(rows).to_string(index=False))
-    fresh = [b for b in results if not b.cached]
-    failed = [b for b in results if not b.ok]
-    units = len({b.so for b in fresh if b.ok})
-    per_variant = f"{cpu / len(fresh):.2f} s of one core a variant (nvcc's CPU time), " if fresh else ""
-    print(f"\n{len(results)} variants for {arch}: {len(fresh)} compiled ({units} libraries), "
-          f"{len(results) - len(fresh)} cached, {len(failed)} failed; {per_variant}wall {wall:.1f} s "
-          f"on {args.jobs or os.cpu_count()} cores", file=sys.stderr)
-    for b in failed:
-        print(f"\nFAILED {b.variant.name}:\n{b.error}", file=sys.stderr)
-    return 1 if failed else 0
 
 
 def _study_parser() -> argparse.ArgumentParser:
@@ -184,167 +112,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     print(f"time: compile {report.compile_s:.1f} s ({share(report.compile_s)}), verify {report.verify_s:.1f} s "
           f"({share(report.verify_s)}), timing {report.time_s:.1f} s ({share(report.time_s)})")
     print(f"measurements: {report.records_path}")
-    return 0
-
-
-def _show(st, k: int) -> str:
-    from tuner import study
-
-    space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
-    frame = study.trials_frame(st, space)
-    lines = [f"study {st.study_name}"]
-    gpu = st.user_attrs.get("gpu", {})
-    if gpu:
-        lines.append("  gpu: " + ", ".join(f"{key} {gpu[key]}" for key in
-                                           ("gpu_name", "arch", "driver", "torch", "cuda") if gpu.get(key)))
-    if frame.empty:
-        return "\n".join(lines + ["  no trials yet"])
-    counts = frame["state"].value_counts().to_dict()
-    reasons = frame.loc[frame["state"] == "FAIL", "reason"].value_counts().to_dict()
-    lines.append(f"  trials: {counts}; failures by reason: {reasons or 'none'}")
-    best = study.top(frame, k)
-    if best.empty:
-        return "\n".join(lines + ["  no verified variant yet"])
-    cols = [d.name for d in space.dims] + ["objective_us", "fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us",
-                                          "regs_fwd", "regs_bwd", "spill_bytes"]
-    lines.append(f"\ntop {len(best)} in the search:")
-    lines.append(best[[c for c in cols if c in best]].round(2).to_string(index=False))
-    retimed = st.user_attrs.get("retimed")
-    if retimed:
-        import pandas as pd
-
-        rows = [{"variant": r["variant"], "objective_us": r["objective_us"],
-                 "fwd_us": r["fwd"]["median_us"], "fwd_spread_us": r["fwd"]["spread_us"],
-                 **({"bwd_us": r["bwd"]["median_us"], "bwd_spread_us": r["bwd"]["spread_us"]} if "bwd" in r else {})}
-                for r in retimed]
-        lines.append("\nre-timed, interleaved (the winner is the first):")
-        lines.append(pd.DataFrame(rows).round(2).to_string(index=False))
-    done = frame[frame["state"] == "COMPLETE"]
-    lines.append(f"\nmedian objective of all {len(done)} verified trials: {done['objective_us'].median():.2f} us")
-    return "\n".join(lines)
-
-
-@command
-def cmd_show(args: argparse.Namespace) -> int:
-    from tuner import study
-
-    st = study.load(_study_name(args), args.storage)
-    if args.json:
-        space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
-        frame = study.trials_frame(st, space)
-        print(json.dumps({"study": st.study_name, "attrs": st.user_attrs,
-                          "trials": json.loads(frame.to_json(orient="records"))}, indent=1, default=str))
-    else:
-        print(_show(st, args.top_k))
-    return 0
-
-
-@command
-def cmd_list(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from tuner import study
-
-    rows = []
-    for s in study.summaries(args.storage):
-        best = s.best_trial.value if s.best_trial is not None else None
-        rows.append({"study": s.study_name, "trials": s.n_trials, "best_us": best,
-                     "gpu": s.user_attrs.get("gpu", {}).get("gpu_name", "")})
-    if not rows:
-        print(f"no studies in {study.storage_url(args.storage)}")
-        return 0
-    print(pd.DataFrame(rows).to_string(index=False))
-    return 0
-
-
-@command
-def cmd_export_best(args: argparse.Namespace) -> int:
-    from tuner import export, families, study
-
-    if args.study:
-        names = [args.study]
-        label = args.gpu or study.load(args.study, args.storage).user_attrs.get("gpu", {}).get("gpu_name", "gpu")
-    elif args.gpu:
-        label = args.gpu
-        if label.lower() == "auto":
-            label = gpus.short_name(gpus.attached())
-        names = export.studies_for(label, args.family, args.storage)
-        if not names:
-            raise TunerError(f"no studies for {label} in {study.storage_url(args.storage)}; "
-                             f"run `tuner search --gpu {args.gpu}` first")
-    else:
-        raise TunerError("say what to export: --gpu H100 (all its studies) or --study NAME")
-    out = export.export(names, args.out or export.default_dir(label, args.family), args.storage,
-                        binaries=not args.sources_only)
-    manifest = export.read(out)
-    describe = families.part(manifest["family"], "cli").describe
-    for e in manifest["entries"]:
-        print(f"{describe(e['problem'])}: {e['variant']} ({e['objective']} {e['objective_us']:.2f} us)")
-    print(f"exported {len(manifest['entries'])} tuned variant(s) for {manifest['gpu'].get('gpu_name')} to {out}")
-    if manifest.get("binaries"):
-        b = manifest["binaries"]["identity"]
-        print(f"binaries for {b['arch']}, torch {b['torch']}, CUDA {b['cuda']}, Python {b['python']} "
-              "(loaded without a toolchain where these match)")
-    print(f'load it with: op = tuner.load("{out}")')
-    if args.wheel:
-        from tuner import wheel
-
-        path = wheel.write(out, args.wheel, gpu_label=label)
-        print(f"wheel: {path} ({path.stat().st_size / 1e6:.1f} MB); `pip install {path}`, then "
-              f"`import {path.name.split('-')[0]}` registers torch.ops.tuner.{families.part(manifest['family'], 'op').OP.op}")
-    return 0
-
-
-@command
-def cmd_bench(args: argparse.Namespace) -> int:
-    import torch
-
-    from tuner import deploy
-
-    attached = gpus.attached()
-    if args.gpu and not attached.matches(args.gpu):
-        raise TunerError(f"--gpu {args.gpu} was asked for, but the attached GPU is {attached.name}")
-    directory = args.artifact or deploy.find_export(args.gpu or "auto", args.family)
-    info = attached.describe()
-    print(f"# {info['gpu_name']} ({info['arch']}), driver {info['driver']}, torch {torch.__version__}, "
-          f"CUDA {torch.version.cuda}")
-    _cli(args).bench(directory, args)
-    print(f"wrote {args.out}/bench.csv, bench.md, bench.png")
-    return 0
-
-
-@command
-def cmd_report(args: argparse.Namespace) -> int:
-    from tuner import report, study
-
-    st = study.load(_study_name(args), args.storage)
-    out = args.out or Path("reports") / st.study_name
-    importance = report.report(st, out)
-    print(f"study {st.study_name}: {len(st.trials)} trials")
-    if importance:
-        print("parameter importance (PED-ANOVA):")
-        for name, value in importance.items():
-            print(f"  {name:<18} {value:.3f}")
-    if (out / "by_dimension.md").exists():
-        print("\nby dimension (registers, spills, occupancy of the best trial of each value):")
-        print((out / "by_dimension.md").read_text())
-    print(f"wrote {out}/trials.csv, importance.json, by_dimension.csv/.md, time_by_dimension.png, "
-          "time_vs_registers.png")
-    print(f"browse the study: tuner dashboard --storage {study.storage_url(args.storage)}")
-    return 0
-
-
-@command
-def cmd_dashboard(args: argparse.Namespace) -> int:
-    from tuner import study
-
-    try:
-        import optuna_dashboard
-    except ImportError:
-        raise TunerError("the dashboard is a separate package: pip install optuna-dashboard") from None
-    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {study.storage_url(args.storage)} "
-          "(Ctrl-C stops it)", flush=True)
-    optuna_dashboard.run_server(study.storage(args.storage), host=args.host, port=args.port)
     return 0
 
 

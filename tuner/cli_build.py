@@ -1,0 +1,111 @@
+"""`tuner variants`, `build` and `bench`: a family's space, its compiled variants and its tuned op against torch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+from tuner import gpus
+from tuner.errors import TunerError
+
+# tuner.cli imports this module to register its commands, so the commands import
+# tuner.cli's helpers (_cli) when they run
+
+
+def _spread(variants: list, limit: int | None) -> list:
+    """`limit` variants spread over the space (a fixed shuffle, so reruns pick the same ones)."""
+    if not limit or limit >= len(variants):
+        return variants
+    picked = list(variants)
+    random.Random(0).shuffle(picked)
+    return picked[:limit]
+
+
+def cmd_variants(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from tuner.cli import _cli
+
+    arch = gpus.resolve(args.gpu, args.arch)
+    rows = []
+    for space in _cli(args).spaces(args):
+        for v in space:
+            rows.append({"name": v.name, **v.as_dict()})
+    if args.json:
+        print(json.dumps({"arch": arch, "count": len(rows), "variants": rows}, indent=1))
+        return 0
+    table = pd.DataFrame(rows).drop(columns=["name"])
+    # opt-in and test-only dimensions say nothing while every row has the same off value
+    table = table.drop(columns=[c for c in table if table[c].isna().all()
+                                or (table[c].dtype == bool and not table[c].any())])
+    print(f"{len(rows)} valid variants for {arch}")
+    shown = table if args.limit == 0 else table.head(args.limit)
+    print(shown.to_string(index=False))
+    if len(shown) < len(table):
+        print(f"... {len(table) - len(shown)} more (--limit 0 shows all, --json for machine-readable output)")
+    return 0
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from tuner import build, families
+    from tuner.cli import _cli
+
+    arch = gpus.resolve(args.gpu, args.arch)
+    if args.covering:
+        variants = families.get(args.family).covering_set()
+    else:
+        variants = _spread([v for s in _cli(args).spaces(args) for v in s], args.limit)
+    started, cpu = time.monotonic(), _children_cpu_s()
+    results = build.build(variants, arch, jobs=args.jobs)
+    wall, cpu = time.monotonic() - started, _children_cpu_s() - cpu
+    rows = [{
+        "variant": b.variant.name, "ok": b.ok, "cached": b.cached, "unit": b.unit_size,
+        "compile_s": round(b.compile_s, 2),
+        "regs_fwd": b.regs("forward") or "", "regs_bwd": b.regs("backward") or "", "spill_bytes": b.spill_bytes,
+        "smem_bytes": b.smem_bytes,
+    } for b in results]
+    if args.json:
+        print(json.dumps({"arch": arch, "wall_s": wall, "builds": [b.summary() for b in results]}, indent=1))
+    else:
+        print(pd.DataFrame(rows).to_string(index=False))
+    fresh = [b for b in results if not b.cached]
+    failed = [b for b in results if not b.ok]
+    units = len({b.so for b in fresh if b.ok})
+    per_variant = f"{cpu / len(fresh):.2f} s of one core a variant (nvcc's CPU time), " if fresh else ""
+    print(f"\n{len(results)} variants for {arch}: {len(fresh)} compiled ({units} libraries), "
+          f"{len(results) - len(fresh)} cached, {len(failed)} failed; {per_variant}wall {wall:.1f} s "
+          f"on {args.jobs or os.cpu_count()} cores", file=sys.stderr)
+    for b in failed:
+        print(f"\nFAILED {b.variant.name}:\n{b.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from tuner import deploy
+    from tuner.cli import _cli
+
+    attached = gpus.attached()
+    if args.gpu and not attached.matches(args.gpu):
+        raise TunerError(f"--gpu {args.gpu} was asked for, but the attached GPU is {attached.name}")
+    directory = args.artifact or deploy.find_export(args.gpu or "auto", args.family)
+    info = attached.describe()
+    print(f"# {info['gpu_name']} ({info['arch']}), driver {info['driver']}, torch {torch.__version__}, "
+          f"CUDA {torch.version.cuda}")
+    _cli(args).bench(directory, args)
+    print(f"wrote {args.out}/bench.csv, bench.md, bench.png")
+    return 0

@@ -1,0 +1,153 @@
+"""`tuner show`, `list`, `export-best`, `report` and `dashboard`: what the stored studies hold."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tuner import gpus
+from tuner.errors import TunerError
+
+# tuner.cli imports this module to register its commands, so the commands import
+# tuner.cli's helpers (_study_name) when they run
+
+
+def _show(st, k: int) -> str:
+    from tuner import study
+
+    space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
+    frame = study.trials_frame(st, space)
+    lines = [f"study {st.study_name}"]
+    gpu = st.user_attrs.get("gpu", {})
+    if gpu:
+        lines.append("  gpu: " + ", ".join(f"{key} {gpu[key]}" for key in
+                                           ("gpu_name", "arch", "driver", "torch", "cuda") if gpu.get(key)))
+    if frame.empty:
+        return "\n".join(lines + ["  no trials yet"])
+    counts = frame["state"].value_counts().to_dict()
+    reasons = frame.loc[frame["state"] == "FAIL", "reason"].value_counts().to_dict()
+    lines.append(f"  trials: {counts}; failures by reason: {reasons or 'none'}")
+    best = study.top(frame, k)
+    if best.empty:
+        return "\n".join(lines + ["  no verified variant yet"])
+    cols = [d.name for d in space.dims] + ["objective_us", "fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us",
+                                          "regs_fwd", "regs_bwd", "spill_bytes"]
+    lines.append(f"\ntop {len(best)} in the search:")
+    lines.append(best[[c for c in cols if c in best]].round(2).to_string(index=False))
+    retimed = st.user_attrs.get("retimed")
+    if retimed:
+        import pandas as pd
+
+        rows = [{"variant": r["variant"], "objective_us": r["objective_us"],
+                 "fwd_us": r["fwd"]["median_us"], "fwd_spread_us": r["fwd"]["spread_us"],
+                 **({"bwd_us": r["bwd"]["median_us"], "bwd_spread_us": r["bwd"]["spread_us"]} if "bwd" in r else {})}
+                for r in retimed]
+        lines.append("\nre-timed, interleaved (the winner is the first):")
+        lines.append(pd.DataFrame(rows).round(2).to_string(index=False))
+    done = frame[frame["state"] == "COMPLETE"]
+    lines.append(f"\nmedian objective of all {len(done)} verified trials: {done['objective_us'].median():.2f} us")
+    return "\n".join(lines)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from tuner import study
+    from tuner.cli import _study_name
+
+    st = study.load(_study_name(args), args.storage)
+    if args.json:
+        space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
+        frame = study.trials_frame(st, space)
+        print(json.dumps({"study": st.study_name, "attrs": st.user_attrs,
+                          "trials": json.loads(frame.to_json(orient="records"))}, indent=1, default=str))
+    else:
+        print(_show(st, args.top_k))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from tuner import study
+
+    rows = []
+    for s in study.summaries(args.storage):
+        best = s.best_trial.value if s.best_trial is not None else None
+        rows.append({"study": s.study_name, "trials": s.n_trials, "best_us": best,
+                     "gpu": s.user_attrs.get("gpu", {}).get("gpu_name", "")})
+    if not rows:
+        print(f"no studies in {study.storage_url(args.storage)}")
+        return 0
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def cmd_export_best(args: argparse.Namespace) -> int:
+    from tuner import export, families, study
+
+    if args.study:
+        names = [args.study]
+        label = args.gpu or study.load(args.study, args.storage).user_attrs.get("gpu", {}).get("gpu_name", "gpu")
+    elif args.gpu:
+        label = args.gpu
+        if label.lower() == "auto":
+            label = gpus.short_name(gpus.attached())
+        names = export.studies_for(label, args.family, args.storage)
+        if not names:
+            raise TunerError(f"no studies for {label} in {study.storage_url(args.storage)}; "
+                             f"run `tuner search --gpu {args.gpu}` first")
+    else:
+        raise TunerError("say what to export: --gpu H100 (all its studies) or --study NAME")
+    out = export.export(names, args.out or export.default_dir(label, args.family), args.storage,
+                        binaries=not args.sources_only)
+    manifest = export.read(out)
+    describe = families.part(manifest["family"], "cli").describe
+    for e in manifest["entries"]:
+        print(f"{describe(e['problem'])}: {e['variant']} ({e['objective']} {e['objective_us']:.2f} us)")
+    print(f"exported {len(manifest['entries'])} tuned variant(s) for {manifest['gpu'].get('gpu_name')} to {out}")
+    if manifest.get("binaries"):
+        b = manifest["binaries"]["identity"]
+        print(f"binaries for {b['arch']}, torch {b['torch']}, CUDA {b['cuda']}, Python {b['python']} "
+              "(loaded without a toolchain where these match)")
+    print(f'load it with: op = tuner.load("{out}")')
+    if args.wheel:
+        from tuner import wheel
+
+        path = wheel.write(out, args.wheel, gpu_label=label)
+        print(f"wheel: {path} ({path.stat().st_size / 1e6:.1f} MB); `pip install {path}`, then "
+              f"`import {path.name.split('-')[0]}` registers torch.ops.tuner.{families.part(manifest['family'], 'op').OP.op}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner import report, study
+    from tuner.cli import _study_name
+
+    st = study.load(_study_name(args), args.storage)
+    out = args.out or Path("reports") / st.study_name
+    importance = report.report(st, out)
+    print(f"study {st.study_name}: {len(st.trials)} trials")
+    if importance:
+        print("parameter importance (PED-ANOVA):")
+        for name, value in importance.items():
+            print(f"  {name:<18} {value:.3f}")
+    if (out / "by_dimension.md").exists():
+        print("\nby dimension (registers, spills, occupancy of the best trial of each value):")
+        print((out / "by_dimension.md").read_text())
+    print(f"wrote {out}/trials.csv, importance.json, by_dimension.csv/.md, time_by_dimension.png, "
+          "time_vs_registers.png")
+    print(f"browse the study: tuner dashboard --storage {study.storage_url(args.storage)}")
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from tuner import study
+
+    try:
+        import optuna_dashboard
+    except ImportError:
+        raise TunerError("the dashboard is a separate package: pip install optuna-dashboard") from None
+    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {study.storage_url(args.storage)} "
+          "(Ctrl-C stops it)", flush=True)
+    optuna_dashboard.run_server(study.storage(args.storage), host=args.host, port=args.port)
+    return 0
