@@ -56,6 +56,41 @@ def test_reference_per_sample_weights(index):
     torch.testing.assert_close(got, want)
 
 
+def _max_by_loop(w, idx, offs, padding_idx):
+    """max mode one bag at a time: torch.max over the bag's kept rows (its first maximum per column)."""
+    bags, dim = offs.numel() - 1, w.shape[1]
+    out = torch.zeros(bags, dim, dtype=torch.float64)
+    chosen = torch.full((bags, dim), -1, dtype=torch.long)
+    for b in range(bags):
+        ids = idx[offs[b]:offs[b + 1]].long()
+        if padding_idx is not None:
+            ids = ids[ids != padding_idx]
+        if ids.numel():
+            out[b], at = w.double()[ids].max(0)
+            chosen[b] = ids[at]
+    return out, chosen
+
+
+@pytest.mark.parametrize("weight", eb.WEIGHT_DTYPES)
+def test_vectorised_max_equals_a_loop_over_bags(weight):
+    """Ties (weights of a few values), empty bags, a bag of padding only, and padding_idx."""
+    g = torch.Generator().manual_seed(17)
+    w = torch.randint(-2, 3, (30, 7), generator=g).to(getattr(torch, weight))
+    sizes = torch.randint(0, 9, (25,), generator=g)
+    sizes[[0, 11, 24]] = 0  # empty bags, the first and the last among them
+    idx = torch.randint(0, 30, (int(sizes.sum()),), generator=g)
+    offs = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
+    pad = int(idx[0])
+    idx[offs[5]:offs[6]] = pad  # a bag of padding only
+    for padding_idx in (None, pad):
+        got, got_chosen = eb.reference(w, idx, offs, "max", include_last_offset=True, padding_idx=padding_idx)
+        want, want_chosen = _max_by_loop(w, idx, offs, padding_idx)
+        assert torch.equal(got, want) and torch.equal(got_chosen, want_chosen)
+        assert (got_chosen[[0, 11, 24]] == -1).all()
+        if padding_idx is not None:
+            assert (got_chosen[5] == -1).all() and (got[5] == 0).all()
+
+
 def test_distributions_differ_as_the_pr_describes():
     counts = {}
     for d in eb.DISTRIBUTIONS:

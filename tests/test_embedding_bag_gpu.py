@@ -52,6 +52,29 @@ def test_every_variant_matches_the_reference_forward_and_backward(kernels, mode)
             assert k.take_errors() == 0, v.name
 
 
+@pytest.mark.parametrize("weight", eb.WEIGHT_DTYPES)
+def test_reference_on_the_gpu_equals_the_reference_on_the_cpu(weight):
+    """The search's checks compute the reference on the GPU: same answers as on the CPU, and they
+    stay on the GPU."""
+    import torch
+
+    p = eb.Problem(rows=300, dim=24, bags=40, bag_size=6, weight=weight, distribution="one_hot")
+    for mode in eb.MODES:
+        w, idx, offs, psw = eb.make_inputs(p, seed=3, per_sample_weights=mode == "sum")
+        g = torch.randn(p.bags, p.dim, generator=torch.Generator().manual_seed(3)).to(w.dtype)
+        for pad in (None, int(idx[0])):
+            cpu = (*eb.reference(w, idx, offs, mode, psw, padding_idx=pad),
+                   *eb.reference_backward(w, idx, offs, mode, psw, g, padding_idx=pad))
+            cw, ci, co, cp, cg = (t.cuda() if t is not None else None for t in (w, idx, offs, psw, g))
+            gpu = (*eb.reference(cw, ci, co, mode, cp, padding_idx=pad),
+                   *eb.reference_backward(cw, ci, co, mode, cp, cg, padding_idx=pad))
+            for want, got in zip(cpu, gpu):
+                assert (want is None) == (got is None)
+                if want is not None:
+                    assert got.device.type == "cuda"
+                    torch.testing.assert_close(got.cpu(), want, rtol=1e-12, atol=1e-12)
+
+
 def test_sorted_backward_is_deterministic(kernels):
     import torch
 
@@ -161,9 +184,9 @@ def test_op_forward_and_backward_match_torch(op, weight, index):
             if weight == "bfloat16":  # torch has no CUDA bfloat16 backward for max or per_sample_weights
                 want_w, want_psw = eb.reference_backward(w, idx, offsets, mode, psw if s is not None else None, g,
                                                          **kwargs)
-                torch.testing.assert_close(a.grad.double().cpu(), want_w, **tol)
+                torch.testing.assert_close(a.grad.double(), want_w, **tol)  # the reference stays on the GPU
                 if s is not None:
-                    torch.testing.assert_close(s.grad.double().cpu(), want_psw, **tol)
+                    torch.testing.assert_close(s.grad.double(), want_psw, **tol)
                 continue
             want.backward(g)
             torch.testing.assert_close(a.grad, b.grad, **tol)

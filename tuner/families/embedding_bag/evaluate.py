@@ -21,13 +21,21 @@ def gradient_tolerance(weight: str, hits: int) -> float:
 
 
 def relative_error(got, want) -> float:
-    """Largest error over the largest reference magnitude (a floor keeps all-zero references honest)."""
-    return float((got.cpu().double() - want).abs().max()) / max(float(want.abs().max()), 1e-3) if want.numel() else 0.0
+    """Largest error over the largest reference magnitude (a floor keeps all-zero references honest),
+    computed where the reference lies: one number comes back from the GPU, not the tensors."""
+    import torch
+
+    if not want.numel():
+        return 0.0
+    err = (got.to(want.device, torch.float64) - want).abs().max()
+    scale = want.abs().max().clamp(min=1e-3)
+    return float(err / scale)
 
 
 def make_case(q: eb.Problem, mode: str, seed: int, padding: bool = False) -> dict:
-    """Inputs on the GPU and their float64 answers: the output, the gradient of weight and (sum)
-    of per_sample_weights for a random output gradient."""
+    """Inputs on the GPU and their float64 answers, computed there too: the output, the gradient of
+    weight and (sum) of per_sample_weights for a random output gradient. The inputs are drawn on
+    the CPU, then moved, so that a seed means the same inputs on every machine."""
     import torch
 
     w, idx, offs, psw = eb.make_inputs(q, seed=seed, device="cuda", per_sample_weights=mode == "sum")
@@ -75,15 +83,16 @@ class Evaluation:
         return EmbeddingBagKernel(so, name, entry)
 
     def _case(self, q: eb.Problem, mode: str, padding: bool) -> dict:
-        """The next input set of this case. The float64 reference runs on the CPU (most of a
-        check's time), so each set's answers are computed once and shared by a few variants."""
+        """The next input set of this case. Drawing the inputs (on the CPU) and their float64
+        answers costs more than a variant's run, so each set is made once and shared by a few variants."""
         return self.cases.get((q, mode, padding), lambda seed: make_case(q, mode, seed % (1 << 30), padding))
 
     def check(self, kernel: EmbeddingBagKernel, problem: dict) -> dict[str, Any]:
         """Every mode, forward and backward, on inputs shaped like the problem but with fewer rows
-        (the reference runs on the CPU): with the problem's ids and with one very frequent id (long
-        runs of one row in the backward), and on an odd shape (dim not a multiple of the loads,
-        empty bags, a padding_idx)."""
+        and bags (the inputs are drawn on the CPU, at a cost that grows with their size; several
+        blocks of bags and 8192 rows already show a wrong index, sum or mapping): with the
+        problem's ids and with one very frequent id (long runs of one row in the backward), and on
+        an odd shape (dim not a multiple of the loads, empty bags, a padding_idx)."""
         p = eb.Problem(**problem)
         small = dict(rows=min(p.rows, 8192), bags=min(p.bags, 256))
         shapes = [(dataclasses.replace(p, **small), False),

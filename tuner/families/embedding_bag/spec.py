@@ -15,90 +15,110 @@ def reference(weight, indices, offsets=None, mode: str = "mean", per_sample_weig
               include_last_offset: bool = False, padding_idx: int | None = None):
     """float64 embedding_bag: (output [bags, dim] in float64, for max the row each output element
     came from [bags, dim] (-1 in empty bags), else None). Written from segment sums, not from
-    torch's embedding_bag, so that tests compare two implementations."""
-    import torch
-
-    w = weight.double().cpu()
-    idx, offs, bag_of, keep = _entries(indices, offsets, include_last_offset, padding_idx)
+    torch's embedding_bag, so that tests compare two implementations. Computed on weight's device
+    (a search checks on the GPU; the op's CPU implementation stays on the CPU)."""
+    w = weight.double()
+    idx, offs, bag_of, keep = _entries(indices, offsets, include_last_offset, padding_idx, w.device)
     bags = offs.numel() - 1
-    rows = w[idx.clamp(0, max(w.shape[0] - 1, 0))] if idx.numel() else w.new_zeros(0, w.shape[1])
+    rows = _rows(w, idx)
     if per_sample_weights is not None:
-        rows = rows * per_sample_weights.double().cpu()[:, None]
-    out = w.new_zeros(bags, w.shape[1])
+        rows = rows * per_sample_weights.to(w.device, w.dtype)[:, None]
     if mode in ("sum", "mean"):
-        out.index_add_(0, bag_of[keep], rows[keep])
+        out = w.new_zeros(bags, w.shape[1]).index_add_(0, bag_of[keep], rows[keep])
         if mode == "mean":
             out = out / _counts(bag_of, keep, bags).clamp(min=1)[:, None]
         return out, None
     if mode != "max":
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    chosen = torch.full((bags, w.shape[1]), -1, dtype=torch.long)
-    for b in range(bags):  # the first maximum of each column wins, as the kernels pick it
-        mine = keep & (bag_of == b)
-        if mine.any():
-            top, at = rows[mine].max(0)
-            out[b] = top
-            chosen[b] = idx[mine][at]
-    return out, chosen
+    return _max(rows[keep], bag_of[keep], idx[keep], bags)
+
+
+def _max(rows, bag_of, idx, bags: int):
+    """max over each bag's rows (the entries that count, in entry order): (output, chosen row).
+    The first maximum of each column wins, as the kernels pick it: the bag's max per column by a
+    scatter amax, then the first entry reaching it by a scatter amin over entry positions."""
+    import torch
+
+    n, dim = rows.shape
+    to_bag = bag_of[:, None].expand(n, dim)
+    top = rows.new_full((bags, dim), float("-inf")).scatter_reduce(0, to_bag, rows, "amax")
+    pos = torch.arange(n, device=rows.device)[:, None].expand(n, dim)
+    best = top[bag_of]
+    # torch.max's NaN rule, as this reference had it: a NaN is the maximum, and the first one wins
+    hit = (rows == best) | (rows.isnan() & best.isnan())
+    reached = torch.where(hit, pos, n)  # n: not a maximum (nor any entry)
+    first = torch.full((bags, dim), n, device=rows.device).scatter_reduce(0, to_bag, reached, "amin")
+    chosen = torch.cat([idx, idx.new_full((1,), -1)])[first]  # position n: the bag is empty
+    return torch.where(first < n, top, 0.0), chosen
 
 
 def reference_backward(weight, indices, offsets, mode: str, per_sample_weights, grad_out,
                        include_last_offset: bool = False, padding_idx: int | None = None):
     """float64 gradients of embedding_bag: (d weight [rows, dim], d per_sample_weights [n] or None),
-    torch's dense gradient (sparse=False)."""
+    torch's dense gradient (sparse=False); on weight's device."""
     import torch
 
-    w = weight.double().cpu()
-    g = grad_out.double().cpu()
-    idx, offs, bag_of, keep = _entries(indices, offsets, include_last_offset, padding_idx)
+    w = weight.double()
+    g = grad_out.to(w.device, w.dtype)
+    idx, offs, bag_of, keep = _entries(indices, offsets, include_last_offset, padding_idx, w.device)
     bags = offs.numel() - 1
     grad_w = torch.zeros_like(w)
     if mode == "max":
         _, chosen = reference(weight, indices, offsets, mode, None, include_last_offset, padding_idx)
-        col = torch.arange(w.shape[1]).expand(bags, -1)
+        col = torch.arange(w.shape[1], device=w.device).expand(bags, -1)
         found = chosen >= 0
         grad_w.index_put_((chosen[found], col[found]), g[found], accumulate=True)
         return grad_w, None
-    scale = torch.ones(idx.numel(), dtype=torch.float64)
+    scale = torch.ones(idx.numel(), dtype=torch.float64, device=w.device)
     if per_sample_weights is not None:
-        scale = scale * per_sample_weights.double().cpu()
+        scale = scale * per_sample_weights.to(w.device, w.dtype)
     if mode == "mean":
         scale = scale / _counts(bag_of, keep, bags).clamp(min=1)[bag_of]
     grad_w.index_add_(0, idx[keep], g[bag_of[keep]] * scale[keep][:, None])
     grad_psw = None
     if per_sample_weights is not None:
-        rows = w[idx.clamp(0, max(w.shape[0] - 1, 0))]
-        grad_psw = torch.where(keep, (rows * g[bag_of]).sum(1), 0.0) if idx.numel() else scale.new_zeros(0)
+        grad_psw = torch.where(keep, (_rows(w, idx) * g[bag_of]).sum(1), 0.0) if idx.numel() else scale.new_zeros(0)
     return grad_w, grad_psw
 
 
+def _rows(w, idx):
+    """The rows the entries name (clamped: an out-of-range id is the op's error, not the reference's)."""
+    return w[idx.clamp(0, max(w.shape[0] - 1, 0))] if idx.numel() else w.new_zeros(0, w.shape[1])
+
+
 def _counts(bag_of, keep, bags: int):
+    """Entries that count per bag, float64, on bag_of's device."""
     import torch
 
-    return torch.zeros(bags, dtype=torch.float64).index_add_(0, bag_of[keep], torch.ones(int(keep.sum()),
-                                                                                          dtype=torch.float64))
+    counted = bag_of[keep]
+    return torch.zeros(bags, dtype=torch.float64, device=bag_of.device).index_add_(
+        0, counted, torch.ones(counted.shape, dtype=torch.float64, device=bag_of.device))
 
 
-def _entries(indices, offsets, include_last_offset: bool, padding_idx: int | None):
-    """(indices 1-D, offsets with the end, bag of each entry, entries that count)."""
+def _entries(indices, offsets, include_last_offset: bool, padding_idx: int | None, device=None):
+    """(indices 1-D, offsets with the end, bag of each entry, entries that count), on `device`
+    (default: the indices')."""
     import torch
 
-    idx, offs = _flat(indices, offsets, include_last_offset)
+    idx, offs = _flat(indices, offsets, include_last_offset, device)
     n = idx.numel()
-    bag_of = torch.repeat_interleave(torch.arange(offs.numel() - 1), (offs[1:] - offs[:-1]).clamp(min=0))[:n]
-    keep = torch.ones(n, dtype=torch.bool) if padding_idx is None else idx != padding_idx
+    bags = torch.arange(offs.numel() - 1, device=idx.device)
+    bag_of = torch.repeat_interleave(bags, (offs[1:] - offs[:-1]).clamp(min=0))[:n]
+    keep = torch.ones(n, dtype=torch.bool, device=idx.device) if padding_idx is None else idx != padding_idx
     return idx, offs, bag_of, keep
 
 
-def _flat(indices, offsets, include_last_offset: bool):
-    """(1-D indices, offsets with the end appended): torch's two input forms as one."""
+def _flat(indices, offsets, include_last_offset: bool, device=None):
+    """(1-D indices, offsets with the end appended), int64 on `device` (default: the indices'):
+    torch's two input forms as one."""
     import torch
 
+    device = indices.device if device is None else device
     if indices.dim() == 2:
         bags, n = indices.shape
-        return indices.reshape(-1).long().cpu(), torch.arange(0, bags * n + 1, max(n, 1))[: bags + 1]
-    idx = indices.long().cpu()
-    offs = offsets.long().cpu()
+        return indices.reshape(-1).to(device, torch.long), torch.arange(0, bags * n + 1, max(n, 1), device=device)[: bags + 1]
+    idx = indices.to(device, torch.long)
+    offs = offsets.to(device, torch.long)
     if not include_last_offset:
-        offs = torch.cat([offs, torch.tensor([idx.numel()])])
+        offs = torch.cat([offs, offs.new_full((1,), idx.numel())])
     return idx, offs
