@@ -34,8 +34,10 @@ def relative_error(got, want) -> float:
 
 def make_case(q: eb.Problem, mode: str, seed: int, padding: bool = False) -> dict:
     """Inputs on the GPU and their float64 answers, computed there too: the output, the gradient of
-    weight and (sum) of per_sample_weights for a random output gradient. The inputs are drawn on
-    the CPU, then moved, so that a seed means the same inputs on every machine."""
+    weight and (sum) of per_sample_weights for a random output gradient. On the CPU the reference
+    took most of a check and, at normal priority, starved the next batch's compiles (run at nice
+    10 beside the checks) of the cores. The inputs are drawn on the CPU, then moved, so that a
+    seed means the same inputs on every machine."""
     import torch
 
     w, idx, offs, psw = eb.make_inputs(q, seed=seed, device="cuda", per_sample_weights=mode == "sum")
