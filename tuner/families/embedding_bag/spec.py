@@ -116,7 +116,8 @@ def _flat(indices, offsets, include_last_offset: bool, device=None):
     device = indices.device if device is None else device
     if indices.dim() == 2:
         bags, n = indices.shape
-        return indices.reshape(-1).to(device, torch.long), torch.arange(0, bags * n + 1, max(n, 1), device=device)[: bags + 1]
+        offs = torch.arange(0, bags * n + 1, max(n, 1), device=device)[: bags + 1]
+        return indices.reshape(-1).to(device, torch.long), offs
     idx = indices.to(device, torch.long)
     offs = offsets.to(device, torch.long)
     if not include_last_offset:
