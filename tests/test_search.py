@@ -182,9 +182,10 @@ def test_replaying_the_recorded_h100_dataset_finds_a_fast_variant(tuner_home):
     recs = [r for r in records.read(REAL) if r["status"] == "ok"]
     assert len(recs) > 500 and all(r["gpu"]["gpu_name"] == "NVIDIA H100 80GB HBM3" for r in recs)
     objective = sorted(r["fwd"]["median_us"] + r["bwd"]["median_us"] for r in recs)
-    report = search.run(_cfg(REAL, trials=150, sampler="tpe", seed=0))
-    # TPE over 150 trials lands in the best tenth of what the whole recording holds.
-    assert report.winner["objective_us"] <= objective[len(objective) // 10]
+    for sampler in ("tpe", "ranked"):
+        report = search.run(_cfg(REAL, trials=150, sampler=sampler, seed=0, study=sampler))
+        # 150 trials land in the best 2% of what the whole recording holds.
+        assert report.winner["objective_us"] <= objective[len(objective) // 50], sampler
 
 
 def test_importing_records_skips_known_variants(tuner_home, tmp_path):

@@ -12,6 +12,7 @@ from tuner import gpus
 from tuner.cli_build import cmd_bench, cmd_build, cmd_variants
 from tuner.cli_studies import _show, cmd_dashboard, cmd_export_best, cmd_list, cmd_report, cmd_show
 from tuner.errors import TunerError
+from tuner.search.config import SAMPLERS
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -92,7 +93,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         import_records=args.import_records,
         plant_faults=tuple(f for f in (args.plant_faults or "").split(",") if f),
         arch=args.arch, jobs=args.jobs, batch=args.ask_batch, top_k=args.top_k, eval_timeout=args.eval_timeout,
-        seed=args.seed, progress=not args.quiet, prune=args.prune or None, devices=args.devices)
+        seed=args.seed, warm_start=not args.no_warm_start, progress=not args.quiet, prune=args.prune or None, devices=args.devices)
     report = search.run(cfg)
     st = study.load(report.study_name, args.storage)
     print(_show(st, args.top_k))
@@ -108,7 +109,8 @@ def cmd_search(args: argparse.Namespace) -> int:
           f"{report.evaluated} evaluated, {report.compiled} compiled, {report.duplicates} duplicates, "
           f"failures {report.failed or 'none'}, worker restarts {report.worker_restarts} "
           f"({report.worker_kills} killed from outside, their variants run again), "
-          f"re-queued after a kill {len(report.requeued)}, imported {report.imported}")
+          f"re-queued after a kill {len(report.requeued)}, imported {report.imported}, "
+          f"warm-started {report.warm_started}")
     print(f"time: compile {report.compile_s:.1f} s ({share(report.compile_s)}), verify {report.verify_s:.1f} s "
           f"({share(report.verify_s)}), timing {report.time_s:.1f} s ({share(report.time_s)})")
     print(f"measurements: {report.records_path}")
@@ -184,7 +186,11 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("search", parents=problem, help="search for the fastest correct variant")
     s.add_argument("--trials", type=int, default=200, help="finished trials the study should reach")
     s.add_argument("--timeout", type=float, help="stop asking for new trials after this many seconds")
-    s.add_argument("--sampler", default="tpe", choices=("tpe", "random", "grid"))
+    s.add_argument("--sampler", default="ranked", choices=SAMPLERS,
+                   help="ranked (default): unseen variants a model of the study ranks best, in batches, the "
+                        "family's other studies' best first; tpe: Optuna's TPE; random; grid (every variant)")
+    s.add_argument("--no-warm-start", action="store_true",
+                   help="ranked: ignore the family's other studies in the storage")
     s.add_argument("--simulate", type=Path, metavar="FILE",
                    help="replay recorded measurements (a search's .jsonl) instead of using a GPU")
     s.add_argument("--simulate-delay", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -233,7 +239,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
                        help="search quality in simulation: trials each sampler needs to find a near-best variant")
     s.add_argument("--simulate", type=Path, metavar="FILE", required=True,
                    help="a recording of the whole space (a search's .jsonl)")
-    s.add_argument("--samplers", default="tpe,random,grid", help="comma-separated (default: all)")
+    s.add_argument("--samplers", default=",".join(SAMPLERS), help="comma-separated (default: all)")
     s.add_argument("--seeds", type=int, default=20, help="runs per sampler (default 20)")
     s.add_argument("--first-seed", type=int, default=0, help="seeds run from this one up (default 0)")
     s.add_argument("--within", type=float, default=0.03,
@@ -242,7 +248,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--objective", default="fwd+bwd", choices=("fwd", "bwd", "fwd+bwd"))
     s.add_argument("--csv", type=Path, help="also write the table here")
     s.add_argument("--fail-above", type=float, metavar="PCT",
-                   help="exit 1 when the default sampler's (tpe) median is above PCT %% of the space")
+                   help="exit 1 when the default sampler's (ranked) median is above PCT %% of the space")
 
     s = sub.add_parser("list", help="list stored studies")
     s.add_argument("--storage", help=STORAGE_HELP)

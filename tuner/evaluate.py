@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner import build, gpus, records
+from tuner import build, gpus, records, searchers
 from tuner.pruning import PROBE_REPS
 from tuner.errors import GpuError, TunerError
 from tuner.variant import Variant
@@ -66,7 +66,6 @@ class LiveEvaluator(Evaluator):
     def __init__(self, gpu: str, problem, objective: str, arch: str | None = None,
                  jobs: int | None = None, eval_timeout: float = 60.0, log_path: Path | None = None,
                  devices: list[int] | None = None):
-        from tuner import study
         from tuner.worker import Worker
 
         self.devices = devices or [0]
@@ -85,7 +84,7 @@ class LiveEvaluator(Evaluator):
         self.batch_size = max(2 * self.jobs, 8)
         self._binding = False  # built (or loaded) before the first variant: a re-run needs none
         self.parallel = len(self.devices)
-        self.host = study.host()
+        self.host = searchers.host()
         def log(i: int) -> str | None:  # one log per worker
             return None if log_path is None else str(log_path) if self.parallel == 1 else f"{log_path}.{i}"
 

@@ -13,6 +13,15 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+OBJECTIVES = ("fwd", "bwd", "fwd+bwd")
+
+
+def objective_value(result: dict, objective: str) -> float:
+    """What a search minimises, from a result's (or a record's) timings, in µs."""
+    fwd = result.get("fwd", {}).get("median_us", 0.0)
+    bwd = result.get("bwd", {}).get("median_us", 0.0)
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[objective]
+
 
 def append(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

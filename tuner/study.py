@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import os
 import re
-import socket
 from dataclasses import dataclass
 from typing import Any
 
 from tuner import paths
+from tuner.searchers import others_alive, owner, owner_alive
 from tuner.errors import TunerError
 
 JOURNAL_NAME = "tuner.journal"
@@ -46,10 +44,6 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
-
-
-HEARTBEAT_S = 5  # each searcher beats this often, in the study
-GRACE_S = 15  # a searcher whose beat has not changed for this long is dead: its trials run again
 
 
 def storage(url: str | None = None):
@@ -92,83 +86,6 @@ def storage(url: str | None = None):
                 time.sleep(0.5 * (attempt + 1))
     except ImportError as exc:
         raise TunerError(f"--storage {url}: {exc}; for PostgreSQL: pip install 'tuner[postgres]'") from exc
-
-
-class Heartbeat:
-    """This searcher's pulse in the study, and its watch over the others'.
-
-    Every HEARTBEAT_S a thread counts up this searcher's beat (a study system attribute named
-    after its owner tag: one write, however many trials it runs) and reads the others'. A
-    searcher whose beat has not moved for GRACE_S on this host's clock (no clock is compared
-    across hosts) is dead or cut off: its running trials are failed as interrupted and queued
-    again, to be run by whichever searcher asks next. Trials left running without an owner
-    (a kill between Optuna's ask and the owner's record) are treated the same after GRACE_S.
-    Optuna's own heartbeats (RDB storages only) write once per running trial per beat: a
-    searcher keeps a few hundred trials in flight while it compiles."""
-
-    def __init__(self, study, st):
-        import threading
-
-        self.study, self.storage = study, st
-        self._study_id = st.get_study_id_from_name(study.study_name)
-        self._me = owner()
-        self._count = 0
-        self._seen: dict[str, tuple[Any, float]] = {}  # owner -> (its beat, when it last moved here)
-        self._stop = threading.Event()
-        self._beat()
-        # Two threads: failing a dead searcher's hundreds of trials takes seconds, and this
-        # searcher's own beat must not wait for that.
-        self._threads = [threading.Thread(target=self._every, args=(work,), name=f"tuner-{name}", daemon=True)
-                         for name, work in (("heartbeat", self._beat), ("watch", self.watch))]
-        for thread in self._threads:
-            thread.start()
-
-    @staticmethod
-    def key(tag: str) -> str:
-        return f"tuner:beat:{tag}"
-
-    def _beat(self) -> None:
-        self._count += 1
-        self.storage.set_study_system_attr(self._study_id, self.key(self._me), self._count)
-
-    def _every(self, work) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                work()
-            except Exception:  # noqa: BLE001 - a lost connection must not kill the search; retried next beat
-                pass
-
-    def watch(self, now: float | None = None) -> list[int]:
-        """Fail and queue again the running trials of searchers that stopped beating; their numbers."""
-        import time
-
-        from optuna.trial import TrialState
-
-        now = time.monotonic() if now is None else now
-        beats = self.storage.get_study_system_attrs(self._study_id)
-        dead: list[Any] = []
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            tag = t.user_attrs.get("owner")
-            if tag == self._me:
-                continue
-            beat = beats.get(self.key(tag)) if tag else ("no owner", t.number)
-            name = tag or f"#{t.number}"
-            last, moved = self._seen.get(name, (None, now))
-            if beat != last or name not in self._seen:
-                self._seen[name] = (beat, now)
-            elif now - moved > GRACE_S:
-                dead.append(t)
-        failed = []
-        for t in dead:
-            tag = t.user_attrs.get("owner", "its searcher, which never recorded itself")
-            if fail(self.study, self.storage, t, f"the searcher that ran it ({tag}) stopped beating for {GRACE_S} s"):
-                failed.append(t.number)
-        return failed
-
-    def close(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(10)
 
 
 def fail(study, st, t, message: str) -> bool:
@@ -238,77 +155,6 @@ def summaries(url: str | None = None):
     import optuna
 
     return optuna.get_all_study_summaries(storage(url))
-
-
-# ------------------------------------------------------------------ owners
-
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of a process (tells a live pid from a reused one)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def host() -> str:
-    """The name this searcher gives its host: TUNER_HOST, or the hostname (containers on one
-    machine may share a hostname but not their processes: give each its own TUNER_HOST)."""
-    return os.environ.get("TUNER_HOST") or socket.gethostname()
-
-
-def owner() -> str:
-    pid = os.getpid()
-    return f"{host()}/{pid}/{_start_time(pid)}"
-
-
-def owner_alive(tag: str) -> bool:
-    """False only when the process that ran a trial is known to be gone (same host)."""
-    try:
-        where, pid, start = tag.rsplit("/", 2)
-    except ValueError:
-        return False
-    if where != host():
-        return True  # cannot tell from here: the heartbeats tell
-    return _start_time(int(pid)) == start
-
-
-_registration = None  # this process's lock file under studies/.owners, held while it lives
-
-
-def register() -> None:
-    """Announce this process as a live searcher: a file it holds locked until it exits."""
-    import fcntl
-
-    global _registration
-    if _registration is not None:
-        return
-    folder = paths.studies_dir() / ".owners"
-    folder.mkdir(parents=True, exist_ok=True)
-    f = open(folder / re.sub(r"[^A-Za-z0-9.-]", "_", owner()), "w")
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    _registration = f
-    atexit.register(f.close)
-
-
-def others_alive() -> bool:
-    """Is another `tuner search` of this TUNER_HOME alive on this host? Stale files are removed."""
-    import fcntl
-
-    folder = paths.studies_dir() / ".owners"
-    mine = _registration.name if _registration is not None else None
-    alive = False
-    for path in folder.glob("*") if folder.exists() else []:
-        if str(path) == mine:
-            continue
-        with open(path, "a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                alive = True
-                continue
-        path.unlink(missing_ok=True)
-    return alive
 
 
 def fail_interrupted(study, st) -> list[Any]:

@@ -15,6 +15,7 @@ from typing import Callable
 
 DEFAULT_FLUSH_BYTES = 256 * 1024 * 1024  # over any GPU's L2 today; Triton's do_bench uses the same
 HEAD_START_CYCLES = 2_000_000  # about 1-2 ms of GPU clock
+CHUNK = 16  # repetitions queued behind one head start: the host queues them in well under its time
 
 
 def head_start() -> None:
@@ -55,6 +56,34 @@ class L2Flush:
         self.buffer.fill_(0x5A5A5A5A)
 
 
+def _samples(fn: Callable[[], object], flush: L2Flush, reps: int) -> list[float]:
+    """`reps` timings of `fn` in µs, each after an L2 flush, queued in chunks of CHUNK behind a head
+    start each. One head start for hundreds of repetitions is not enough: the host queues a
+    flush and a call in ~30 µs, the GPU runs them in ~25, so after a millisecond the GPU waits
+    on the host and every event pair times the host's launch rate, not the kernel (medians of
+    a 8 µs kernel read 15-27 µs that way, and the ranking followed the host's jitter)."""
+    import torch
+
+    pairs = []
+    for first in range(0, reps, CHUNK):
+        head_start()
+        for _ in range(min(CHUNK, reps - first)):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush()
+            s.record()
+            fn()
+            e.record()
+            pairs.append((s, e))
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1000.0 for s, e in pairs]
+
+
+def _summary(samples: list[float]) -> Timing:
+    samples = sorted(samples)
+    q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
+    return Timing(median_us=statistics.median(samples), spread_us=q[2] - q[0], min_us=samples[0], reps=len(samples))
+
+
 def bench(fn: Callable[[], object], *, flush: L2Flush | None = None, warmup: int = 3, min_reps: int = 50,
           budget_ms: float = 25.0, max_reps: int = 2000) -> Timing:
     """Time `fn` (GPU time between events around it), flushing L2 before each repetition."""
@@ -73,48 +102,25 @@ def bench(fn: Callable[[], object], *, flush: L2Flush | None = None, warmup: int
     end.synchronize()
     estimate_ms = max(start.elapsed_time(end), 1e-3)
     reps = int(min(max_reps, max(min_reps, budget_ms / estimate_ms)))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    head_start()
-    for s, e in zip(starts, ends):
-        flush()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    samples = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
-    q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
-    return Timing(median_us=statistics.median(samples), spread_us=q[2] - q[0], min_us=samples[0], reps=reps)
+    return _summary(_samples(fn, flush, reps))
 
 
 def interleaved(fns: dict[str, Callable[[], object]], *, flush: L2Flush | None = None, rounds: int = 20,
-                **kwargs) -> dict[str, Timing]:
+                samples: dict[str, list[float]] | None = None, **kwargs) -> dict[str, Timing]:
     """Time several candidates in turns (A, B, C, A, B, C, ...) so that drift in clocks or
-    temperature hits all alike; returns each one's median over all its repetitions."""
+    temperature hits all alike; returns each one's median over all its repetitions. `samples`
+    (name -> µs) keeps them: a later call with it adds to them (an extra round for the close)."""
     import torch
 
     flush = flush or L2Flush()
     per_round = max(kwargs.pop("min_reps", 50) // rounds, 1)
-    samples: dict[str, list[float]] = {k: [] for k in fns}
+    samples = {} if samples is None else samples
+    for name in fns:
+        samples.setdefault(name, [])
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
     for _ in range(rounds):
         for name, fn in fns.items():
-            pairs = []
-            head_start()
-            for _ in range(per_round):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                flush()
-                s.record()
-                fn()
-                e.record()
-                pairs.append((s, e))
-            torch.cuda.synchronize()
-            samples[name].extend(s.elapsed_time(e) * 1000.0 for s, e in pairs)
-    out = {}
-    for name, values in samples.items():
-        values.sort()
-        q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
-        out[name] = Timing(statistics.median(values), q[2] - q[0], values[0], len(values))
-    return out
+            samples[name].extend(_samples(fn, flush, per_round))
+    return {name: _summary(samples[name]) for name in fns}

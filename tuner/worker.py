@@ -48,6 +48,8 @@ def classify(message: str) -> str | None:
 
 # ------------------------------------------------------------------- child
 
+CLOSE = 0.02  # finalists this near the best get an extra round of timing among themselves
+
 class _Child:
     """State kept across jobs in the child: each family's evaluation hooks, the L2 flush buffer."""
 
@@ -106,20 +108,35 @@ class _Child:
         return result
 
     def retime(self, job: dict) -> dict:
-        """The finalists timed in turns, with more repetitions than in the search."""
+        """The finalists timed in turns, with more repetitions than in the search; those within
+        CLOSE of the best are timed in turns once more among themselves (their samples pooled),
+        so that which of two near-equal kernels wins is not decided by one round's drift."""
         from tuner import timing
+        from tuner.records import objective_value
 
         family = self.family(job["family"])
-        fwd, bwd = {}, {}
+        calls: dict[str, dict] = {"fwd": {}, "bwd": {}}
         for k in job["kernels"]:
             f, b = family.calls(family.load(k["so"], k["name"], k.get("entry")), job["problem"], job["objective"])
-            fwd[k["name"]] = f
+            calls["fwd"][k["name"]] = f
             if b is not None:
-                bwd[k["name"]] = b
+                calls["bwd"][k["name"]] = b
         cfg = {"rounds": 20, "min_reps": 400, **job.get("timing", {})}
-        out = {name: {"fwd": t.as_dict()} for name, t in timing.interleaved(fwd, flush=self.flush, **cfg).items()}
-        for name, t in (timing.interleaved(bwd, flush=self.flush, **cfg) if bwd else {}).items():
-            out[name]["bwd"] = t.as_dict()
+        samples: dict[str, dict[str, list[float]]] = {"fwd": {}, "bwd": {}}
+        out: dict[str, dict] = {}
+        names = list(calls["fwd"])
+        for extra in (False, True):
+            for kind, fns in calls.items():
+                for name, t in timing.interleaved({n: fns[n] for n in names if n in fns}, flush=self.flush,
+                                                  samples=samples[kind], **cfg).items():
+                    out.setdefault(name, {})[kind] = t.as_dict()
+            value = {n: objective_value(out[n], job["objective"]) for n in names}
+            best = min(value.values())
+            names = [n for n in names if value[n] <= best * (1 + CLOSE)]
+            if extra or len(names) < 2:
+                break
+            for n in names:
+                out[n]["extra_round"] = True
         return {"status": "ok", "timings": out}
 
 

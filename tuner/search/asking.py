@@ -1,0 +1,161 @@
+"""Asking for trials: which variants a search tries next, claimed in the study so that
+searchers sharing it never evaluate a variant twice.
+
+Queued trials (retries, planted faults) go first, through Optuna's ask. Then, by sampler:
+- ranked (the default): the first batch is the family's best variants in other studies of
+  the storage (another GPU, dtype pair or shape; a warm start) filled up with random ones;
+  every later batch is the unseen variants the model ranks best (`ranking.Ranker`);
+- random and grid: unseen variants in a shuffled order (grid: until the space is done);
+- tpe: Optuna's TPESampler, asked one trial at a time (it may propose a variant again).
+Ranked, random and grid claim each variant in one write (`study.claim`).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from tuner import searchers
+from tuner import study as studies
+from tuner.search.config import SearchConfig
+from tuner.search.ranking import Ranker
+from tuner.search.recording import Book, set_user_attrs
+from tuner.variant import Variant
+
+WARM_SHARE = 0.5  # of the first batch, at most this much comes from other studies
+WARM_TOP = 0.05  # a variant counts for a warm start when in the best 5% of another study
+
+
+def sampler(name: str, seed: int | None):
+    """The Optuna sampler of the study: TPE for tpe; for the others it only fills gaps (a
+    queued trial's missing parameters, or a search asked for more trials than variants)."""
+    import optuna
+
+    if name == "tpe":
+        import warnings
+
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=20)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def distributions(space) -> dict:
+    from optuna.distributions import CategoricalDistribution
+
+    return {d.name: CategoricalDistribution(list(d.values)) for d in space.dims}
+
+
+def shuffled(space, seed: int | None) -> list[Variant]:
+    """Every variant in a shuffled order: sampling without replacement (Optuna's RandomSampler
+    draws a variant again when its parameters repeat), and a partial grid spread over the space."""
+    variants = list(space)
+    random.Random(seed if seed is not None else random.SystemRandom().random()).shuffle(variants)
+    return variants
+
+
+class Asker:
+    def __init__(self, cfg: SearchConfig, book: Book, space, storage, family: str):
+        self.cfg, self.book, self.space, self.storage, self.family = cfg, book, space, storage, family
+        self.dists = book.dists
+        # the variants still to try, the next one last (popped); tpe proposes its own
+        self.queue = shuffled(space, cfg.seed)[::-1] if cfg.sampler != "tpe" else None
+        self.ranker = Ranker(space, cfg.seed) if cfg.sampler == "ranked" else None
+        self.warm: list[str] = []  # ranked: other studies' best, tried first
+        self.learns = self.ranker is not None  # its picks depend on the outcomes so far
+        self.first_batch = FIRST_BATCH
+
+    def start(self) -> None:
+        """Before the first ask: the seeded order made this searcher's own, the warm start read."""
+        self._own_order()
+        if self.ranker is not None and self.cfg.warm_start:
+            self.warm = warm_start(self.storage, self.family, self.book.study.study_name, self.space)
+
+    def _own_order(self) -> None:
+        """Searchers of one study given the same --seed would take the same variants in step,
+        each waiting on the other's copy: the second to arrive with a seed shuffles by its own."""
+        if self.queue is None or self.cfg.seed is None:
+            return
+        study_id = self.storage.get_study_id_from_name(self.book.study.study_name)
+        key, me = f"tuner:seed:{self.cfg.seed}", searchers.owner()
+        taken = self.storage.get_study_system_attrs(study_id).get(key)
+        if taken not in (None, me):
+            self.queue = shuffled(self.space, hash((self.cfg.seed, me)) & 0xFFFF_FFFF)[::-1]
+        else:
+            self.storage.set_study_system_attr(study_id, key, me)
+
+    def ask(self, n: int, pending: list[str]) -> list[tuple[Any, Variant]]:
+        """n new trials; `pending`: variants of this searcher asked but not yet told."""
+        import optuna
+
+        asked = []
+        me = searchers.owner()
+        picks = self._picks(n - max(self.book.waiting, 0), pending) if self.queue is not None else []
+        for _ in range(n):
+            variant = picks.pop(0) if picks and self.book.waiting <= 0 else None
+            if variant is not None:
+                trial = studies.claim(self.book.study, self.space.tuned(variant), self.dists,
+                                      {"variant": variant.name, "owner": me})
+            else:
+                self.book.waiting -= 1
+                trial = self.book.study.ask(self.dists)
+                variant = self.space.nearest(trial.params)
+                if trial.user_attrs.get("fault"):
+                    variant = variant.replace(fault=trial.user_attrs["fault"])
+                try:
+                    set_user_attrs(trial, {"variant": variant.name, "owner": me})
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    continue  # failed as ownerless by another searcher (this one stalled): queued again
+            self.book.seen.add(variant.name)
+            asked.append((trial, variant))
+        return asked
+
+    def _picks(self, n: int, pending: list[str]) -> list[Variant]:
+        """Up to n unseen variants (fewer when the space is done: Optuna's sampler fills the rest)."""
+        self.queue = [v for v in self.queue if v.name not in self.book.seen]
+        if n <= 0 or not self.queue:
+            return []
+        outcomes = self.book.outcomes()
+        if self.ranker is None or (not outcomes and not self.warm) or len(outcomes) < MIN_OUTCOMES:
+            return self._first(n)
+        by_name = {v.name: v for v in self.queue}
+        names = self.ranker.pick(n, outcomes, pending, list(by_name))
+        return [by_name[name] for name in names]
+
+    def _first(self, n: int) -> list[Variant]:
+        """Warm-start variants (up to WARM_SHARE of n), then the shuffled order."""
+        by_name = {v.name: v for v in self.queue}
+        warm = [by_name[name] for name in self.warm if name in by_name][: int(n * WARM_SHARE)]
+        self.warm = [name for name in self.warm if name not in {v.name for v in warm}]
+        self.book.report.warm_started += len(warm)
+        taken = {v.name for v in warm}
+        rest = [v for v in reversed(self.queue) if v.name not in taken][: n - len(warm)]
+        return warm + rest
+
+
+# ranked: the first batch (random, or a warm start) is measured before the second is ranked; 24
+# measured variants are enough for the model's main effects (simulation: 16 did worse, 32 no better)
+FIRST_BATCH = 24
+MIN_OUTCOMES = 8  # finished variants the model needs before it ranks; before that, the shuffled order
+
+
+def warm_start(storage, family: str, this_study: str, space) -> list[str]:
+    """Variants of `space` in the best WARM_TOP of the family's other studies in `storage`
+    (matched on their tuned parameters: another dtype pair's variant of the same shape), the
+    most often and highest ranked first."""
+    import optuna
+
+    tuned = {tuple(sorted(space.tuned(v).items(), key=str)): v.name for v in space}
+    score: dict[str, float] = {}
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.study_name == this_study or summary.user_attrs.get("family") != family:
+            continue
+        st = optuna.load_study(study_name=summary.study_name, storage=storage)
+        done = sorted(((t.value, t.params) for t in st.get_trials(deepcopy=False, states=(
+            optuna.trial.TrialState.COMPLETE,)) if t.value is not None and not t.user_attrs.get("fault")),
+                      key=lambda pair: pair[0])
+        keep = max(1, int(len(done) * WARM_TOP))
+        for rank, (_, params) in enumerate(done[:keep]):
+            name = tuned.get(tuple(sorted(params.items(), key=str)))
+            if name is not None:
+                score[name] = score.get(name, 0.0) + 1.0 - rank / keep
+    return sorted(score, key=lambda name: -score[name])

@@ -1,0 +1,72 @@
+"""What a search is asked to do (SearchConfig, handed down once to every stage) and what it did
+(SearchReport)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tuner.pruning import DEFAULT_FACTOR
+
+# ranked: candidates ranked by a model of the study so far, claimed in batches (the default);
+# tpe: Optuna's TPESampler, asked one trial at a time; random and grid: unseen variants in a
+# shuffled order.
+SAMPLERS = ("ranked", "tpe", "random", "grid")
+
+
+@dataclass
+class SearchConfig:
+    gpu: str
+    problem: Any  # a family's Problem: a dataclass with `family` and `key()`
+    trials: int = 200
+    timeout: float | None = None
+    sampler: str = "ranked"
+    storage: Any = None  # a URL, a journal file's path, or an Optuna storage object; None: the default
+    study: str | None = None
+    objective: str = "fwd+bwd"
+    simulate: Path | None = None
+    simulate_delay: float = 0.0
+    arch: str | None = None
+    jobs: int | None = None
+    batch: int | None = None
+    top_k: int = 5
+    eval_timeout: float = 60.0
+    plant_faults: tuple[str, ...] = ()  # test only: variants with these faults (see the family's FAULTS)
+    import_records: Path | None = None
+    warm_start: bool = True  # ranked: the family's other studies in the storage say what to try first
+    seed: int | None = None
+    progress: bool = True
+    prune: float | None = DEFAULT_FACTOR  # prune variants this much slower than the best; None: time all
+    devices: str | None = None  # "all" or CUDA indices "0,1": a worker per GPU; None: device 0
+    # called with the best objective so far after each trial is told; True stops asking for
+    # more (trials already asked are still finished), as a timeout does
+    stop_when: Callable[[float], bool] | None = None
+
+    def study_name(self, gpu_label: str) -> str:
+        from tuner import study
+
+        return self.study or study.study_name(self.problem.family, gpu_label, self.problem.key(), self.objective)
+
+
+@dataclass
+class SearchReport:
+    study_name: str
+    records_path: Path
+    trials: int = 0
+    evaluated: int = 0
+    compiled: int = 0
+    duplicates: int = 0
+    pruned: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+    requeued: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+    compile_s: float = 0.0
+    verify_s: float = 0.0
+    time_s: float = 0.0
+    winner: dict[str, Any] | None = None
+    retimed: list[dict[str, Any]] = field(default_factory=list)
+    worker_restarts: int = 0
+    worker_kills: int = 0
+    imported: int = 0
+    warm_started: int = 0  # variants tried first because the family's other studies ranked them high

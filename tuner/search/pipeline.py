@@ -1,0 +1,249 @@
+"""The search's run loop: ask a batch, compile it while the GPUs evaluate the previous one,
+tell the study, and end with the finalists.
+
+Per batch: `asking` claims new trials, `recording` settles those whose variant the study
+already measured (their result is copied), the rest compile in a thread (`evaluator.prepare`)
+while the previous batch is verified and timed, one variant at a time per GPU. A variant
+clearly slower than the best after a short probe is pruned. Failures are data: each becomes a
+FAILED trial with a `reason`. Several searchers (processes, hosts) can share a study: none
+evaluates a variant another has, and each runs until the study has its trials.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+import time
+
+from tuner import families, gpus, paths
+from tuner import searchers
+from tuner import study as studies
+from tuner.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
+from tuner.pruning import pruner
+from tuner.records import objective_value
+from tuner.search import asking, finalists
+from tuner.search.config import SearchConfig, SearchReport
+from tuner.search.recording import Book
+from tuner.variant import Variant
+
+
+class Search:
+    def __init__(self, cfg: SearchConfig, evaluator: Evaluator):
+        import optuna
+
+        self.cfg = cfg
+        self.evaluator = evaluator
+        self.family = families.get(cfg.problem.family)
+        self.space = self.family.space_for(cfg.problem.__dict__)
+        self.name = cfg.study_name(evaluator.gpu_label)
+        self.storage = studies.storage(cfg.storage)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study = studies.create(self.name, self.storage, asking.sampler(cfg.sampler, cfg.seed),
+                                    pruner(cfg.prune))
+        self.records_path = studies.records_path(self.name)
+        self.report = SearchReport(self.name, self.records_path)
+        self.book = Book(cfg, self.study, self.space, asking.distributions(self.space), evaluator.gpu_info,
+                         self.report)
+        self.book.record_identity(self.family.FAMILY)
+        self.asker = asking.Asker(cfg, self.book, self.space, self.storage, self.family.FAMILY)
+        self._heartbeat = searchers.Heartbeat(self.study, self.storage)
+        self._lock = threading.Lock()
+        self._slots: queue.Queue[int] = queue.Queue()
+        for slot in range(evaluator.parallel):
+            self._slots.put(slot)
+        self._gpus = concurrent.futures.ThreadPoolExecutor(max_workers=evaluator.parallel,
+                                                           thread_name_prefix="tuner-gpu")
+
+    # -------------------------------------------------------------- run
+
+    def run(self) -> SearchReport:
+        from tqdm import tqdm
+
+        cfg, book = self.cfg, self.book
+        started = time.monotonic()
+        searchers.register()
+        self.report.requeued = studies.fail_interrupted(self.study, self.storage)
+        if cfg.import_records:
+            self.report.imported = book.import_records(cfg.import_records)
+        book.plant(cfg.plant_faults, self.family.FAULTS)  # queued, so that they run first
+        self.asker.start()
+        book.refresh()  # what the study has seen already
+        done = studies.finished_count(self.study)
+        # Larger batches compile more variants per translation unit (nvcc's fixed cost paid fewer
+        # times); TPE learns between batches and asks one trial at a time: smaller ones.
+        batch_size = cfg.batch or self.evaluator.batch_size * {"tpe": 1, "ranked": 2}.get(cfg.sampler, 4)
+        if cfg.progress:
+            book.bar = tqdm(total=cfg.trials, initial=min(done, cfg.trials), desc=self.name, unit="trial",
+                            dynamic_ncols=True, leave=True, disable=None)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        pending = None  # (batch of new trials, future of their builds): compiles while the GPU works
+        waiting: list = []  # trials whose variant another process is evaluating right now
+        others_deadline = None
+        try:
+            while True:
+                following = None
+                out_of_time = cfg.timeout is not None and time.monotonic() - started > cfg.timeout
+                mine = {t.number for t, _ in (pending[0] if pending else []) + waiting}
+                now = studies.tally(self.study)
+                book.waiting = now.waiting
+                others = now.running - mine  # other searchers' trials: they count as underway
+                room = cfg.trials - now.done - len(mine) - len(others)
+                if room > 0 and not out_of_time and not book.stopped:
+                    in_flight = [v.name for _, v in (pending[0] if pending else []) + waiting]
+                    size = self.asker.first_batch if self.asker.learns and not book.results else batch_size
+                    new, held = book.settle_known(self.asker.ask(min(size, room), in_flight))
+                    waiting += held
+                    following = (new, pool.submit(self._prepare, _unique(new)))
+                if pending is None and following is None:
+                    others_deadline = others_deadline or time.monotonic() + 3 * cfg.eval_timeout + 600
+                    if (waiting or others) and time.monotonic() < others_deadline:
+                        # Trials of other searchers: they finish (a copy settles ours of the same
+                        # variant), or their searcher died and they are failed (heartbeats, or its
+                        # pid here) and queued again; either way the count is reached.
+                        if waiting:
+                            new, waiting = book.settle_known(waiting)
+                            if new:  # the earlier trial failed: evaluate them here
+                                self._evaluate(new, self._prepare(_unique(new)))
+                                continue
+                        if waiting or not (out_of_time or book.stopped):
+                            self.report.requeued += studies.fail_interrupted(self.study, self.storage)
+                            time.sleep(1.0)
+                            continue
+                    break
+                if pending is None and following is not None and self.asker.learns and not book.results:
+                    # The first batch is evaluated before the second is asked: a model that ranked
+                    # the second knowing nothing would spend it at random.
+                    self._evaluate(following[0], following[1].result())
+                    following = None
+                if pending is not None:
+                    self._evaluate(pending[0], pending[1].result())
+                pending = following
+            if waiting:  # still waiting at the deadline: evaluate them here
+                new, held = book.settle_known(waiting)
+                self._evaluate(new + held, self._prepare(_unique(new + held)))
+        finally:
+            pool.shutdown(wait=True)
+            self._gpus.shutdown(wait=True)
+            self._heartbeat.close()
+            if book.bar is not None:
+                book.bar.close()
+        if self.report.evaluated or "winner" not in self.study.user_attrs:
+            finalists.retime(cfg, self.study, self.space, self.evaluator, self._prepare, self.report)
+        else:
+            self.report.winner = self.study.user_attrs["winner"]
+            self.report.retimed = self.study.user_attrs.get("retimed", [])
+        self.report.wall_s = time.monotonic() - started
+        self.report.worker_restarts = self.evaluator.restarts
+        self.report.worker_kills = self.evaluator.killed
+        return self.report
+
+    # --------------------------------------------------------- evaluate
+
+    def _prepare(self, variants: list[Variant]) -> dict[str, dict]:
+        started = time.monotonic()
+        prepared = self.evaluator.prepare(variants)
+        self.report.compile_s += time.monotonic() - started
+        self.report.compiled += sum(1 for b in prepared.values() if b.get("compiled"))
+        return prepared
+
+    def _evaluate(self, batch, prepared: dict[str, dict]) -> None:
+        """Each new variant of the batch once, on as many GPUs as the evaluator has (a slot each);
+        the batch's other trials of the same variant copy its result."""
+        first: dict[str, tuple] = {}
+        copies = []
+        for trial, variant in batch:
+            if variant.name in self.book.results or variant.name in first:
+                copies.append((trial, variant))
+            else:
+                first[variant.name] = (trial, variant)
+        if self.evaluator.parallel == 1:
+            for trial, variant in first.values():
+                self._evaluate_one(trial, variant, prepared[variant.name], 0)
+        else:
+            futures = [self._gpus.submit(self._in_a_slot, trial, variant, prepared[variant.name])
+                       for trial, variant in first.values()]
+            for f in futures:
+                f.result()
+        for trial, variant in copies:
+            number, result = self.book.results[variant.name]
+            self.book.tell(trial, variant, result, duplicate_of=number)
+
+    def _in_a_slot(self, trial, variant, build) -> None:
+        slot = self._slots.get()
+        try:
+            self._evaluate_one(trial, variant, build, slot)
+        finally:
+            self._slots.put(slot)
+
+    def _evaluate_one(self, trial, variant, build: dict, slot: int) -> None:
+        if build["status"] != "ok":
+            result = build
+        else:
+            probe = (lambda partial, t=trial: self._probe(t, partial)) if self.cfg.prune else None
+            result = {**build, **self.evaluator.evaluate(variant, build, probe, slot)}
+        with self._lock:  # the study, the book and the report are shared by the slots
+            if build["status"] == "ok":
+                self.report.evaluated += 1
+            self.report.verify_s += result.get("verify_s", 0.0)
+            self.report.time_s += result.get("time_s", 0.0)
+            self.book.record(trial, variant, result, self.records_path)
+
+    def _probe(self, trial, partial: dict) -> bool:
+        """The first repetitions' objective as the trial's intermediate value; go on unless the
+        study's pruner says prune (or another searcher failed the trial meanwhile: `tell` drops it)."""
+        import optuna
+
+        try:
+            trial.report(objective_value(partial, self.cfg.objective), partial["fwd"].get("reps", 0))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+        self.book.probed.add(trial.number)
+        return not trial.should_prune()
+
+
+def _unique(batch) -> list[Variant]:
+    return list({v.name: v for _, v in batch}.values())
+
+
+def finished(cfg: SearchConfig) -> SearchReport | None:
+    """The report of a study that already has its trials and its winner, read without starting
+    CUDA, when the attached GPU (as nvidia-smi names it) is the one it was measured on; else None."""
+    import optuna
+
+    if cfg.simulate or cfg.plant_faults or cfg.import_records or cfg.gpu.lower() == "auto":
+        return None
+    name = cfg.study_name(cfg.gpu)
+    try:
+        st = optuna.load_study(study_name=name, storage=studies.storage(cfg.storage))
+    except KeyError:
+        return None
+    attrs = st.user_attrs
+    gpu = gpus.visible_name()
+    if (gpu is None or gpu != attrs.get("gpu", {}).get("gpu_name") or "winner" not in attrs
+            or studies.finished_count(st) < cfg.trials
+            or st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,
+                                                     optuna.trial.TrialState.WAITING))):
+        return None
+    return SearchReport(name, studies.records_path(name), winner=attrs["winner"], retimed=attrs.get("retimed", []))
+
+
+def run(cfg: SearchConfig) -> SearchReport:
+    started = time.monotonic()
+    report = finished(cfg)
+    if report is not None:
+        report.wall_s = time.monotonic() - started
+        return report
+    if cfg.simulate:
+        simulated = 1 if cfg.devices in (None, "all") else len(gpus.device_indices(cfg.devices))
+        evaluator: Evaluator = SimulatedEvaluator(cfg.simulate, cfg.problem, cfg.objective, cfg.gpu,
+                                                  cfg.simulate_delay, devices=simulated)
+    else:
+        paths.studies_dir().mkdir(parents=True, exist_ok=True)
+        evaluator = LiveEvaluator(cfg.gpu, cfg.problem, cfg.objective, arch=cfg.arch, jobs=cfg.jobs,
+                                  eval_timeout=cfg.eval_timeout, log_path=paths.studies_dir() / "worker.log",
+                                  devices=gpus.device_indices(cfg.devices))
+    try:
+        return Search(cfg, evaluator).run()
+    finally:
+        evaluator.close()

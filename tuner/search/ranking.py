@@ -1,0 +1,60 @@
+"""The ranked sampler's model: a linear model of log time over the variants' parameter values
+and pairs of values, fitted to the study so far, ranking every unseen variant at once.
+
+A variant is a one-hot vector of its values and of its pairs of values (block size 1024 with
+vector loads, ...): a kernel's time is mostly a product of what each choice costs and how two
+choices interact (loads and alignment, block size and work per thread), which is a sum in log
+time. The fit is ridge regression (a Gaussian prior on every weight, RIDGE its precision), so
+it stays defined with fewer variants measured than features, values never seen weigh zero, and
+the whole space is scored with one matrix product: a batch of 32 from 5,000 variants costs
+milliseconds, where asking Optuna's TPE for 32 trials costs seconds.
+
+Tuned in simulation (`tuner samplers`) on the H100 GIoU recordings in tests/data: TPE's
+density ratio scored over every variant, with or without a constant liar, needed about 9% of
+the space to come within 3% of the best at batches of 32; this model about 4.5%.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+RIDGE = 2.0
+
+
+class Ranker:
+    def __init__(self, space, seed: int | None = None):
+        import numpy as np
+
+        self.variants = list(space)
+        self.index = {v.name: i for i, v in enumerate(self.variants)}
+        dims = [d for d in space.dims if len(d.values) > 1]
+        codes = np.array([[d.values.index(v[d.name]) for d in dims] for v in self.variants], dtype=np.int64)
+        columns = [np.ones(len(self.variants))]
+        for a, da in enumerate(dims):
+            columns += [codes[:, a] == k for k in range(len(da.values))]
+            for b in range(a + 1, len(dims)):
+                pair = codes[:, a] * len(dims[b].values) + codes[:, b]
+                columns += [pair == k for k in range(len(da.values) * len(dims[b].values))]
+        features = np.stack(columns, 1).astype(np.float64)
+        self.features = features[:, features.any(0)]  # pairs no valid variant has: dropped
+        self.rng = np.random.default_rng(seed)
+
+    def pick(self, n: int, outcomes: dict[str, float | None], pending: Sequence[str],
+             unseen: Sequence[str]) -> list[str]:
+        """Up to n names from `unseen`, best-predicted first. `outcomes`: finished variants'
+        objectives (None: failed, left out of the fit); `pending`: being evaluated (unused:
+        they are not unseen, and a batch is the n best predictions)."""
+        import numpy as np
+
+        known = [(self.index[name], v) for name, v in outcomes.items() if v is not None and v > 0
+                 and name in self.index]
+        candidates = np.array([self.index[name] for name in unseen if name in self.index], dtype=np.int64)
+        if not known or not len(candidates):
+            return [self.variants[i].name for i in self.rng.permutation(candidates)[:n]]
+        rows = np.array([i for i, _ in known])
+        y = np.log(np.array([v for _, v in known]))
+        x = self.features[rows]
+        weights = np.linalg.solve(x.T @ x + RIDGE * np.eye(x.shape[1]), x.T @ (y - y.mean()))
+        predicted = self.features[candidates] @ weights
+        predicted += self.rng.random(len(candidates)) * 1e-9  # ties go to a seeded coin, not to order
+        return [self.variants[i].name for i in candidates[np.argsort(predicted)[:n]]]
