@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("--family", default="giou")
     ap.add_argument("--searches", type=int, default=3)
     ap.add_argument("--within", type=float, default=0.03)
+    ap.add_argument("--keep", metavar="DIR", help="copy each run's measurement log (studies/*.jsonl) here")
     ap.add_argument("extra", nargs="*", help="more `tuner search` options (problem, objective), after --")
     args = ap.parse_args()
 
@@ -47,6 +48,7 @@ def main() -> int:
         for i in range(args.searches):
             winner, summary = _search(f"{root}/search-{i}", args.gpu, args.family, args.extra)
             print(f"search {i}: winner {winner}; {summary}", flush=True)
+            _keep(f"{root}/search-{i}", args.keep, f"search-{i}")
             picked.setdefault(winner, []).append(f"search {i}")
         grid_home = f"{root}/grid"
         problem = _problem(family, args.extra)
@@ -54,6 +56,7 @@ def main() -> int:
         winner, summary = _search(grid_home, args.gpu, args.family,
                                   [*args.extra, "--sampler", "grid", "--trials", str(space_size), "--prune", "0"])
         print(f"grid: winner {winner}; {summary}", flush=True)
+        _keep(grid_home, args.keep, "grid")
         picked.setdefault(winner, []).append("grid")
     space = family.space_for(problem.__dict__)
     by_name = {v.name: v for v in space}
@@ -74,6 +77,16 @@ def main() -> int:
     print(f"slowest search winner / fastest: {worst / fastest:.3f}; / grid's best: {worst / grid_best:.3f}; "
           f"{'PASS' if ok else 'FAIL'} (within {args.within:.0%})")
     return 0 if ok else 1
+
+
+def _keep(home: str, folder: str | None, name: str) -> None:
+    import shutil
+    from pathlib import Path
+
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        for log in Path(home, "studies").glob("*.jsonl"):
+            shutil.copy(log, Path(folder) / f"{name}.jsonl")
 
 
 def _problem(family, extra: list[str]):

@@ -196,7 +196,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--simulate-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     s.add_argument("--jobs", type=int, help="parallel compiles (default: all cores)")
     s.add_argument("--ask-batch", type=int, help="trials asked of Optuna and compiled together")
-    s.add_argument("--top-k", type=int, default=5, help="finalists re-timed at the end")
+    s.add_argument("--top-k", type=int, default=8, help="finalists re-timed at the end (default 8)")
     s.add_argument("--eval-timeout", type=float, default=60.0, help="seconds before a variant counts as hung")
     s.add_argument("--devices", metavar="all|0,1,...",
                    help="GPUs of this host that evaluate variants, a worker each, fed from one study and one "

@@ -30,7 +30,7 @@ class SearchConfig:
     arch: str | None = None
     jobs: int | None = None
     batch: int | None = None
-    top_k: int = 5
+    top_k: int = 8  # finalists timed again: the search times each variant once, and its top few can swap
     eval_timeout: float = 60.0
     plant_faults: tuple[str, ...] = ()  # test only: variants with these faults (see the family's FAULTS)
     import_records: Path | None = None
