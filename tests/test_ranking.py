@@ -30,7 +30,7 @@ def test_the_model_finds_the_best_of_a_landscape_it_can_express():
     ranker = Ranker(space, seed=0)
     known = {v.name: cost(v) for v in variants[::4]}
     unseen = [v.name for v in variants if v.name not in known]
-    first = ranker.pick(1, known, [], unseen)[0]
+    first = ranker.pick(1, known, unseen)[0]
     by_name = {v.name: v for v in variants}
     assert cost(by_name[first]) == pytest.approx(min(cost(by_name[n]) for n in unseen))
 
@@ -41,9 +41,9 @@ def test_a_batch_is_distinct_unseen_variants_and_failures_are_left_out():
     outcomes = {n: float(i % 7 + 1) for i, n in enumerate(names[:40])}
     outcomes[names[40]] = None  # a failure
     unseen = names[41:]
-    batch = Ranker(space, seed=1).pick(32, outcomes, [], unseen)
+    batch = Ranker(space, seed=1).pick(32, outcomes, unseen)
     assert len(batch) == len(set(batch)) == 32 and set(batch) <= set(unseen)
-    assert Ranker(space, seed=1).pick(32, outcomes, [], unseen) == batch  # seeded
+    assert Ranker(space, seed=1).pick(32, outcomes, unseen) == batch  # seeded
 
 
 def _run(problem, data, storage, study, trials, **kw):

@@ -83,13 +83,13 @@ class Asker:
         else:
             self.storage.set_study_system_attr(study_id, key, me)
 
-    def ask(self, n: int, pending: list[str]) -> list[tuple[Any, Variant]]:
-        """n new trials; `pending`: variants of this searcher asked but not yet told."""
+    def ask(self, n: int) -> list[tuple[Any, Variant]]:
+        """n new trials."""
         import optuna
 
         asked = []
         me = searchers.owner()
-        picks = self._picks(n - max(self.book.waiting, 0), pending) if self.queue is not None else []
+        picks = self._picks(n - max(self.book.waiting, 0)) if self.queue is not None else []
         for _ in range(n):
             variant = picks.pop(0) if picks and self.book.waiting <= 0 else None
             if variant is not None:
@@ -109,7 +109,7 @@ class Asker:
             asked.append((trial, variant))
         return asked
 
-    def _picks(self, n: int, pending: list[str]) -> list[Variant]:
+    def _picks(self, n: int) -> list[Variant]:
         """Up to n unseen variants (fewer when the space is done: Optuna's sampler fills the rest)."""
         self.queue = [v for v in self.queue if v.name not in self.book.seen]
         if n <= 0 or not self.queue:
@@ -118,7 +118,7 @@ class Asker:
         if self.ranker is None or (not outcomes and not self.warm) or len(outcomes) < MIN_OUTCOMES:
             return self._first(n)
         by_name = {v.name: v for v in self.queue}
-        names = self.ranker.pick(n, outcomes, pending, list(by_name))
+        names = self.ranker.pick(n, outcomes, list(by_name))
         return [by_name[name] for name in names]
 
     def _first(self, n: int) -> list[Variant]:

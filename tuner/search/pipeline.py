@@ -90,9 +90,8 @@ class Search:
                 others = now.running - mine  # other searchers' trials: they count as underway
                 room = cfg.trials - now.done - len(mine) - len(others)
                 if room > 0 and not out_of_time and not book.stopped:
-                    in_flight = [v.name for _, v in (pending[0] if pending else []) + waiting]
                     size = self.asker.first_batch if self.asker.learns and not book.results else batch_size
-                    new, held = book.settle_known(self.asker.ask(min(size, room), in_flight))
+                    new, held = book.settle_known(self.asker.ask(min(size, room)))
                     waiting += held
                     following = (new, pool.submit(self._prepare, _unique(new)))
                 if pending is None and following is None:

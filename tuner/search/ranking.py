@@ -1,15 +1,15 @@
 """The ranked sampler's model: a linear model of log time over the variants' parameter values
 and pairs of values, fitted to the study so far, ranking every unseen variant at once.
 
-A variant is a one-hot vector of its values and of its pairs of values (block size 1024 with
-vector loads, ...): a kernel's time is mostly a product of what each choice costs and how two
-choices interact (loads and alignment, block size and work per thread), which is a sum in log
-time. The fit is ridge regression (a Gaussian prior on every weight, RIDGE its precision), so
+A variant is a one-hot vector of its values and of its pairs of values (a value of one
+dimension with a value of another): a kernel's time is mostly a product of what each choice
+costs and how two choices interact (two dimensions whose best values depend on each other),
+which is a sum in log time. The fit is ridge regression (a Gaussian prior on every weight, RIDGE its precision), so
 it stays defined with fewer variants measured than features, values never seen weigh zero, and
 the whole space is scored with one matrix product: a batch of 32 from 5,000 variants costs
 milliseconds, where asking Optuna's TPE for 32 trials costs seconds.
 
-Chosen in simulation (`tuner samplers`) on the H100 GIoU recordings in tests/data: TPE's
+Chosen in simulation (`tuner samplers`) on the H100 recordings in tests/data: TPE's
 density ratio scored over every variant (with or without a constant liar, or with sampling
 noise) needed about 9% of the space to come within 3% of the best at batches of 32; this model
 4.4-6.7% on seeds 0-19 of three recordings, and 10.7% on seeds 20-39 of one (tpe: 6.1-7.3%).
@@ -40,11 +40,10 @@ class Ranker:
         self.features = features[:, features.any(0)]  # pairs no valid variant has: dropped
         self.rng = np.random.default_rng(seed)
 
-    def pick(self, n: int, outcomes: dict[str, float | None], pending: Sequence[str],
-             unseen: Sequence[str]) -> list[str]:
+    def pick(self, n: int, outcomes: dict[str, float | None], unseen: Sequence[str]) -> list[str]:
         """Up to n names from `unseen`, best-predicted first. `outcomes`: finished variants'
-        objectives (None: failed, left out of the fit); `pending`: being evaluated (unused:
-        they are not unseen, and a batch is the n best predictions)."""
+        objectives (None: failed, left out of the fit). Variants being evaluated are not unseen:
+        a batch is the n best predictions, with no need to guess their outcomes."""
         import numpy as np
 
         known = [(self.index[name], v) for name, v in outcomes.items() if v is not None and v > 0
