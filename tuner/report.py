@@ -199,7 +199,7 @@ def markdown(table, about: About | None = None) -> str:
 
 FILES = {
     "trials.csv": "every trial, one row each: state (COMPLETE, PRUNED, FAIL), the variant's values, "
-                  "times (µs), registers, spills, failure reason",
+                  "times (µs; a pruned trial's are its probe's), registers, spills, failure reason",
     "importance.json": "how much each dimension explains the objective (Optuna's PED-ANOVA; "
                        "empty with fewer than 2 verified trials)",
     "by_dimension.csv": "per value of each dimension: verified, pruned and failed trials, the best "
