@@ -27,7 +27,11 @@ class FakeWorker:
     def __init__(self, index, timeout, log_path=None):
         self.index, self.log_path, self.jobs, self.restarts, self.closed = index, log_path, [], index, False
         self.killed = 0
+        self.spawned = False
         FakeWorker.made.append(self)
+
+    def spawn(self):
+        self.spawned = True
 
     def evaluate(self, job, on_probe=None):
         self.jobs.append(job)
@@ -52,6 +56,7 @@ def fakes(monkeypatch):
 def test_a_worker_per_device_and_jobs_go_to_the_slot_asked(fakes, tmp_path):
     ev = evaluate.LiveEvaluator("H100", giou.Problem(), "fwd+bwd", devices=[2, 5], log_path=tmp_path / "w.log")
     assert ev.parallel == 2 and [w.index for w in FakeWorker.made] == [2, 5]
+    assert all(w.spawned for w in FakeWorker.made)  # started ahead, beside the first compiles
     assert [w.log_path for w in FakeWorker.made] == [f"{tmp_path / 'w.log'}.2", f"{tmp_path / 'w.log'}.5"]
     v = next(iter(giou.space()))
     got = ev.evaluate(v, {"so": "x.so", "entry": "e"}, on_probe=lambda probe: False, slot=1)

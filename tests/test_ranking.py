@@ -56,16 +56,43 @@ def _run(problem, data, storage, study, trials, **kw):
         ev.close()
 
 
+def test_a_first_batch_spreads_evenly_over_values_and_pairs():
+    """Every value of every dimension about equally often (a 2-valued one 16 +- 1 times of 32),
+    and every pair of values of two dimensions at least once: what a model of values and pairs
+    needs to rank the next batch. A seeded random sample misses pairs."""
+    import itertools
+    from collections import Counter
+
+    space = giou.space("bfloat16", "uint8")
+    by_name = {v.name: v for v in space}
+    picks = [by_name[n] for n in Ranker(space, seed=3).spread(32, list(by_name), chosen=[])]
+    assert len({v.name for v in picks}) == 32
+    for d in space.dims:
+        counts = Counter(v[d.name] for v in picks)
+        assert set(counts) == set(d.values) and max(counts.values()) - min(counts.values()) <= 2, d.name
+
+    def pairs(variants):
+        return {(a.name, v[a.name], b.name, v[b.name]) for v in variants for a, b in itertools.combinations(space.dims, 2)}
+
+    assert pairs(picks) == pairs(space)
+    # those already chosen count: a second spread fills in around the first
+    more = Ranker(space, seed=3).spread(8, [n for n in by_name if n not in {v.name for v in picks}],
+                                         chosen=[v.name for v in picks])
+    assert not set(more) & {v.name for v in picks}
+
+
 def test_a_warm_start_tries_the_other_studies_best_first(tuner_home):
     storage = optuna.storages.InMemoryStorage()
     _run(F32, DATA / "h100-giou-f32-f32.jsonl", storage, "f32", 300, sampler="random")
     report = _run(BF16, DATA / "h100-giou-bf16-u8.jsonl", storage, "bf16", asking.FIRST_BATCH, batch=64)
-    assert report.warm_started == asking.FIRST_BATCH // 2  # half the first batch, the rest random
-    st = optuna.load_study(study_name="bf16", storage=storage)
-    first = sorted(st.get_trials(deepcopy=False), key=lambda t: t.number)[: report.warm_started]
     f32 = optuna.load_study(study_name="f32", storage=storage)
     done = sorted((t for t in f32.get_trials(deepcopy=False) if t.value is not None), key=lambda t: t.value)
     best_params = [t.params for t in done[: max(1, int(len(done) * asking.WARM_TOP))]]
+    # the other study's best that this space has, up to half the first batch; the rest spread
+    warm = asking.warm_start(storage, "giou", "bf16", giou.space("bfloat16", "uint8"))
+    assert report.warm_started == min(asking.FIRST_BATCH // 2, len(warm)) > 0
+    st = optuna.load_study(study_name="bf16", storage=storage)
+    first = sorted(st.get_trials(deepcopy=False), key=lambda t: t.number)[: report.warm_started]
     assert all(t.params in best_params for t in first)
     cold = _run(BF16, DATA / "h100-giou-bf16-u8.jsonl", storage, "bf16-cold", asking.FIRST_BATCH, batch=64,
                 warm_start=False)

@@ -31,3 +31,12 @@ def test_a_child_that_crashes_by_itself_is_not_given_a_second_run(tmp_path):
         result = w.evaluate({"name": "a", "die": "SIGSEGV", "once": str(tmp_path / "a")})
         assert result["status"] == "fail" and result["reason"] == "crash"
         assert (w.restarts, w.killed) == (1, 0)
+
+
+def test_a_child_spawned_ahead_answers_the_first_job_and_is_replaced_like_any_other(tmp_path):
+    with _worker() as w:
+        w.spawn()  # as a live search does, beside its first compiles
+        first = w.evaluate({"name": "a"})
+        assert first["status"] == "ok" and w.restarts == 0
+        again = w.evaluate({"name": "b", "die": "SIGKILL", "once": str(tmp_path / "b")})
+        assert again["status"] == "ok" and again["pid"] != first["pid"] and w.killed == 1

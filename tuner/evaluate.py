@@ -89,6 +89,8 @@ class LiveEvaluator(Evaluator):
             return None if log_path is None else str(log_path) if self.parallel == 1 else f"{log_path}.{i}"
 
         self.workers = [Worker(i, timeout=eval_timeout, log_path=log(i)) for i in self.devices]
+        for w in self.workers:
+            w.spawn()
 
     @property
     def restarts(self) -> int:  # type: ignore[override]
@@ -99,12 +101,19 @@ class LiveEvaluator(Evaluator):
         return sum(w.killed for w in self.workers)
 
     def prepare(self, variants):
-        if not self._binding:
-            from tuner import binding
+        if self._binding:
+            return {b.variant.name: _build_result(b) for b in build.build(variants, self.arch, jobs=self.jobs)}
+        import concurrent.futures
 
-            binding.load(self.problem.family)  # built here once, not in each worker start
-            self._binding = True
-        return {b.variant.name: _build_result(b) for b in build.build(variants, self.arch, jobs=self.jobs)}
+        from tuner import binding
+
+        # Built here once, not in each worker start; loaded beside the first compiles (a second).
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            loaded = pool.submit(binding.load, self.problem.family)
+            built = build.build(variants, self.arch, jobs=self.jobs)
+            loaded.result()
+        self._binding = True
+        return {b.variant.name: _build_result(b) for b in built}
 
     def evaluate(self, variant, prepared, on_probe=None, slot=0):
         result = self.workers[slot].evaluate({

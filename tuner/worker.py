@@ -201,8 +201,11 @@ class Worker:
         self.killed = 0  # children killed from outside; their jobs were run again
         self._proc = None
         self._conn = None
+        self._greeted = False
 
-    def _start(self) -> None:
+    def spawn(self) -> None:
+        """Start the child without waiting for it: it imports torch and starts CUDA (seconds)
+        while the first variants compile."""
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self._proc = ctx.Process(target=self.target, args=(child, self.device_index, self.log_path),
@@ -210,6 +213,14 @@ class Worker:
         self._proc.start()
         child.close()
         self._conn = parent
+        self._greeted = False
+
+    def _start(self) -> None:
+        self.spawn()
+        self._greet()
+
+    def _greet(self) -> None:
+        parent = self._conn
         if not parent.poll(self.start_timeout):
             self.close()
             raise WorkerError(f"the worker did not start within {self.start_timeout:.0f} s")
@@ -220,6 +231,7 @@ class Worker:
         if not hello.get("ready"):
             self.close()
             raise WorkerError(f"the worker failed to start:\n{hello.get('message', '')}")
+        self._greeted = True
 
     def evaluate(self, job: dict, on_probe=None) -> dict:
         """The job's result; a probe the child sends on the way is answered by `on_probe(probe)`
@@ -235,7 +247,9 @@ class Worker:
         return result
 
     def _evaluate(self, job: dict, on_probe=None) -> dict:
-        if self._proc is None or not self._proc.is_alive():
+        if self._proc is not None and not self._greeted:
+            self._greet()  # spawned ahead: its start-up overlapped the compiles
+        elif self._proc is None or not self._proc.is_alive():
             self._start()
         self._conn.send(job)
         while True:

@@ -71,20 +71,22 @@ class Search:
         book.refresh()  # what the study has seen already
         done = studies.finished_count(self.study)
         # Larger batches compile more variants per translation unit (nvcc's fixed cost paid fewer
-        # times); TPE learns between batches and asks one trial at a time: smaller ones.
-        batch_size = cfg.batch or self.evaluator.batch_size * {"tpe": 1, "ranked": 2}.get(cfg.sampler, 4)
+        # times); TPE learns between batches and asks one trial at a time: smaller ones. A batch
+        # compiles in pieces, so that the GPUs start on its first piece while the rest compiles.
+        batch_size = cfg.batch or self.evaluator.batch_size * (1 if cfg.sampler == "tpe" else 4)
+        piece = max(self.evaluator.batch_size * 2, 1)
         if cfg.progress:
             book.bar = tqdm(total=cfg.trials, initial=min(done, cfg.trials), desc=self.name, unit="trial",
                             dynamic_ncols=True, leave=True, disable=None)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-        pending = None  # (batch of new trials, future of their builds): compiles while the GPU works
+        pending = None  # [(piece of a batch's new trials, future of their builds)]: compiles while the GPU works
         waiting: list = []  # trials whose variant another process is evaluating right now
         others_deadline = None
         try:
             while True:
                 following = None
                 out_of_time = cfg.timeout is not None and time.monotonic() - started > cfg.timeout
-                mine = {t.number for t, _ in (pending[0] if pending else []) + waiting}
+                mine = {t.number for part, _ in pending or [] for t, _ in part} | {t.number for t, _ in waiting}
                 now = studies.tally(self.study)
                 book.waiting = now.waiting
                 others = now.running - mine  # other searchers' trials: they count as underway
@@ -93,7 +95,8 @@ class Search:
                     size = self.asker.first_batch if self.asker.learns and not book.results else batch_size
                     new, held = book.settle_known(self.asker.ask(min(size, room)))
                     waiting += held
-                    following = (new, pool.submit(self._prepare, _unique(new)))
+                    following = [(part, pool.submit(self._prepare, _unique(part)))
+                                 for part in (new[i:i + piece] for i in range(0, len(new), piece))]
                 if pending is None and following is None:
                     others_deadline = others_deadline or time.monotonic() + 3 * cfg.eval_timeout + 600
                     if (waiting or others) and time.monotonic() < others_deadline:
@@ -113,10 +116,10 @@ class Search:
                 if pending is None and following is not None and self.asker.learns and not book.results:
                     # The first batch is evaluated before the second is asked: a model that ranked
                     # the second knowing nothing would spend it at random.
-                    self._evaluate(following[0], following[1].result())
+                    self._evaluate_pieces(following)
                     following = None
                 if pending is not None:
-                    self._evaluate(pending[0], pending[1].result())
+                    self._evaluate_pieces(pending)
                 pending = following
             if waiting:  # still waiting at the deadline: evaluate them here
                 new, held = book.settle_known(waiting)
@@ -145,6 +148,10 @@ class Search:
         self.report.compile_s += time.monotonic() - started
         self.report.compiled += sum(1 for b in prepared.values() if b.get("compiled"))
         return prepared
+
+    def _evaluate_pieces(self, pieces) -> None:
+        for part, built in pieces:
+            self._evaluate(part, built.result())
 
     def _evaluate(self, batch, prepared: dict[str, dict]) -> None:
         """Each new variant of the batch once, on as many GPUs as the evaluator has (a slot each);

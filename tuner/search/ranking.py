@@ -40,6 +40,23 @@ class Ranker:
         self.features = features[:, features.any(0)]  # pairs no valid variant has: dropped
         self.rng = np.random.default_rng(seed)
 
+    def spread(self, n: int, unseen: Sequence[str], chosen: Sequence[str] = ()) -> list[str]:
+        """n names from `unseen` that together cover the values and pairs of values evenly
+        (each pick the one whose values and pairs have been picked least so far; ties by a
+        seeded coin): a first batch the model learns more from than a random one."""
+        import numpy as np
+
+        candidates = [self.index[name] for name in unseen if name in self.index]
+        counts = self.features[[self.index[c] for c in chosen if c in self.index]].sum(0)
+        picks = []
+        for _ in range(min(n, len(candidates))):
+            score = self.features[candidates] @ (1.0 / (1.0 + counts))
+            score += self.rng.random(len(candidates)) * 1e-6
+            best = int(np.argmax(score))
+            picks.append(candidates.pop(best))
+            counts = counts + self.features[picks[-1]]
+        return [self.variants[i].name for i in picks]
+
     def pick(self, n: int, outcomes: dict[str, float | None], unseen: Sequence[str]) -> list[str]:
         """Up to n names from `unseen`, best-predicted first. `outcomes`: finished variants'
         objectives (None: failed, left out of the fit). Variants being evaluated are not unseen:
