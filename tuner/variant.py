@@ -63,7 +63,7 @@ class Variant:
 
 
 # Short forms that keep names readable; any other value prints as itself.
-_PREFIX = {"boxes_per_thread": "k", "block_size": "b", "fault": "fault_"}
+_PREFIX = {"boxes_per_thread": "k", "block_size": "b", "fault": "fault_", "split": "split"}
 
 
 def _short(key: str, value: Any) -> str:
