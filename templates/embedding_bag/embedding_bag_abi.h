@@ -5,7 +5,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#define TUNER_EMBEDDING_BAG_ABI 3
+#define TUNER_EMBEDDING_BAG_ABI 4
 
 // Error bits of the sticky error word; flags[i] mirrors bit i in host-mapped memory.
 #define TUNER_EB_BAD_INDEX 1u   // an index outside [0, rows)
@@ -30,6 +30,13 @@ typedef struct {
   long long padding_idx;           // -1: none
   unsigned* error_word;            // device word, sticky error bits (zeroed by the host)
   unsigned char* error_flags;      // host-mapped bytes, one per bit, or null
+  // Variants that split bags into chunks (split > 0 in the table): groups per bag, and when
+  // that is more than one, the chunks' scratch and a zeroed counter per bag (left zeroed).
+  long long splits;
+  float* partials;                 // [bags * splits, dim]
+  long long* partial_args;         // [bags * splits, dim] (max)
+  long long* partial_counts;       // [bags * splits]
+  unsigned* arrivals;              // [bags]
 } TunerEmbeddingBagArgs;
 
 // The backward: the dense gradient of weight (zeroed by the host) and, for sum with
@@ -66,6 +73,7 @@ typedef struct {
   int validates;             // whether bad indices and offsets are reported (else only clamped)
   int sorted;                // whether the backward needs sorted_rows / order / bag_of / partials
   int piece;                 // sorted entries summed per partial (partials has ceil(n / piece) rows)
+  int split;                 // entries per chunk when bags are split over groups (0: a group per bag)
   int (*forward)(const TunerEmbeddingBagArgs* a, cudaStream_t stream);
   int (*backward)(const TunerEmbeddingBagBackwardArgs* a, cudaStream_t stream);
 } TunerEmbeddingBagVtable;

@@ -28,6 +28,7 @@ int pair_of(const TunerEmbeddingBagVtable* vt) {
   return w < 0 || i < 0 ? -1 : w * 2 + i;
 }
 
+// Workspace word 0 holds the error bits; words 1.. are the split variants' arrival counters.
 Op<TunerEmbeddingBagVtable> op("embedding_bag", TUNER_EMBEDDING_BAG_ABI, 6, pair_of, error_text, 0,
                                TUNER_EB_ERROR_BITS);
 
@@ -46,16 +47,20 @@ struct Bags {
 Bags with_end(const at::Tensor& offsets) { return Bags{offsets, offsets.numel() - 1, -1, true}; }
 
 // What every call of a variant needs to hold: the variant's dtypes, contiguous inputs on
-// one device, offsets with the end; the weight aligned for the variant's loads.
+// one device (indices are read as their numel() entries in order: 1-D, or 2-D with a bag
+// length), offsets with the end; the weight aligned for the variant's loads.
 void check_call(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, const at::Tensor& indices,
                 const Bags& bags) {
   TORCH_CHECK(weight.is_cuda() && weight.dim() == 2 && weight.is_contiguous(),
               "embedding_bag: weight must be a contiguous 2-D CUDA tensor");
   TORCH_CHECK(std::strcmp(c10::toString(weight.scalar_type()), vt->weight_dtype) == 0, "embedding_bag: variant ",
               vt->name, " takes weight of dtype ", vt->weight_dtype, ", got ", dtype_name(weight.scalar_type()));
+  TORCH_CHECK(bags.length < 0 || indices.numel() == bags.count * bags.length,
+              "embedding_bag: 2-D indices must hold bags * bag_length entries");
   for (const at::Tensor* t : {&indices, &bags.offsets}) {
     if (t == &bags.offsets && bags.length >= 0) continue;
-    TORCH_CHECK(t->device() == weight.device() && t->dim() == 1 && t->is_contiguous() &&
+    TORCH_CHECK(t->device() == weight.device() && (t->dim() == 1 || (t == &indices && bags.length >= 0)) &&
+                    t->is_contiguous() &&
                     std::strcmp(c10::toString(t->scalar_type()), vt->index_dtype) == 0,
                 "embedding_bag: variant ", vt->name, " takes contiguous 1-D indices and offsets of dtype ",
                 vt->index_dtype, " on ", weight.device());
@@ -67,6 +72,15 @@ void check_call(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, con
               vt->name);
 }
 
+// Groups per bag for a variant that cuts bags into chunks of `chunk` entries: enough for bags
+// up to twice the mean length (the PR's bag sizes are uniform in [0, 2 * mean]) or, for 2-D
+// indices, for the bag length; a longer bag's last chunk takes the rest. Chosen from sizes the
+// host has, so that a call never waits for the device.
+int64_t splits(int64_t chunk, int64_t bags, int64_t n, int64_t length) {
+  const int64_t longest = length >= 0 ? length : 2 * n / bags + 1;
+  return std::max<int64_t>(1, std::min<int64_t>((longest + chunk - 1) / chunk, 4096));
+}
+
 void run_forward(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, const at::Tensor& indices,
                  const Bags& b, int64_t mode, const std::optional<at::Tensor>& psw, int64_t padding_idx,
                  const at::Tensor& out, const at::Tensor& max_indices, const at::Tensor& bag_count, int64_t check) {
@@ -76,9 +90,10 @@ void run_forward(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, co
   TORCH_CHECK(out.scalar_type() == weight.scalar_type() && out.is_contiguous() && out.device() == weight.device() &&
                   out.numel() == bags * dim,
               "embedding_bag: out must be a contiguous [bags, dim] tensor of weight's dtype");
-  TORCH_CHECK(mode != TUNER_EB_MAX || (max_indices.scalar_type() == at::kLong && max_indices.numel() == bags * dim &&
-                                       max_indices.is_contiguous()),
-              "embedding_bag: max needs max_indices, a contiguous int64 [bags, dim] tensor");
+  TORCH_CHECK(mode != TUNER_EB_MAX || !has(max_indices) ||
+                  (max_indices.scalar_type() == at::kLong && max_indices.numel() == bags * dim &&
+                   max_indices.is_contiguous()),
+              "embedding_bag: max_indices must be a contiguous int64 [bags, dim] tensor (or empty: not wanted)");
   TORCH_CHECK(!has(bag_count) || (bag_count.scalar_type() == at::kFloat && bag_count.numel() == bags),
               "embedding_bag: bag_count must be a float32 tensor of bags elements");
   if (psw.has_value()) {
@@ -88,8 +103,22 @@ void run_forward(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, co
   }
   c10::cuda::CUDAGuard guard(weight.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  Workspace& ws = op.workspaces.get(static_cast<int>(weight.get_device()), stream, 1);
   TunerEmbeddingBagArgs a{};
+  a.splits = 1;
+  at::Tensor scratch;
+  if (vt->split > 0 && bags > 0) a.splits = splits(vt->split, bags, indices.numel(), b.length);
+  if (a.splits > 1) {
+    // One allocation for the chunks' partials: sums (float), then counts and, for max, rows (int64).
+    const int64_t slots = bags * a.splits, sums = (slots * dim * 4 + 15) / 16 * 16;
+    scratch = at::empty({sums + slots * 8 + (mode == TUNER_EB_MAX ? slots * dim * 8 : 0)},
+                        weight.options().dtype(at::kByte));
+    auto* base = static_cast<char*>(scratch.data_ptr());
+    a.partials = reinterpret_cast<float*>(base);
+    a.partial_counts = reinterpret_cast<long long*>(base + sums);
+    a.partial_args = mode == TUNER_EB_MAX ? reinterpret_cast<long long*>(base + sums + slots * 8) : nullptr;
+  }
+  Workspace& ws = op.workspaces.get(static_cast<int>(weight.get_device()), stream, a.splits > 1 ? 1 + bags : 1);
+  if (a.splits > 1) a.arrivals = ws.words + 1;
   a.weight = weight.data_ptr();
   a.indices = indices.data_ptr();
   a.offsets = b.length >= 0 ? nullptr : b.offsets.data_ptr();
@@ -97,7 +126,7 @@ void run_forward(const TunerEmbeddingBagVtable* vt, const at::Tensor& weight, co
   a.offsets_end = b.offsets_end;
   a.per_sample_weights = psw.has_value() ? psw->data_ptr() : nullptr;
   a.out = out.data_ptr();
-  a.max_indices = mode == TUNER_EB_MAX ? static_cast<long long*>(max_indices.data_ptr()) : nullptr;
+  a.max_indices = mode == TUNER_EB_MAX && has(max_indices) ? static_cast<long long*>(max_indices.data_ptr()) : nullptr;
   a.bag_count = has(bag_count) ? bag_count.data_ptr<float>() : nullptr;
   a.rows = weight.size(0);
   a.dim = dim;
@@ -134,7 +163,7 @@ void run_backward(const TunerEmbeddingBagVtable* vt, const at::Tensor& grad, con
   TunerEmbeddingBagBackwardArgs a{};
   at::Tensor sorted, order, bag_of, partials;
   if (vt->sorted && n > 0 && has(grad_weight)) {
-    std::tie(sorted, order) = at::sort(indices.to(at::kLong), /*stable=*/true, 0, false);
+    std::tie(sorted, order) = at::sort(indices.view(-1).to(at::kLong), /*stable=*/true, 0, false);
     bag_of = at::full({n}, -1, indices.options().dtype(at::kLong));  // entries before the first offset: no bag
     partials = at::empty({(n + vt->piece - 1) / vt->piece, dim}, weight.options().dtype(at::kFloat));
     a.sorted_rows = static_cast<long long*>(sorted.data_ptr());
@@ -183,13 +212,29 @@ void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tens
 
 // ------------------------------------------------------------------ the op's winners
 
-// The winner nearest in dim and mean bag size, a tuned mode of its own preferred.
-const Winner<TunerEmbeddingBagVtable>& choose(const Table<TunerEmbeddingBagVtable>& t, const at::Tensor& weight,
-                                              const at::Tensor& indices, int64_t bags, int64_t mode) {
+// The winner nearest in dim and mean bag size, a tuned mode of its own preferred. A thread's
+// last choice is kept with the table it came from (held, so that a table published later is
+// never mistaken for it): a call of the same dtypes, dim, mean bag size and mode, the usual
+// case in a training loop, takes it without comparing the winners again.
+const Winner<TunerEmbeddingBagVtable>& choose(const std::shared_ptr<const Table<TunerEmbeddingBagVtable>>& t,
+                                              const at::Tensor& weight, const at::Tensor& indices, int64_t bags,
+                                              int64_t mode) {
+  struct Last {
+    std::shared_ptr<const Table<TunerEmbeddingBagVtable>> table;
+    int pair = -1;
+    int64_t dim = 0, per_bag = 0, mode = -1;
+    const Winner<TunerEmbeddingBagVtable>* winner = nullptr;
+  };
+  thread_local Last last;
   const int pair = index_of(weight.scalar_type(), kWeights) * 2 + index_of(indices.scalar_type(), kIndices);
-  return op.choose(t, pair, {weight.size(1), indices.numel() / std::max<int64_t>(bags, 1)}, mode, [&] {
+  const int64_t dim = weight.size(1), per_bag = indices.numel() / std::max<int64_t>(bags, 1);
+  if (last.table == t && last.pair == pair && last.dim == dim && last.per_bag == per_bag && last.mode == mode)
+    return *last.winner;
+  const auto& w = op.choose(*t, pair, {dim, per_bag}, mode, [&] {
     return "weight " + dtype_name(weight.scalar_type()) + " and indices " + dtype_name(indices.scalar_type());
   });
+  last = Last{t, pair, dim, per_bag, mode, &w};
+  return w;
 }
 
 // ------------------------------------------------------------------ the op
@@ -201,15 +246,22 @@ int64_t mode_code(c10::string_view mode) {
   TORCH_CHECK_VALUE(false, "embedding_bag: mode must be one of ('sum', 'mean', 'max'), got '", std::string(mode), "'");
 }
 
-// torch.nn.functional.embedding_bag's arguments as the kernels take them: 1-D indices, bags
-// from the offsets as given (of indices' dtype; int64 for both where they differ, as torch
-// promotes) or from 2-D indices' row length, padding_idx >= 0 or -1. No kernel is launched
-// for this. The checks and messages of the Python implementations (op.py).
+// torch.nn.functional.embedding_bag's arguments as the kernels take them: contiguous indices
+// (2-D ones as they are: the kernels read numel() entries in order), bags from the offsets as
+// given (of indices' dtype; int64 for both where they differ, as torch promotes) or from 2-D
+// indices' row length, padding_idx >= 0 or -1. No kernel is launched for this, and for the
+// usual inputs (contiguous, of one dtype) no op is called either: a call's host time is the
+// op's. The checks and messages of the Python implementations (op.py).
 struct Normal {
   at::Tensor indices;
   Bags bags;
   int64_t padding_idx;
 };
+
+// t contiguous and of dtype, converted only when it is not.
+at::Tensor as(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t.contiguous() : t.to(dtype).contiguous();
+}
 
 Normal normalize(const at::Tensor& weight, const at::Tensor& indices, const std::optional<at::Tensor>& offsets,
                  int64_t mode, const std::optional<at::Tensor>& psw, bool include_last_offset,
@@ -241,7 +293,7 @@ Normal normalize(const at::Tensor& weight, const at::Tensor& indices, const std:
   }
   if (indices.dim() == 2) {
     TORCH_CHECK_VALUE(!offsets.has_value(), "embedding_bag: offsets must be None when indices are 2-D");
-    return {indices.reshape(-1).contiguous(), Bags{at::Tensor(), indices.size(0), indices.size(1), false}, pad};
+    return {indices.contiguous(), Bags{at::Tensor(), indices.size(0), indices.size(1), false}, pad};
   }
   TORCH_CHECK_VALUE(indices.dim() == 1, "embedding_bag: indices must be 1-D (with offsets) or 2-D, got ",
                     text(indices.sizes()));
@@ -255,8 +307,8 @@ Normal normalize(const at::Tensor& weight, const at::Tensor& indices, const std:
   TORCH_CHECK_VALUE(!include_last_offset || o.numel() >= 1,
                     "embedding_bag: include_last_offset needs at least one offset");
   const auto dtype = indices.scalar_type() == o.scalar_type() ? o.scalar_type() : at::kLong;  // as torch promotes
-  return {indices.to(dtype).contiguous(),
-          Bags{o.to(dtype).contiguous(), o.numel() - (include_last_offset ? 1 : 0), -1, include_last_offset}, pad};
+  return {as(indices, dtype), Bags{as(o, dtype), o.numel() - (include_last_offset ? 1 : 0), -1, include_last_offset},
+          pad};
 }
 
 
@@ -275,12 +327,14 @@ using BackwardSig = BackwardOut(const at::Tensor&, const at::Tensor&, const at::
 using OpSig = at::Tensor(const at::Tensor&, const at::Tensor&, const Opt&, c10::string_view, const Opt&, bool,
                          std::optional<int64_t>);
 
+// per_sample_weights as the kernels read them: numel() entries in the order of indices' (of any shape).
 Opt flat(const Opt& psw) {
   if (!psw.has_value()) return std::nullopt;
-  return psw->reshape(-1).contiguous();
+  return psw->contiguous();
 }
 
-// (out, max_indices, bag_count); with `save` false the last two only where the kernel needs them.
+// (out, max_indices, bag_count) for the backward; with `save` false only out is made (nothing
+// else is allocated, and max does not write the rows it chose).
 ForwardOut forward_cuda(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets, int64_t mode,
                         const Opt& psw, bool include_last_offset, std::optional<int64_t> padding_idx, bool save) {
   TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "embedding_bag: mode code must be 0, 1 or 2");
@@ -289,11 +343,14 @@ ForwardOut forward_cuda(const at::Tensor& weight, const at::Tensor& indices, con
   if (t->reference) return OnCpu<ForwardSig>::call("tuner::embedding_bag_forward", weight.device(), weight, indices,
                                                    offsets, mode, psw, include_last_offset, padding_idx);
   const int64_t bags = a.bags.count, dim = weight.size(1);
-  const auto& w = choose(*t, weight, a.indices, bags, mode);
+  const auto& w = choose(t, weight, a.indices, bags, mode);
   const at::Tensor wt = ready(weight, w.vt->vec * weight.element_size());
   at::Tensor out = at::empty({bags, dim}, weight.options());
-  at::Tensor maxi = at::empty({mode == TUNER_EB_MAX ? bags : 0, dim}, weight.options().dtype(at::kLong));
-  at::Tensor count = at::empty({save && mode == TUNER_EB_MEAN ? bags : 0}, weight.options().dtype(at::kFloat));
+  at::Tensor maxi, count;
+  if (save) {
+    maxi = at::empty({mode == TUNER_EB_MAX ? bags : 0, dim}, weight.options().dtype(at::kLong));
+    count = at::empty({mode == TUNER_EB_MEAN ? bags : 0}, weight.options().dtype(at::kFloat));
+  }
   run_forward(w.vt, wt, a.indices, a.bags, mode, flat(psw), a.padding_idx, out, maxi, count, op.check());
   return {out, maxi, count};
 }
@@ -321,7 +378,7 @@ BackwardOut embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor
   if (t->reference) return OnCpu<BackwardSig>::call("tuner::embedding_bag_backward", weight.device(), grad, weight,
                                                     indices, offsets, mode, psw, include_last_offset, padding_idx,
                                                     max_indices, bag_count, weight_grad, psw_grad);
-  const auto& w = choose(*t, weight, a.indices, a.bags.count, mode);  // the forward's
+  const auto& w = choose(t, weight, a.indices, a.bags.count, mode);  // the forward's
   const int64_t alignment = w.vt->vec * weight.element_size();
   const at::Tensor wt = ready(weight, alignment);
   const at::Tensor g = ready(grad.to(weight.scalar_type()), alignment);
@@ -337,14 +394,30 @@ BackwardOut embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor
 
 // ------------------------------------------------------------------ autograd
 
+// The ops below the Autograd kernel, each looked up once, here (Call<> of tuner_op.h finds an op
+// by its name on every call: a lock and a map lookup, paid by every eager call).
+const c10::TypedOperatorHandle<OpSig>& plain_op() {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("tuner::embedding_bag", "").typed<OpSig>();
+  return h;
+}
+const c10::TypedOperatorHandle<ForwardSig>& forward_op() {
+  static const auto h =
+      c10::Dispatcher::singleton().findSchemaOrThrow("tuner::embedding_bag_forward", "").typed<ForwardSig>();
+  return h;
+}
+const c10::TypedOperatorHandle<BackwardSig>& backward_op() {
+  static const auto h =
+      c10::Dispatcher::singleton().findSchemaOrThrow("tuner::embedding_bag_backward", "").typed<BackwardSig>();
+  return h;
+}
+
 class EmbeddingBag : public torch::autograd::Function<EmbeddingBag> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& indices,
                             const Opt& offsets, int64_t mode, const Opt& psw, bool include_last_offset,
                             std::optional<int64_t> padding_idx) {
     at::AutoDispatchBelowADInplaceOrView below;
-    auto [out, maxi, count] = Call<ForwardSig>::call("tuner::embedding_bag_forward", weight, indices, offsets, mode, psw,
-                                                      include_last_offset, padding_idx);
+    auto [out, maxi, count] = forward_op().call(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
     ctx->save_for_backward({weight, indices, offsets.value_or(at::Tensor()), psw.value_or(at::Tensor()), maxi, count});
     // needs_input_grad counts the tensor arguments given: weight, indices, offsets if any, psw.
     ctx->saved_data["psw_edge"] = int64_t(offsets.has_value() && offsets->defined() ? 3 : 2);
@@ -362,8 +435,8 @@ class EmbeddingBag : public torch::autograd::Function<EmbeddingBag> {
     if (grads[0].defined() && (weight_grad || psw_grad)) {
       const auto opt = [](const at::Tensor& t) { return t.defined() ? Opt(t) : std::nullopt; };
       const auto& pad = ctx->saved_data["padding_idx"];
-      std::tie(grad_weight, grad_psw) = Call<BackwardSig>::call(
-          "tuner::embedding_bag_backward", grads[0].contiguous(), s[0], s[1], opt(s[2]), ctx->saved_data["mode"].toInt(), opt(s[3]),
+      std::tie(grad_weight, grad_psw) = backward_op().call(
+          grads[0].contiguous(), s[0], s[1], opt(s[2]), ctx->saved_data["mode"].toInt(), opt(s[3]),
           ctx->saved_data["include_last_offset"].toBool(),
           pad.isNone() ? std::nullopt : std::optional<int64_t>(pad.toInt()), s[4], s[5], weight_grad, psw_grad);
       if (!weight_grad) grad_weight = at::Tensor();
@@ -379,8 +452,7 @@ at::Tensor embedding_bag_autograd(const at::Tensor& weight, const at::Tensor& in
   const bool wants = weight.requires_grad() || (psw.has_value() && psw->requires_grad());
   if (!(at::GradMode::is_enabled() && wants)) {  // no graph: the plain forward, nothing saved
     at::AutoDispatchBelowADInplaceOrView below;
-    return Call<OpSig>::call("tuner::embedding_bag", weight, indices, offsets, mode, psw, include_last_offset,
-                             padding_idx);
+    return plain_op().call(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
   }
   return EmbeddingBag::apply(weight, indices, offsets, mode_code(mode), psw, include_last_offset, padding_idx);
 }

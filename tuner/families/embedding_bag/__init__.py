@@ -9,7 +9,8 @@ whatever the weight dtype; the output has the weight's dtype.
 
 What is tuned follows PyTorch PR 167834, which made the forward 1.3-2.1x faster by
 moving the bounds check of each index out of the gather loop: where validation sits,
-how bags map to threads, how wide the loads are, how many rows are in flight.
+how bags map to threads, whether long bags are cut into chunks spread over the GPU, how wide
+the loads are, how many rows are in flight.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ DIMS = (
         "indices out of range: clamped only / checked in the gather loop / checked in a loop before "
         "it (no early exit, as the PR) / checked by a separate kernel first"),
     Dim("mapping", ("warp", "subwarp", "block"), "threads per bag: a warp, 8 lanes, or a whole block"),
+    Dim("split", (None, 32, 64),
+        "bags whole, one per group; or cut into chunks of 32 or 64 entries, each gathered by a group of its "
+        "own (spread over the GPU, so that the longest bags do not set the time), the chunks' partials added "
+        "in chunk order (deterministic) by the group that finishes its bag last"),
     Dim("vec", (1, 2, 4, 8), "feature elements per load"),
     Dim("unroll", (1, 2, 4, 8), "rows in flight per thread (unroll of the index loop)"),
     Dim("block_size", (64, 128, 256, 512), "threads per block"),
@@ -60,6 +65,8 @@ def _constraints(weight: str) -> tuple[Constraint, ...]:
                    lambda p: p["vec"] * _BYTES[weight] <= 16),
         Constraint("a block-per-bag mapping needs no more than 256 threads to cover a row",
                    lambda p: p["mapping"] != "block" or p["block_size"] <= 256),
+        Constraint("chunks of a bag go to warps or subwarps (a block per bag already splits its bag over its warps)",
+                   lambda p: p["split"] is None or p["mapping"] != "block"),
         Constraint("atomic scatter-add is for float32 weights: 16-bit atomics lose the sum of a frequent id",
                    lambda p: p["backward"] != "atomic" or weight == "float32"),
     )

@@ -32,6 +32,7 @@ class EmbeddingBagKernel(Kernel):
     family = "embedding_bag"
     fields = [("weight_dtype", ctypes.c_char_p), ("index_dtype", ctypes.c_char_p), ("vec", ctypes.c_int),
               ("validates", ctypes.c_int), ("sorted", ctypes.c_int), ("piece", ctypes.c_int),
+              ("split", ctypes.c_int),
               ("forward", ctypes.c_void_p), ("backward", ctypes.c_void_p)]
 
     def forward(self, weight, indices, offsets=None, mode: str = "mean", per_sample_weights=None,

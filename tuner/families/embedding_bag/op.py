@@ -164,7 +164,7 @@ def _backward_fake(grad, weight, indices, offsets, mode, psw, include_last_offse
 
 
 OP = runtime.OpSpec(
-    family="embedding_bag", op="embedding_bag", namespace=NAMESPACE, abi=3,
+    family="embedding_bag", op="embedding_bag", namespace=NAMESPACE, abi=4,
     shape=lambda problem: ([problem["dim"], problem["bag_size"]], MODE_CODES[problem["mode"]]),
     impls={"embedding_bag": (_op_cpu, _op_fake),
            "embedding_bag_forward": (_forward_cpu, _forward_fake),
