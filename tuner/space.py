@@ -66,7 +66,10 @@ class Space:
         return [c.description for c in self.constraints if not c.check(params)]
 
     def variant(self, **params: Any) -> Variant:
-        """The variant for tuned parameter values, checked against dims and constraints."""
+        """The variant for tuned parameter values, checked against dims and constraints. A dimension
+        with None among its values (a choice that is off unless set, absent from names) may be left
+        out: it is None, as for variants named before the dimension existed."""
+        params = {**{d.name: None for d in self.dims if None in d.values}, **params}
         wrong = self.violations(params)
         if wrong:
             raise SpaceError(f"not a valid {self.family} variant: " + "; ".join(wrong))
