@@ -19,6 +19,31 @@ def test_space_constraints_hold():
     assert {v["backward"] for v in eb.space("float32", "int64")} == {"atomic", "sorted"}
 
 
+def test_split_goes_with_warps_and_subwarps_and_keeps_the_names_of_whole_bags():
+    s = eb.space("float32", "int64")
+    assert {v["split"] for v in s} == {None, 32, 64}
+    assert all(v["split"] is None for v in s if v["mapping"] == "block")
+    tuned = dict(validation="inline", mapping="warp", vec=4, unroll=8, block_size=256, staging="shared",
+                 backward="atomic")
+    # a whole bag per group keeps the names recorded before the dimension existed
+    assert s.variant(split=None, **tuned).name == "embedding_bag.float32.int64.inline.warp.4.8.b256.shared.atomic"
+    assert s.variant(split=32, **tuned).name == "embedding_bag.float32.int64.inline.warp.split32.4.8.b256.shared.atomic"
+    with pytest.raises(Exception, match="chunks of a bag"):
+        s.variant(split=64, **{**tuned, "mapping": "block"})
+
+
+def test_split_variants_render_their_chunks():
+    from tuner.build import render
+
+    s = eb.space("bfloat16", "int32")
+    base = dict(validation="hoisted", mapping="subwarp", vec=8, unroll=4, block_size=128, staging="direct",
+                backward="sorted")
+    whole, chunked = render(s.variant(split=None, **base)), render(s.variant(split=64, **base))
+    assert "constexpr int CHUNK = 0;" in whole and "combine<MODE>" not in whole
+    assert "constexpr int CHUNK = 64;" in chunked and "combine<MODE>" in chunked
+    assert {v["split"] for v in eb.covering_set()} == {None, 32, 64}
+
+
 def _small(mode, distribution="random", weight="float32", index="int64"):
     return eb.Problem(rows=500, dim=24, bags=40, bag_size=6, mode=mode, weight=weight, index=index,
                       distribution=distribution)

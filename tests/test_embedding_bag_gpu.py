@@ -22,13 +22,49 @@ def kernels(shared_home):
 
     spread = [v for s in eb.all_spaces() for v in s]
     # and a block per bag split over the entries (dims 40/48 need fewer lanes than the block has)
-    split = [eb.space(w, "int64").variant(validation="inline", mapping="block", vec=vec, unroll=4, block_size=256,
-                                          staging=staging, backward="sorted")
+    split = [eb.space(w, "int64").variant(validation="inline", mapping="block", split=None, vec=vec, unroll=4,
+                                          block_size=256, staging=staging, backward="sorted")
              for w in ("float32", "bfloat16") for vec in (1, 4) for staging in ("direct", "shared")]
-    variants = list(dict.fromkeys(eb.covering_set() + random.Random(0).sample(spread, 18) + split))
+    variants = list(dict.fromkeys(eb.covering_set() + random.Random(0).sample(spread, 18) + split + _chunked()))
     built = build.build(variants, gpus.attached().arch)
     assert all(b.ok for b in built), [b.error for b in built if not b.ok][:1]
     return [(b.variant, EmbeddingBagKernel(b.so, b.variant.name, b.entry)) for b in built]
+
+
+def _chunked():
+    """Variants that cut bags into chunks: every weight dtype, both index dtypes, warps and subwarps,
+    both stagings, every validation, both chunk sizes, both backwards."""
+    out = []
+    for i, (w, index) in enumerate([("float32", "int64"), ("float32", "int32"), ("float16", "int64"),
+                                    ("bfloat16", "int32")]):
+        for j, (mapping, staging) in enumerate([("warp", "shared"), ("warp", "direct"), ("subwarp", "direct"),
+                                               ("subwarp", "shared")]):
+            vec = {"float32": 4, "float16": 8, "bfloat16": 2}[w] if mapping == "warp" else 1
+            out.append(eb.space(w, index).variant(
+                validation=("none", "inline", "hoisted", "kernel")[(i + j) % 4], mapping=mapping,
+                split=(32, 64)[(i + j) % 2], vec=vec, unroll=(8, 4, 2, 1)[j], block_size=(128, 256)[i % 2],
+                staging=staging, backward="atomic" if w == "float32" and j % 2 == 0 else "sorted"))
+    return out
+
+
+def _long_bags(p, device="cuda", seed=0):
+    """Inputs with bags of every length a chunked variant treats apart: empty, shorter than a chunk,
+    a chunk and one more, many chunks, and one longer than the chunks its call plans for (its
+    last chunk takes the rest), with ids of the problem's distribution."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.tensor([0, 1, 31, 32, 33, 64, 65, 300, 0, 3000, 129, 7] + [150] * 20)
+    n = int(sizes.sum())
+    ids = torch.randint(0, p.rows, (n,), generator=g)
+    if p.distribution == "one_hot":
+        ids = torch.where(torch.rand(n, generator=g) < 0.5, ids[:1].expand(n), ids)
+    dtype = getattr(torch, p.weight)
+    w = torch.randn(p.rows, p.dim, generator=g).to(dtype)
+    offs = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)[:-1]])
+    psw = (torch.rand(n, generator=g) + 0.5).to(dtype)
+    index = getattr(torch, p.index)
+    return w.to(device), ids.to(index).to(device), offs.to(index).to(device), psw.to(device)
 
 
 def _close(got, want, dtype):
@@ -50,6 +86,112 @@ def test_every_variant_matches_the_reference_forward_and_backward(kernels, mode)
             err, failed = check_case(k, p, mode, seed=11, padding=dist == "multi_hot")
             assert not failed, f"{v.name} {mode} {dist}: {failed} error {err} (tolerance {TOL[v['weight']]})"
             assert k.take_errors() == 0, v.name
+
+
+@pytest.mark.parametrize("mode", eb.MODES)
+def test_chunked_bags_match_the_reference(kernels, mode):
+    """Long bags cut into chunks (and the search's own check on bags of up to 300 ids): forward,
+    backward, per_sample_weights, padding_idx, empty bags, a bag longer than the planned chunks."""
+    import torch
+
+    from tuner.families.embedding_bag.evaluate import TOL, check_case, gradient_tolerance, relative_error
+
+    for v, k in kernels:
+        if v["split"] is None:
+            continue
+        for dist in ("random", "one_hot"):
+            p = eb.Problem(rows=4000, dim=40 if v["vec"] != 8 else 48, bags=64, bag_size=600, mode=mode,
+                           weight=v["weight"], index=v["index"], distribution=dist)
+            err, failed = check_case(k, p, mode, seed=3, padding=dist == "one_hot")
+            assert not failed, f"{v.name} {mode} {dist}: {failed} error {err}"
+            w, idx, offs, psw = _long_bags(p, seed=5)
+            psw = psw if mode == "sum" else None
+            for pad in (None, int(idx[40])):
+                out = torch.full((offs.numel(), p.dim), float("nan"), dtype=w.dtype, device="cuda")
+                call, saved = k.prepare(w, idx, offs, mode, psw, padding_idx=pad, out=out)
+                call()
+                want, _ = eb.reference(w, idx, offs, mode, psw, padding_idx=pad)
+                assert relative_error(out, want) <= TOL[v["weight"]], (v.name, mode, dist, pad)
+                g = torch.randn(offs.numel(), p.dim, device="cuda").to(w.dtype)
+                grad_w, grad_psw = k.backward(saved, g, psw_grad=psw is not None)
+                want_w, want_psw = eb.reference_backward(w, idx, offs, mode, psw, g, padding_idx=pad)
+                hits = int(idx.long().bincount().max())
+                assert relative_error(grad_w, want_w) <= gradient_tolerance(v["weight"], hits), (v.name, mode, pad)
+                if psw is not None:
+                    assert relative_error(grad_psw, want_psw) <= gradient_tolerance(v["weight"], hits), v.name
+            assert k.take_errors() == 0, v.name
+
+
+def test_chunked_bags_are_deterministic_and_leave_the_counters_zeroed(kernels):
+    """Two runs give the same bits (partials added in chunk order, whichever chunk ends last), and
+    each run writes every bag into a NaN-filled output: a counter left non-zero by one run would
+    leave the next run's bags unwritten."""
+    import torch
+
+    for v, k in kernels:
+        if v["split"] is None:
+            continue
+        p = eb.Problem(rows=3000, dim=64, bags=40, bag_size=500, weight=v["weight"], index=v["index"])
+        w, idx, offs, psw = _long_bags(p, seed=8)
+        for mode in eb.MODES:
+            runs = []
+            for _ in range(3):
+                out = torch.full((offs.numel(), p.dim), float("nan"), dtype=w.dtype, device="cuda")
+                _, maxi, count = k.forward(w, idx, offs, mode, psw if mode == "sum" else None, out=out)
+                runs.append((out.clone(), None if maxi is None else maxi.clone(), count.clone()))
+            for again in runs[1:]:
+                assert torch.equal(runs[0][0], again[0]) and not again[0].isnan().any(), (v.name, mode)
+                if mode == "max":
+                    assert torch.equal(runs[0][1], again[1]), v.name
+                if mode == "mean":
+                    assert torch.equal(runs[0][2], again[2]), v.name
+
+
+def test_chunked_bags_report_bad_input_in_any_chunk(kernels):
+    import torch
+
+    for v, k in kernels:
+        if v["split"] is None:
+            continue
+        p = eb.Problem(rows=100, dim=16, bags=12, bag_size=300, weight=v["weight"], index=v["index"])
+        w, idx, offs, _ = _long_bags(p, seed=4)
+        bad = idx.clone()
+        bad[int(offs[9]) + 2000] = 10**6  # the 3000-id bag's last chunk
+        k.forward(w, bad, offs, "sum")
+        torch.cuda.synchronize()
+        assert (k.take_errors() & 1) == (0 if v["validation"] == "none" else 1), v.name
+        wrong = offs.clone()
+        wrong[10] = 10**6
+        k.forward(w, idx, wrong, "max")
+        torch.cuda.synchronize()
+        assert (k.take_errors() & 2) == (0 if v["validation"] == "none" else 2), v.name
+        out, _, _ = k.forward(w, idx, offs, "sum")  # good input again: nothing reported, every bag written
+        torch.cuda.synchronize()
+        assert k.take_errors() == 0 and not out.isnan().any(), v.name
+
+
+def test_atomic_backward_merges_a_hot_id(kernels):
+    """One id in nearly every entry (windows of 32 equal ids, and mixed ones): the merged atomics
+    add the same gradient as the reference."""
+    import torch
+
+    from tuner.families.embedding_bag.evaluate import gradient_tolerance, relative_error
+
+    for v, k in kernels:
+        if v["backward"] != "atomic":
+            continue
+        p = eb.Problem(rows=500, dim=40 if v["vec"] != 8 else 48, bags=50, bag_size=100, weight=v["weight"],
+                       index=v["index"], distribution="one_hot")
+        w, idx, offs, psw = eb.make_inputs(p, seed=6, device="cuda", per_sample_weights=True)
+        idx[: idx.numel() // 3] = 7
+        g = torch.randn(p.bags, p.dim, device="cuda").to(w.dtype)
+        for mode, s in (("sum", psw), ("sum", None), ("mean", None)):
+            call, saved = k.prepare(w, idx, offs, mode, s)
+            call()
+            grad_w, _ = k.backward(saved, g)
+            want_w, _ = eb.reference_backward(w, idx, offs, mode, s, g)
+            hits = int(idx.long().bincount().max())
+            assert relative_error(grad_w, want_w) <= gradient_tolerance(v["weight"], hits), (v.name, mode)
 
 
 @pytest.mark.parametrize("weight", eb.WEIGHT_DTYPES)
@@ -141,16 +283,18 @@ def test_bad_indices_and_offsets_are_reported_not_read(kernels):
 
 @pytest.fixture(scope="module")
 def op(shared_home, tmp_path_factory):
-    """tuner.load of an artifact with two winners per problem kind: an atomic one for float32 and
-    a sorted one (bound for every dtype pair); the other pairs get their parameters."""
+    """tuner.load of an artifact with winners per dtype pair: an atomic one for float32, a sorted one
+    for bfloat16 and one that cuts bags into chunks for float16; the int32 pairs get their parameters."""
     import tuner
     from tuner import export, gpus
     from tuner.variant import Variant
 
     winners = []
-    for weight, backward, validation in (("float32", "atomic", "hoisted"), ("bfloat16", "sorted", "inline")):
-        params = {"weight": weight, "index": "int64", "validation": validation, "mapping": "warp", "vec": 4,
-                  "unroll": 4, "block_size": 128, "staging": "shared", "backward": backward}
+    for weight, backward, validation, split in (("float32", "atomic", "hoisted", None),
+                                                ("bfloat16", "sorted", "inline", None),
+                                                ("float16", "sorted", "inline", 32)):
+        params = {"weight": weight, "index": "int64", "validation": validation, "mapping": "warp", "split": split,
+                  "vec": 4, "unroll": 4, "block_size": 128, "staging": "shared", "backward": backward}
         problem = eb.Problem(weight=weight, mode="mean").__dict__
         winners.append({"variant": Variant.of(eb.FAMILY, params), "problem": problem})
     out = export.write(tmp_path_factory.mktemp("eb-artifact"), winners, gpus.attached().describe())
@@ -240,3 +384,72 @@ def test_op_opcheck_and_compile(op):
     b = w.detach().clone().requires_grad_()
     F.embedding_bag(idx, b, offs, mode="mean").square().sum().backward()
     torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_op_chunked_long_bags_autograd_and_cuda_graphs(op):
+    """The float16 winner cuts bags into chunks: long bags through the op (autograd, 2-D indices,
+    include_last_offset, padding_idx), and replays of a CUDA graph that captured it (its scratch
+    from the graph's pool, its counters from the stream's workspace) give the eager result."""
+    import torch
+
+    p = eb.Problem(rows=3000, dim=64, bags=32, bag_size=300, weight="float16")
+    w, idx, offs, psw = _long_bags(p, seed=12)
+    tol = dict(atol=TOL["float16"] * 8, rtol=TOL["float16"] * 8)
+    for mode in eb.MODES:
+        for kwargs in ({}, {"include_last_offset": True}, {"padding_idx": int(idx[3])}):
+            offsets = torch.cat([offs, offs.new_tensor([idx.numel()])]) if kwargs.get("include_last_offset") else offs
+            s = psw.clone().requires_grad_() if mode == "sum" else None
+            a = w.clone().requires_grad_()
+            got = op(a, idx, offsets, mode, s, **kwargs)
+            want, _ = eb.reference(w, idx, offsets, mode, psw if s is not None else None, **kwargs)
+            torch.testing.assert_close(got.double(), want, **tol)
+            g = torch.randn_like(got)
+            got.backward(g)
+            want_w, want_psw = eb.reference_backward(w, idx, offsets, mode, psw if s is not None else None, g,
+                                                     **kwargs)
+            torch.testing.assert_close(a.grad.double(), want_w, **tol)
+            if s is not None:
+                torch.testing.assert_close(s.grad.double(), want_psw, **tol)
+    grid = idx[: 16 * 400].reshape(16, 400)  # 2-D: chunks planned from the row length
+    for mode in eb.MODES:
+        torch.testing.assert_close(op(w, grid, None, mode).double(), eb.reference(w, grid, None, mode)[0], **tol)
+    with torch.no_grad():
+        eager = op(w, idx, offs, "max")
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            op(w, idx, offs, "max")  # warm-up on the capture stream
+            with torch.cuda.graph(graph, stream=stream):
+                captured = op(w, idx, offs, "max")
+        torch.cuda.current_stream().wait_stream(stream)
+        for _ in range(3):
+            captured.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(captured, eager)
+
+
+@pytest.mark.parametrize("weight", ["float32", "float16"])
+def test_op_call_allocates_only_its_output(op, weight):
+    """Without grad a call makes its output and nothing else for the usual forms (1-D indices with
+    offsets of their dtype, include_last_offset, 2-D indices; max keeps no chosen rows) beside the
+    chunks' scratch of a chunked winner on long bags; and it gives the same bits every time."""
+    import torch
+
+    p = eb.Problem(rows=2000, dim=64, bags=64, bag_size=10, weight=weight)
+    w, idx, offs, psw = eb.make_inputs(p, seed=3, device="cuda", per_sample_weights=True)
+    w.requires_grad_()  # as in training: the Autograd kernel runs, with grad disabled
+    ends = torch.cat([offs, offs.new_tensor([idx.numel()])])
+    grid, pad = idx[: 60 * 10].reshape(60, 10), int(idx[0])
+    calls = [lambda m: op(w, idx, offs, m), lambda m: op(w, idx, ends, m, None, True), lambda m: op(w, grid, None, m),
+             lambda m: op(w, idx, offs, "sum", psw) if m == "sum" else op(w, idx, offs, m, None, False, pad)]
+    stats = torch.cuda.memory_stats
+    with torch.no_grad():
+        for mode in eb.MODES:
+            for call in calls:
+                first = call(mode)
+                before = stats()["allocation.all.allocated"]
+                again = call(mode)
+                assert stats()["allocation.all.allocated"] - before == 1, (weight, mode)
+                assert torch.equal(first, again)
