@@ -7,8 +7,11 @@ __version__ = "0.1.0"
 
 def load(directory=None, **kwargs):
     """Load a tuned artifact and return its family's op (see tuner.deploy.load)."""
-    from tuner import deploy
+    from tuner import deploy, gpus
 
+    gpu = kwargs.get("gpu")
+    if directory is None and isinstance(gpu, str) and gpu.lower() == "auto":
+        gpus.attached(asked=f"tuner.load(gpu={gpu!r})")  # where none is attached, say so naming the call
     return deploy.load(directory, **kwargs)
 
 

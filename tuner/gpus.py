@@ -52,6 +52,9 @@ def resolve(gpu: str | None, arch: str | None) -> str:
         return check_arch(arch)
     if not gpu:
         raise GpuError("name a GPU with --gpu (e.g. --gpu L4, --gpu auto) or an architecture with --arch")
+    if gpu.lower() == "auto":
+        return attached(asked="--gpu auto", hint="; name the target instead (--gpu H100 or --arch sm_90): "
+                                                 "compiling needs no GPU").arch
     return arch_of(gpu)
 
 
@@ -102,11 +105,15 @@ def short_name(gpu: Attached) -> str:
     return gpu.name
 
 
-def attached(index: int = 0) -> Attached:
+def attached(index: int = 0, asked: str = "", hint: str = "") -> Attached:
+    """The GPU of CUDA index `index`; where there is none, the error starts with what needed one
+    (`asked`: "--gpu auto" on the command line, "tuner.load(gpu='auto')" in Python) and ends with
+    `hint`, what to do instead."""
     import torch
 
     if not torch.cuda.is_available():
-        raise GpuError("no CUDA GPU is attached: '--gpu auto' needs one; name the target with --gpu or --arch")
+        raise GpuError(f"{asked + ': ' if asked else ''}no CUDA GPU is attached "
+                       f"(torch.cuda.is_available() is False){hint}")
     if index >= torch.cuda.device_count():
         raise GpuError(f"no CUDA device {index}: this machine shows {torch.cuda.device_count()} "
                        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
@@ -115,21 +122,28 @@ def attached(index: int = 0) -> Attached:
 
 def attached_for(gpu: str, index: int = 0) -> Attached:
     """The attached GPU, which must be the one `gpu` names (a search runs on the GPU it tunes for)."""
-    import torch
-
-    if gpu.lower() != "auto":
-        arch_of(gpu)  # an unknown name is an error that lists the known ones
-    if not torch.cuda.is_available():
-        if gpu.lower() == "auto":
-            attached()  # its message
-        raise GpuError(f"--gpu {gpu}: a search times variants on the GPU it tunes for, and no CUDA GPU is "
-                       f"attached here; run it on a machine whose GPU is {gpu}, or replay recorded measurements with "
-                       f"--simulate FILE (`tuner build --gpu {gpu}` compiles the variants without a GPU)")
+    can_search(gpu)
     found = attached(index)
     if not found.matches(gpu):
         raise GpuError(f"--gpu {gpu} was asked for, but the attached GPU is {found.name}; "
                        f"use --gpu auto (or the attached GPU's name) to tune for it")
     return found
+
+
+def can_search(gpu: str) -> None:
+    """Fail, before anything is written, where a search for `gpu` cannot run: an unknown name, or
+    no GPU attached to time the variants on."""
+    import torch
+
+    if gpu.lower() != "auto":
+        arch_of(gpu)  # an unknown name is an error that lists the known ones
+    if not torch.cuda.is_available():
+        auto = gpu.lower() == "auto"
+        raise GpuError(f"--gpu {gpu}: a search times variants on the GPU it tunes for, and no CUDA GPU is attached "
+                       f"(torch.cuda.is_available() is False); run it on a machine "
+                       f"{'with a CUDA GPU' if auto else f'whose GPU is {gpu}'}, or replay recorded measurements "
+                       f"with --simulate FILE (`tuner build --gpu {'H100' if auto else gpu}` compiles variants "
+                       "without a GPU)")
 
 
 def visible_name() -> str | None:
