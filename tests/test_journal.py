@@ -56,6 +56,7 @@ def test_a_line_being_written_is_read_once_it_is_whole(tmp_path):
 def test_the_default_storage_is_the_journal_but_an_existing_sqlite_home_keeps_its_file(tuner_home):
     assert study.storage_url().endswith("studies/tuner.journal")
     (tuner_home / "studies" / "tuner.journal").unlink(missing_ok=True)
+    (tuner_home / "studies").mkdir(exist_ok=True)  # naming the storage makes no folder
     (tuner_home / "studies" / "tuner.db").touch()
     assert study.storage_url() == f"sqlite:///{tuner_home / 'studies' / 'tuner.db'}"
 

@@ -25,3 +25,13 @@ def variants_dir() -> Path:
 
 def studies_dir() -> Path:
     return home() / "studies"
+
+
+def reports_dir() -> Path:
+    """`tuner report`'s default: reports/<study> under $TUNER_HOME, beside exports/."""
+    return home() / "reports"
+
+
+def bench_dir() -> Path:
+    """`tuner bench`'s default output folder, under $TUNER_HOME too."""
+    return home() / "bench-results"

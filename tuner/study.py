@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tuner import paths
@@ -19,8 +20,7 @@ def storage_url(url: str | None = None) -> str:
     """`url` (an RDB URL, or a journal file's path), or the default: studies/tuner.journal."""
     if url:
         return url
-    folder = paths.studies_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = paths.studies_dir()  # made by the first search that writes there, not by reading
     if (folder / DB_NAME).exists() and not (folder / JOURNAL_NAME).exists():
         return f"sqlite:///{folder / DB_NAME}"
     return str(folder / JOURNAL_NAME)
@@ -28,6 +28,20 @@ def storage_url(url: str | None = None) -> str:
 
 def is_journal(url: str) -> bool:
     return "://" not in url or url.startswith("journal+")
+
+
+def shown(url: str) -> str:
+    """A storage URL fit to print: its password hidden."""
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+def absent(url: str) -> bool:
+    """A journal file or SQLite database that does not exist yet: it holds no study, and reading it
+    must not create it."""
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):].split("?")[0]
+        return path not in ("", ":memory:") and not Path(path).exists()
+    return "://" not in url and not Path(url).exists()
 
 
 def records_path(name: str):
@@ -55,13 +69,52 @@ def storage(url: str | None = None):
     if isinstance(url, optuna.storages.BaseStorage):
         return url
     url = storage_url(url)
+    try:
+        return _open(url)
+    except ImportError as exc:
+        raise TunerError(f"storage {shown(url)}: {exc}; for PostgreSQL, install psycopg with the project's extra: "
+                         "python -m pip install -e '.[postgres]' in the tuner checkout") from exc
+    except (OSError, sqlalchemy.exc.SQLAlchemyError) as exc:
+        raise TunerError(f"storage {shown(url)}: {_why(url, exc)}") from exc
+    except Exception as exc:
+        # what a journal holds is replayed as it opens: a damaged file fails there, in Optuna's
+        # replay or our reader; psycopg's errors are a server that cannot be reached or used
+        if type(exc).__module__.split(".")[0] == "psycopg":
+            raise TunerError(f"storage {shown(url)}: {_why(url, exc)}") from exc
+        if isinstance(exc, (ValueError, KeyError, TypeError, AttributeError)) and "://" not in url:
+            raise TunerError(f"storage {url}: not a journal Optuna can read ({type(exc).__name__}: "
+                             f"{_first_line(exc)})") from exc
+        raise
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _why(url: str, exc: Exception) -> str:
+    """Why a storage would not open, in one line."""
+    import sqlalchemy
+
+    if isinstance(exc, sqlalchemy.exc.NoSuchModuleError):
+        return (f"unknown scheme {url.split('://')[0]!r}; a storage is a journal file's path, "
+                "journal+postgresql://USER@HOST/DB, or an Optuna RDB URL such as sqlite:///FILE or "
+                "postgresql+psycopg://USER@HOST/DB")
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"cannot open it: {_first_line(getattr(exc, 'orig', None) or exc)}"
+
+
+def _open(url: str):
+    import optuna
+    import sqlalchemy
+
     if is_journal(url):
         from tuner import journal
 
-        try:
-            return journal.storage(url)
-        except ImportError as exc:
-            raise TunerError(f"--storage {url}: {exc}; for PostgreSQL: pip install 'tuner[postgres]'") from exc
+        if "://" not in url and Path(url).is_dir():
+            raise TunerError(f"storage {url}: a folder; a journal is a file, such as {Path(url) / JOURNAL_NAME}")
+        return journal.storage(url)  # the file and its folder are made by the first write
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         # Several `tuner search` processes share one file: wait for its lock, do not fail.
@@ -72,20 +125,17 @@ def storage(url: str | None = None):
         # Two processes creating the same new file race on its schema: take turns.
         with _file_lock(url.split(":///", 1)[-1] + ".lock"):
             return optuna.storages.RDBStorage(url, **kwargs)
-    try:
-        import time
+    import time
 
-        for attempt in range(6):
-            try:
-                return optuna.storages.RDBStorage(url, **kwargs)
-            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-                # Searchers started together on a new database race to create its tables; the
-                # loser finds them made on the next try.
-                if attempt == 5:
-                    raise
-                time.sleep(0.5 * (attempt + 1))
-    except ImportError as exc:
-        raise TunerError(f"--storage {url}: {exc}; for PostgreSQL: pip install 'tuner[postgres]'") from exc
+    for attempt in range(6):
+        try:
+            return optuna.storages.RDBStorage(url, **kwargs)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            # Searchers started together on a new database race to create its tables; the
+            # loser finds them made on the next try.
+            if attempt == 5:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def fail(study, st, t, message: str) -> bool:
@@ -143,18 +193,23 @@ def study_name(family: str, gpu: str, problem_key: str, objective: str) -> str:
 def load(name: str, url: str | None = None):
     import optuna
 
+    url = storage_url(url)
+    if absent(url):
+        raise TunerError(f"no study {name!r} in {shown(url)}: no such file (a search makes it)")
     st = storage(url)
     try:
         return optuna.load_study(study_name=name, storage=st)
     except KeyError as exc:
         known = [s.study_name for s in optuna.get_all_study_summaries(st)]
-        raise TunerError(f"no study {name!r} in {storage_url(url)}; studies there: {known or 'none'}") from exc
+        raise TunerError(f"no study {name!r} in {shown(url)}; studies there: {', '.join(known) or 'none'}") from exc
 
 
 def summaries(url: str | None = None):
+    """The studies of a storage (none where its file does not exist: reading creates nothing)."""
     import optuna
 
-    return optuna.get_all_study_summaries(storage(url))
+    url = storage_url(url)
+    return [] if absent(url) else optuna.get_all_study_summaries(storage(url))
 
 
 def fail_interrupted(study, st) -> list[Any]:
