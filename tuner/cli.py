@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
-from tuner import gpus
+from tuner import cli_args, gpus
 from tuner.cli_build import cmd_bench, cmd_build, cmd_variants
 from tuner.cli_studies import _show, cmd_dashboard, cmd_export_best, cmd_list, cmd_report, cmd_show
 from tuner.errors import TunerError
@@ -66,17 +69,40 @@ def _problem(args):
     return _cli(args).problem(args)
 
 
+# options of show and report that say nothing about which study to read
+NAME_FREE = {"--storage", "--json", "--top-k", "--out", "--debug"}
+
+
 def _study_name(args) -> str:
     from tuner import study
 
     if args.study:
         return args.study
     if not args.gpu:
+        if not getattr(args, "options", {"?"}) - NAME_FREE:
+            return _only_study(args.storage)
         raise TunerError("name the study with --study, or give --gpu and the problem options")
     gpu = args.gpu
     if gpu.lower() == "auto":
-        gpu = gpus.short_name(gpus.attached())
+        gpu = gpus.short_name(gpus.attached(asked="--gpu auto", hint="; name the GPU (--gpu H100) or the study "
+                                                                     "(--study NAME)"))
     return study.study_name(args.family, gpu, _problem(args).key(), args.objective)
+
+
+def _only_study(storage: str | None) -> str:
+    """The storage's one study, where nothing named one."""
+    from tuner import study
+
+    names = sorted(s.study_name for s in study.summaries(storage))
+    where = study.shown(study.storage_url(storage))
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise TunerError(f"no studies in {where}; `tuner search` makes one")
+    listed = ", ".join(names[:10])
+    if len(names) > 10:
+        listed += f" and {len(names) - 10} more (`tuner list` shows them)"
+    raise TunerError(f"{len(names)} studies in {where}: {listed}; pass --study NAME")
 
 
 @command
@@ -86,6 +112,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if not args.gpu:
         raise TunerError("name the GPU to tune for: --gpu L4, --gpu H100, ... or --gpu auto")
+    cli_args.recording(args.simulate, "--simulate")
+    cli_args.recording(args.import_records, "--import-records")
+    if not args.simulate:
+        gpus.can_search(args.gpu)  # before the storage is opened: a search that cannot run writes nothing
     cfg = search.SearchConfig(
         gpu=args.gpu, problem=_problem(args), trials=args.trials, timeout=args.timeout, sampler=args.sampler,
         storage=args.storage, study=args.study, objective=args.objective, simulate=args.simulate,
@@ -125,6 +155,11 @@ def cmd_samplers(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in search.SAMPLERS]
     if unknown or not names:
         raise TunerError(f"--samplers: unknown {unknown or 'none given'}; known: {', '.join(search.SAMPLERS)}")
+    cli_args.recording(args.simulate, "--simulate")
+    if args.first_seed + args.seeds > 2**32:
+        raise TunerError(f"--first-seed {args.first_seed} --seeds {args.seeds}: seeds go up to 2**32 - 1")
+    if args.csv is not None and (args.csv.is_dir() or not args.csv.parent.is_dir()):
+        raise TunerError(f"--csv {args.csv}: {'a folder' if args.csv.is_dir() else 'its folder does not exist'}")
     problem = _problem(args)
     best = quality.dataset_best(args.simulate, problem, args.objective)
     size = quality.space_size(problem)
@@ -172,11 +207,11 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
 
     s = sub.add_parser("variants", parents=[family_opt, target, dtypes], help="list the valid variants")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--limit", type=int, default=40, help="rows to print (0: all)")
+    s.add_argument("--limit", type=cli_args.count_or_zero, default=40, help="rows to print (0: all)")
 
     s = sub.add_parser("build", parents=[family_opt, target, dtypes], help="compile variants (no GPU needed)")
-    s.add_argument("--limit", type=int, help="build this many variants, spread over the space")
-    s.add_argument("--jobs", type=int, help="parallel compiles (default: all cores)")
+    s.add_argument("--limit", type=cli_args.count, help="build this many variants, spread over the space")
+    s.add_argument("--jobs", type=cli_args.jobs, help="parallel compiles (default: all cores)")
     s.add_argument("--covering", action="store_true",
                    help="the covering set: every value of every dimension, every dtype pair")
     s.add_argument("--json", action="store_true")
@@ -184,8 +219,8 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     fam.add_problem_args(problem)
     problem = [family_opt, target, problem, _study_parser()]
     s = sub.add_parser("search", parents=problem, help="search for the fastest correct variant")
-    s.add_argument("--trials", type=int, default=200, help="finished trials the study should reach")
-    s.add_argument("--timeout", type=float, help="stop asking for new trials after this many seconds")
+    s.add_argument("--trials", type=cli_args.count, default=200, help="finished trials the study should reach")
+    s.add_argument("--timeout", type=cli_args.seconds, help="stop asking for new trials after this many seconds")
     s.add_argument("--sampler", default="ranked", choices=SAMPLERS,
                    help="ranked (default): unseen variants a model of the study ranks best, in batches, the "
                         "family's other studies' best first; tpe: Optuna's TPE; random; grid (every variant)")
@@ -193,18 +228,19 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
                    help="ranked: ignore the family's other studies in the storage")
     s.add_argument("--simulate", type=Path, metavar="FILE",
                    help="replay recorded measurements (a search's .jsonl) instead of using a GPU")
-    s.add_argument("--simulate-delay", type=float, default=0.0, help=argparse.SUPPRESS)
-    s.add_argument("--jobs", type=int, help="parallel compiles (default: all cores)")
-    s.add_argument("--ask-batch", type=int, help="trials asked of Optuna and compiled together")
-    s.add_argument("--top-k", type=int, default=8, help="finalists re-timed at the end (default 8)")
-    s.add_argument("--eval-timeout", type=float, default=60.0, help="seconds before a variant counts as hung")
-    s.add_argument("--devices", metavar="all|0,1,...",
+    s.add_argument("--simulate-delay", type=cli_args.delay, default=0.0, help=argparse.SUPPRESS)
+    s.add_argument("--jobs", type=cli_args.jobs, help="parallel compiles (default: all cores)")
+    s.add_argument("--ask-batch", type=cli_args.count, help="trials asked of Optuna and compiled together")
+    s.add_argument("--top-k", type=cli_args.count, default=8, help="finalists re-timed at the end (default 8)")
+    s.add_argument("--eval-timeout", type=cli_args.seconds, default=60.0,
+                   help="seconds before a variant counts as hung")
+    s.add_argument("--devices", metavar="all|0,1,...", type=cli_args.devices,
                    help="GPUs of this host that evaluate variants, a worker each, fed from one study and one "
                         "compile pipeline (default: device 0); all must be the --gpu model")
-    s.add_argument("--prune", type=float, default=1.5, metavar="FACTOR",
+    s.add_argument("--prune", type=cli_args.prune_factor, default=1.5, metavar="FACTOR",
                    help="stop timing a verified variant whose first repetitions are FACTOR x slower than the "
                         "best so far (recorded as PRUNED); 0 times every variant in full")
-    s.add_argument("--seed", type=int)
+    s.add_argument("--seed", type=cli_args.seed, help="the sampler's seed (0 to 2**32 - 1)")
     s.add_argument("--import-records", type=Path, metavar="FILE",
                    help="count the measurements in FILE (same GPU, problem and objective) as finished trials")
     s.add_argument("--plant-faults", metavar="KINDS",
@@ -214,7 +250,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
 
     s = sub.add_parser("show", parents=problem, help="print a stored study")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--top-k", type=int, default=10)
+    s.add_argument("--top-k", type=cli_args.count, default=10, help="variants to list (default 10)")
 
     s = sub.add_parser("export-best", parents=[family_opt, target], help="export the winners of a GPU's studies")
     s.add_argument("--study", help="export this study only")
@@ -228,10 +264,10 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("bench", parents=[family_opt, target], help="time the tuned op against what users run today")
     s.add_argument("--artifact", type=Path, help="exported folder (default: the attached GPU's export)")
     fam.add_bench_args(s)
-    s.add_argument("--out", type=Path, default=Path("bench-results"))
+    s.add_argument("--out", type=Path, help="folder (default: bench-results under $TUNER_HOME)")
 
     s = sub.add_parser("report", parents=problem, help="CSV, importances and plots of a study")
-    s.add_argument("--out", type=Path, help="folder (default: reports/<study>)")
+    s.add_argument("--out", type=Path, help="folder (default: reports/<study> under $TUNER_HOME)")
 
     sizes = argparse.ArgumentParser(add_help=False)
     fam.add_problem_args(sizes)
@@ -240,14 +276,15 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--simulate", type=Path, metavar="FILE", required=True,
                    help="a recording of the whole space (a search's .jsonl)")
     s.add_argument("--samplers", default=",".join(SAMPLERS), help="comma-separated (default: all)")
-    s.add_argument("--seeds", type=int, default=20, help="runs per sampler (default 20)")
-    s.add_argument("--first-seed", type=int, default=0, help="seeds run from this one up (default 0)")
-    s.add_argument("--within", type=float, default=0.03,
+    s.add_argument("--seeds", type=cli_args.integer(1, 100_000), default=20, help="runs per sampler (default 20)")
+    s.add_argument("--first-seed", type=cli_args.seed, default=0, help="seeds run from this one up (default 0)")
+    s.add_argument("--within", type=cli_args.fraction, default=0.03,
                    help="a run ends at a variant within this fraction of the recording's best (default 0.03)")
-    s.add_argument("--max-trials", type=int, help="give up after this many trials (default: the size of the space)")
+    s.add_argument("--max-trials", type=cli_args.count,
+                   help="give up after this many trials (default: the size of the space)")
     s.add_argument("--objective", default="fwd+bwd", choices=("fwd", "bwd", "fwd+bwd"))
     s.add_argument("--csv", type=Path, help="also write the table here")
-    s.add_argument("--fail-above", type=float, metavar="PCT",
+    s.add_argument("--fail-above", type=cli_args.percent, metavar="PCT",
                    help="exit 1 when the default sampler's (ranked) median is above PCT %% of the space")
 
     s = sub.add_parser("list", help="list stored studies")
@@ -256,22 +293,75 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("dashboard", help="Optuna's dashboard on a storage (pip install optuna-dashboard)")
     s.add_argument("--storage", help=STORAGE_HELP)
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--port", type=cli_args.port, default=8080)
+    for s in sub.choices.values():  # --debug after the command too
+        s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(_family_of(argv)).parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return COMMANDS[args.command](args)
-    except TunerError as exc:
-        if args.debug:
-            raise
-        print(f"tuner {args.command}: error: {exc}", file=sys.stderr)
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # here rather than at exit, so that a closed pipe is caught below
+    except BrokenPipeError:
+        # The reader went away (`tuner variants | head -1`). As Python's docs advise (signal, "Note
+        # on SIGPIPE"): stdout to devnull, so the interpreter's last flush does not fail again.
+        with contextlib.suppress(OSError, ValueError):  # ValueError: a stdout without a descriptor
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def _run(argv: list[str]) -> int:
+    args = parser(_family_of(argv)).parse_args(argv)
+    args.options = {a.split("=", 1)[0] for a in argv if a.startswith("--")}  # what the user gave
+    try:
+        with _one_line_warnings(args.command):
+            return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         print(f"tuner {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"tuner {args.command}: error: {_message(exc, args)}", file=sys.stderr)
+        return 1
+
+
+def _message(exc: Exception, args: argparse.Namespace) -> str:
+    """An error in one line: ours as it is, a file's by its path, a storage's by its URL; anything
+    else is a bug, said with the way to its traceback."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if isinstance(exc, TunerError):
+        return text
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename is not None else exc.strerror
+    optuna = sys.modules.get("optuna")
+    if (type(exc).__module__.split(".")[0] in ("sqlalchemy", "psycopg")
+            or optuna is not None and isinstance(exc, optuna.exceptions.StorageInternalError)):
+        from tuner import study
+
+        url = study.shown(study.storage_url(getattr(args, "storage", None)))
+        return f"storage {url}: {first or type(exc).__name__}"
+    return (f"{type(exc).__name__}: {first} (unexpected: `tuner --debug {args.command} ...` "
+            "shows where it came from)")
+
+
+@contextlib.contextmanager
+def _one_line_warnings(command: str):
+    """Python warnings in one line each, without the source line that raised them (for this
+    command only: the formatter is put back after it)."""
+    saved = warnings.formatwarning
+    warnings.formatwarning = lambda message, *_args, **_kwargs: f"tuner {command}: warning: {message}\n"
+    try:
+        yield
+    finally:
+        warnings.formatwarning = saved
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import random
 import sys
 import time
 
-from tuner import gpus
+from tuner import gpus, paths
 from tuner.errors import TunerError
 
 # tuner.cli imports this module to register its commands, so the commands import
@@ -99,10 +99,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tuner import deploy
     from tuner.cli import _cli
 
-    attached = gpus.attached()
+    attached = gpus.attached(asked=f"--gpu {args.gpu}" if args.gpu else "",
+                             hint="; bench times the tuned op on this machine's GPU")
     if args.gpu and not attached.matches(args.gpu):
         raise TunerError(f"--gpu {args.gpu} was asked for, but the attached GPU is {attached.name}")
     directory = args.artifact or deploy.find_export(args.gpu or "auto", args.family)
+    args.out = args.out or paths.bench_dir()
     info = attached.describe()
     print(f"# {info['gpu_name']} ({info['arch']}), driver {info['driver']}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from tuner import gpus
+from tuner import gpus, paths
 from tuner.errors import TunerError
 
 # tuner.cli imports this module to register its commands, so the commands import
@@ -70,13 +69,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     from tuner import study
 
+    url = study.storage_url(args.storage)
+    if study.absent(url):
+        print(f"no studies in {study.shown(url)} (no such file yet)")
+        return 0
     rows = []
-    for s in study.summaries(args.storage):
+    for s in study.summaries(url):
         best = s.best_trial.value if s.best_trial is not None else None
         rows.append({"study": s.study_name, "trials": s.n_trials, "best_us": best,
                      "gpu": s.user_attrs.get("gpu", {}).get("gpu_name", "")})
     if not rows:
-        print(f"no studies in {study.storage_url(args.storage)}")
+        print(f"no studies in {study.shown(url)}")
         return 0
     print(pd.DataFrame(rows).to_string(index=False))
     return 0
@@ -85,16 +88,19 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_export_best(args: argparse.Namespace) -> int:
     from tuner import export, families, study
 
+    if args.wheel and args.sources_only:
+        raise TunerError("--wheel packs the export's binaries, and --sources-only leaves them out: drop one")
     if args.study:
         names = [args.study]
         label = args.gpu or study.load(args.study, args.storage).user_attrs.get("gpu", {}).get("gpu_name", "gpu")
     elif args.gpu:
         label = args.gpu
         if label.lower() == "auto":
-            label = gpus.short_name(gpus.attached())
+            label = gpus.short_name(gpus.attached(asked="--gpu auto", hint="; name the GPU (--gpu H100) or the "
+                                                                            "study (--study NAME)"))
         names = export.studies_for(label, args.family, args.storage)
         if not names:
-            raise TunerError(f"no studies for {label} in {study.storage_url(args.storage)}; "
+            raise TunerError(f"no studies for {label} in {study.shown(study.storage_url(args.storage))}; "
                              f"run `tuner search --gpu {args.gpu}` first")
     else:
         raise TunerError("say what to export: --gpu H100 (all its studies) or --study NAME")
@@ -124,7 +130,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tuner.cli import _study_name
 
     st = study.load(_study_name(args), args.storage)
-    out = args.out or Path("reports") / st.study_name
+    out = args.out or paths.reports_dir() / st.study_name  # made once the study is read
     importance = report.report(st, out)
     print(f"study {st.study_name}: {len(st.trials)} trials")
     if importance:
@@ -136,7 +142,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print((out / "by_dimension.md").read_text())
     print(f"wrote {out}/trials.csv, importance.json, by_dimension.csv/.md, time_by_dimension.png, "
           "time_vs_registers.png")
-    print(f"browse the study: tuner dashboard --storage {study.storage_url(args.storage)}")
+    print(f"browse the study: tuner dashboard --storage {study.shown(study.storage_url(args.storage))}")
     return 0
 
 
@@ -147,7 +153,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         import optuna_dashboard
     except ImportError:
         raise TunerError("the dashboard is a separate package: pip install optuna-dashboard") from None
-    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {study.storage_url(args.storage)} "
-          "(Ctrl-C stops it)", flush=True)
-    optuna_dashboard.run_server(study.storage(args.storage), host=args.host, port=args.port)
+    url = study.storage_url(args.storage)
+    if study.absent(url):
+        raise TunerError(f"no studies in {study.shown(url)}: no such file (a search makes it)")
+    storage = study.storage(url)
+    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {study.shown(url)} (Ctrl-C stops it)", flush=True)
+    optuna_dashboard.run_server(storage, host=args.host, port=args.port)
     return 0

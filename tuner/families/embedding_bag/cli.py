@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuner.errors import TunerError
+from tuner import cli_args
 from tuner.families import embedding_bag as eb
 
 
@@ -22,10 +22,11 @@ def spaces(args) -> list:
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
     d = eb.Problem()
-    p.add_argument("--rows", type=int, default=d.rows, help=f"embedding rows (default {d.rows:,}, the PR's)")
-    p.add_argument("--dim", type=int, default=d.dim, help=f"embedding dim (default {d.dim})")
-    p.add_argument("--bags", type=int, default=d.bags, help=f"bags (default {d.bags})")
-    p.add_argument("--bag-size", type=int, default=d.bag_size, help=f"mean indices per bag (default {d.bag_size})")
+    p.add_argument("--rows", type=cli_args.size, default=d.rows, help=f"embedding rows (default {d.rows:,}, the PR's)")
+    p.add_argument("--dim", type=cli_args.size, default=d.dim, help=f"embedding dim (default {d.dim})")
+    p.add_argument("--bags", type=cli_args.size, default=d.bags, help=f"bags (default {d.bags})")
+    p.add_argument("--bag-size", type=cli_args.size_or_zero, default=d.bag_size,
+                   help=f"mean indices per bag (default {d.bag_size})")
     p.add_argument("--mode", default=d.mode, choices=eb.MODES)
     p.add_argument("--weight", default=d.weight, help="weight dtype (default float32)")
     p.add_argument("--index", default=d.index, help="index dtype (default int64)")
@@ -34,8 +35,6 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
 
 
 def problem(args) -> eb.Problem:
-    if min(args.rows, args.dim, args.bags) < 1 or args.bag_size < 0:
-        raise TunerError("--rows, --dim and --bags must be positive, --bag-size not negative")
     eb.space(args.weight, args.index)  # checks the dtypes
     return eb.Problem(args.rows, args.dim, args.bags, args.bag_size, args.mode, eb.dtype_name(args.weight),
                       eb.dtype_name(args.index), args.ids)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuner.errors import TunerError
+from tuner import cli_args
 from tuner.families import giou
 
 
@@ -24,8 +24,8 @@ def spaces(args) -> list:
 
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", type=int, default=1024, help="images per batch, B (default 1024)")
-    p.add_argument("--slots", type=int, default=256, help="box slots per image, S (default 256)")
+    p.add_argument("--batch", type=cli_args.size, default=1024, help="images per batch, B (default 1024)")
+    p.add_argument("--slots", type=cli_args.size, default=256, help="box slots per image, S (default 256)")
     p.add_argument("--pred", default="bfloat16", help="pred dtype (default bfloat16)")
     p.add_argument("--target", default="uint8", help="target dtype (default uint8)")
     p.add_argument("--boxes", default="article", choices=giou.DISTRIBUTIONS,
@@ -35,8 +35,6 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
 
 
 def problem(args) -> giou.Problem:
-    if args.batch < 1 or args.slots < 1:
-        raise TunerError("--batch and --slots must be positive")
     giou.space(args.pred, args.target)  # checks the dtypes
     return giou.Problem(args.batch, args.slots, giou.dtype_name(args.pred), giou.dtype_name(args.target),
                         args.boxes, args.reduction)
@@ -48,8 +46,10 @@ def describe(problem: dict) -> str:
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batches", default="64,256,1024,4096")
-    p.add_argument("--dtypes", default="bfloat16/uint8,float32/float32", help="pred/target pairs")
+    p.add_argument("--batches", type=cli_args.sizes, default=(64, 256, 1024, 4096),
+                   help="batch sizes, comma-separated (default 64,256,1024,4096)")
+    p.add_argument("--dtypes", type=cli_args.pairs, default=(("bfloat16", "uint8"), ("float32", "float32")),
+                   help="pred/target pairs, comma-separated (default bfloat16/uint8,float32/float32)")
 
 
 def bench(directory, args) -> list[dict]:
@@ -57,6 +57,4 @@ def bench(directory, args) -> list[dict]:
     from tuner.families.giou import bench as giou_bench
 
     op = tuner.load(directory)
-    batches = tuple(int(b) for b in args.batches.split(","))
-    dtypes = tuple(tuple(pair.split("/")) for pair in args.dtypes.split(","))
-    return giou_bench.run(op, batches, dtypes, out=args.out)
+    return giou_bench.run(op, args.batches, args.dtypes, out=args.out)

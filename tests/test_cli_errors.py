@@ -1,0 +1,323 @@
+"""The command line's answers to bad input: one line on stderr and exit 1 (our errors, files,
+storages) or exit 2 (usage), never a traceback; and what a failing command leaves behind: nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import tuner
+from tuner import cli
+from tuner.errors import GpuError
+
+REC = Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl"
+STUDY = "giou-H100-B1024-S256-bfloat16-uint8-article-mean-fwd+bwd"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def error_line(err: str, command: str) -> str:
+    """The one line of a failed command."""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tuner {command}: error: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh TUNER_HOME that is also the working folder, on a machine without a GPU."""
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def one_study(tmp_path_factory):
+    """A journal holding one study of 10 trials (replayed measurements)."""
+    where = tmp_path_factory.mktemp("one-study")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TUNER_HOME", str(where))
+        assert cli.main(["search", "--gpu", "H100", "--simulate", str(REC), "--trials", "10", "--quiet"]) == 0
+    return where / "studies" / "tuner.journal"
+
+
+def _with_study(home: Path, journal: Path) -> None:
+    (home / "studies").mkdir()
+    shutil.copy(journal, home / "studies" / "tuner.journal")
+
+
+# ------------------------------------------------------------------ storages
+
+def test_a_folder_as_storage_is_one_line(home, capsys):
+    (home / "d").mkdir()
+    for argv in (["list"], ["show", "--study", "x"], ["report", "--study", "x"], ["export-best", "--gpu", "H100"],
+                 ["search", "--gpu", "H100", "--simulate", str(REC), "--trials", "5", "--quiet"]):
+        code, _, err = run(capsys, *argv, "--storage", "d")
+        assert code == 1
+        assert "storage d: a folder" in error_line(err, argv[0])
+
+
+def test_an_unknown_scheme_is_one_line(home, capsys):
+    code, _, err = run(capsys, "list", "--storage", "foo://bar")
+    assert code == 1 and "storage foo://bar: unknown scheme 'foo'" in error_line(err, "list")
+    assert list(home.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["postgresql://u:secret@127.0.0.1:1/db",
+                                 "journal+postgresql://u:secret@127.0.0.1:1/db"])
+def test_an_unreachable_postgres_is_one_line_at_once(home, capsys, url):
+    # port 1 on the loopback refuses at once: the error must not wait on retries
+    started = time.monotonic()
+    code, _, err = run(capsys, "show", "--study", "x", "--storage", url)
+    assert time.monotonic() - started < 5
+    line = error_line(err, "show")
+    assert code == 1 and "127.0.0.1" in line and "secret" not in line and "***" in line
+
+
+def test_a_damaged_journal_is_no_traceback(home, capsys):
+    (home / "bad.journal").write_bytes(b"garbage\n\x00\xff\xfe\n[1, 2]\n")
+    code, _, err = run(capsys, "show", "--study", "x", "--storage", "bad.journal")
+    assert code == 1 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("tuner show: error: no study 'x' in bad.journal")
+
+
+def test_a_missing_driver_names_the_projects_extra(home, capsys, monkeypatch):
+    from tuner import journal
+
+    def no_psycopg(url):
+        raise ImportError("No module named 'psycopg'")
+
+    monkeypatch.setattr(journal, "storage", no_psycopg)
+    code, _, err = run(capsys, "list", "--storage", "journal+postgresql://u@127.0.0.1:1/db")
+    assert code == 1 and "pip install -e '.[postgres]'" in error_line(err, "list")
+
+
+# ------------------------------------------------------------------ numbers, checked by the parser
+
+RANGES = [
+    ["build", "--gpu", "H100", "--limit", "-3"], ["build", "--gpu", "H100", "--limit", "0"],
+    ["build", "--gpu", "H100", "--jobs", "0"], ["variants", "--gpu", "H100", "--limit", "-1"],
+    *[["search", "--gpu", "H100", "--simulate", str(REC), flag, value] for flag, value in [
+        ("--trials", "-5"), ("--trials", "0"), ("--trials", "1e30"), ("--trials", str(10**30)), ("--timeout", "-1"),
+        ("--timeout", "0"), ("--timeout", "inf"), ("--timeout", "nan"), ("--jobs", "0"), ("--jobs", "100000"),
+        ("--ask-batch", "0"), ("--top-k", "0"), ("--eval-timeout", "0"), ("--eval-timeout", "1e30"),
+        ("--prune", "0.5"), ("--prune", "1"), ("--prune", "-1"), ("--prune", "nan"), ("--seed", "-1"),
+        ("--seed", str(2**32)), ("--simulate-delay", "-1"), ("--devices", "0,0"), ("--devices", "x"),
+        ("--devices", ""), ("--batch", "0"), ("--slots", "-1"), ("--batch", "1.5")]],
+    ["show", "--top-k", "0"], ["show", "--top-k", "x"],
+    *[["samplers", "--simulate", str(REC), flag, value] for flag, value in [
+        ("--seeds", "0"), ("--first-seed", "-1"), ("--within", "2"), ("--within", "nan"), ("--max-trials", "0"),
+        ("--fail-above", "101"), ("--fail-above", "-1")]],
+    ["dashboard", "--port", "0"], ["dashboard", "--port", "65536"],
+    ["search", "--family", "embedding_bag", "--gpu", "H100", "--rows", "0"],
+    ["search", "--family", "embedding_bag", "--gpu", "H100", "--bag-size", "-1"],
+    ["show", "--family", "rms_norm", "--gpu", "H100", "--width", "0"],
+    ["bench", "--batches", "64,0"], ["bench", "--dtypes", "bfloat16"],
+    ["bench", "--family", "rms_norm", "--shapes", "4096x"], ["bench", "--family", "rms_norm", "--shapes", "1x2x3"],
+]
+
+
+@pytest.mark.parametrize("argv", RANGES, ids=lambda a: " ".join(x if len(x) < 30 else "REC" for x in a))
+def test_numbers_out_of_range_are_usage_errors(home, capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    assert lines[0].startswith("usage: ") and lines[-1].startswith(f"tuner {argv[0]}: error: ")
+    assert sum(": error:" in line for line in lines) == 1
+    assert list(home.iterdir()) == []  # --trials 0 made no empty study
+
+
+def test_the_ends_of_the_ranges_are_accepted(home, capsys):
+    code, out, _ = run(capsys, "variants", "--gpu", "H100", "--limit", "0")
+    assert code == 0 and "more" not in out
+    code, out, _ = run(capsys, "search", "--gpu", "H100", "--simulate", str(REC), "--trials", "1", "--prune", "0",
+                       "--seed", str(2**32 - 1), "--top-k", "1", "--quiet")
+    assert code == 0 and "1 trials" in out
+
+
+# ------------------------------------------------------------------ no GPU
+
+def test_bench_without_a_gpu_says_what_was_asked(home, capsys):
+    code, _, err = run(capsys, "bench", "--gpu", "H100")
+    line = error_line(err, "bench")
+    assert code == 1 and line.startswith("tuner bench: error: --gpu H100: no CUDA GPU is attached "
+                                         "(torch.cuda.is_available() is False)")
+    assert "auto" not in line
+
+
+def test_load_auto_without_a_gpu_names_the_call(home):
+    with pytest.raises(GpuError, match=r"^tuner\.load\(gpu='auto'\): no CUDA GPU is attached") as caught:
+        tuner.load(gpu="auto")
+    assert "--gpu" not in str(caught.value)
+
+
+@pytest.mark.parametrize("argv", [["variants", "--gpu", "auto"], ["show", "--gpu", "auto"],
+                                  ["export-best", "--gpu", "auto"], ["search", "--gpu", "auto"],
+                                  ["search", "--gpu", "H100"]])
+def test_auto_without_a_gpu_is_one_line_and_writes_nothing(home, capsys, argv):
+    code, _, err = run(capsys, *argv)
+    assert code == 1 and "no CUDA GPU is attached" in error_line(err, argv[0])
+    assert list(home.iterdir()) == []
+
+
+# ------------------------------------------------------------------ which study
+
+def test_bare_show_and_report_read_the_only_study(home, capsys, one_study, tmp_path_factory, monkeypatch):
+    _with_study(home, one_study)
+    elsewhere = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(elsewhere)
+    code, out, _ = run(capsys, "show")
+    assert code == 0 and out.startswith(f"study {STUDY}")
+    code, out, _ = run(capsys, "report")
+    assert code == 0 and (home / "reports" / STUDY / "trials.csv").exists()
+    assert list(elsewhere.iterdir()) == []  # reports go under TUNER_HOME, not the working folder
+    code, _, _ = run(capsys, "report", "--out", "mine")
+    assert code == 0 and (elsewhere / "mine" / "trials.csv").exists()
+
+
+def test_bare_show_with_two_studies_lists_them(home, capsys, one_study):
+    _with_study(home, one_study)
+    assert run(capsys, "search", "--gpu", "H100", "--simulate", str(REC), "--trials", "5", "--quiet",
+               "--study", "second")[0] == 0
+    for command in ("show", "report"):
+        code, _, err = run(capsys, command)
+        line = error_line(err, command)
+        assert code == 1 and STUDY in line and "second" in line and "--study" in line
+    assert not (home / "reports").exists()
+    code, out, _ = run(capsys, "show", "--study", "second")
+    assert code == 0 and out.startswith("study second")
+
+
+def test_options_that_name_a_study_keep_asking_for_the_gpu(home, capsys, one_study):
+    _with_study(home, one_study)
+    code, _, err = run(capsys, "show", "--batch", "512")
+    assert code == 1 and "--gpu" in error_line(err, "show")
+
+
+@pytest.mark.parametrize("argv", [["show"], ["report"], ["show", "--study", "x"], ["report", "--study", "x"],
+                                  ["export-best", "--gpu", "H100"], ["export-best", "--study", "x"],
+                                  ["dashboard"], ["show", "--storage", "sub/x.journal", "--study", "x"],
+                                  ["report", "--storage", "sqlite:///sub/x.db", "--study", "x"]])
+def test_read_only_commands_that_fail_create_nothing(home, capsys, argv, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna_dashboard", None)  # not installed: one line
+    code, _, err = run(capsys, *argv)
+    assert code == 1
+    error_line(err, argv[0])
+    assert list(home.iterdir()) == []
+
+
+def test_list_of_a_missing_storage_creates_nothing(home, capsys):
+    code, out, _ = run(capsys, "list")
+    assert code == 0 and out.startswith("no studies in")
+    assert list(home.iterdir()) == []
+
+
+# ------------------------------------------------------------------ files
+
+@pytest.mark.parametrize("flag", ["--simulate", "--import-records"])
+@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"[1, 2]\n5\n", None])
+def test_a_file_that_is_no_measurement_log_is_one_line(home, capsys, flag, content):
+    path = home / "f.jsonl"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    argv = ["search", "--gpu", "H100", "--simulate", str(REC), "--trials", "5", "--quiet", flag, str(path)]
+    code, _, err = run(capsys, *argv)
+    assert code == 1 and f"{flag} {path}" in error_line(err, "search")
+
+
+def test_export_best_refuses_a_wheel_without_binaries_before_writing(home, capsys, one_study):
+    _with_study(home, one_study)
+    code, _, err = run(capsys, "export-best", "--gpu", "H100", "--sources-only", "--wheel", "w")
+    assert code == 1 and "--sources-only" in error_line(err, "export-best")
+    assert not (home / "exports").exists()
+
+
+# ------------------------------------------------------------------ main's handling
+
+def test_an_unexpected_error_is_one_line_with_the_way_to_its_traceback(home, capsys, monkeypatch):
+    def broken(args):
+        raise RuntimeError("boom\nmore")
+
+    monkeypatch.setitem(cli.COMMANDS, "list", broken)
+    code, _, err = run(capsys, "list")
+    assert code == 1 and "RuntimeError: boom" in error_line(err, "list") and "--debug" in err
+    for argv in (["--debug", "list"], ["list", "--debug"]):
+        with pytest.raises(RuntimeError):
+            cli.main(argv)
+
+
+def test_interrupted(home, capsys, monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "list", interrupted)
+    code, _, err = run(capsys, "list")
+    assert code == 130 and err == "tuner list: interrupted\n"
+
+
+def test_a_warning_is_one_line(home, capsys, monkeypatch):
+    def warns(args):
+        warnings.warn("careful", UserWarning)
+        return 0
+
+    # pytest records warnings; print them as Python does outside it, through formatwarning
+    def show(message, category, filename, lineno, file=None, line=None):
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    monkeypatch.setitem(cli.COMMANDS, "list", warns)
+    before = warnings.formatwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        monkeypatch.setattr(warnings, "showwarning", show)
+        code, _, err = run(capsys, "list")
+    assert code == 0 and err == "tuner list: warning: careful\n"
+    assert warnings.formatwarning is before  # the CLI's format is its own, not left behind
+
+
+# ------------------------------------------------------------------ as a process
+
+def _tuner(*argv: str, home: Path, stdout=subprocess.PIPE) -> subprocess.Popen:
+    env = {**os.environ, "TUNER_HOME": str(home), "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen([sys.executable, "-m", "tuner", *argv], env=env, cwd=home, stdout=stdout,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("argv", [["variants", "--gpu", "H100"],  # more than a pipe holds: fails in print
+                                  ["variants", "--gpu", "H100", "--limit", "1"]])  # fails at the last flush
+def test_a_reader_that_goes_away_is_no_traceback(tmp_path, argv):
+    read, write = os.pipe()
+    proc = _tuner(*argv, home=tmp_path, stdout=write)
+    os.close(write)
+    os.close(read)  # `| head -0`: the reader is gone before the first write
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err == ""
+
+
+def test_a_usage_error_and_a_missing_gpu_as_a_process(tmp_path):
+    proc = _tuner("search", "--gpu", "H100", "--trials", "0", home=tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and out == ""
+    assert err.splitlines()[-1].startswith("tuner search: error: argument --trials")
+    proc = _tuner("bench", "--gpu", "H100", home=tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err.startswith("tuner bench: error: --gpu H100: no CUDA GPU is attached")
+    assert len(err.splitlines()) == 1 and list(tmp_path.iterdir()) == []

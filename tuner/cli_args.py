@@ -1,0 +1,140 @@
+"""Argument types of the command line: each number is checked against a sensible range by the
+parser, so `--trials -5` is a usage error (exit 2) instead of an empty study, and `--limit -3`
+never means "all"."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+from typing import Callable
+
+from tuner.errors import TunerError
+
+
+def _quoted(text: str) -> str:
+    """The value as typed, cut short: the error stays one line."""
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if x == int(x) else str(x)
+
+
+def integer(lo: int, hi: int) -> Callable[[str], int]:
+    """A type for whole numbers from lo to hi."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {lo} to {hi}, got {_quoted(text)}")
+        return value
+
+    return parse
+
+
+def number(lo: float, hi: float, above_lo: bool = False, unit: str = "") -> Callable[[str], float]:
+    """A type for finite numbers from lo (or above it) to hi."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (lo < value <= hi if above_lo else lo <= value <= hi):  # NaN fails both
+            span = f"above {_num(lo)} and up to {_num(hi)}" if above_lo else f"from {_num(lo)} to {_num(hi)}"
+            raise argparse.ArgumentTypeError(f"expected a number {span}{unit}, got {_quoted(text)}")
+        return value
+
+    return parse
+
+
+COUNT_MAX = 1_000_000  # trials, finalists, rows shown: far beyond any family's space
+count = integer(1, COUNT_MAX)
+count_or_zero = integer(0, COUNT_MAX)
+jobs = integer(1, 1024)
+seed = integer(0, 2**32 - 1)  # what NumPy's and Optuna's samplers take
+size = integer(1, 2**31 - 1)  # a tensor dimension
+size_or_zero = integer(0, 2**31 - 1)
+port = integer(1, 65535)
+seconds = number(0, 30 * 86400, above_lo=True, unit=" seconds (30 days)")
+delay = number(0, 3600, unit=" seconds")
+fraction = number(0, 1)
+percent = number(0, 100)
+
+
+def prune_factor(text: str) -> float:
+    """0 (time every variant in full), or a factor over 1: a factor of 1 or below would prune the
+    best variant itself, and past 100 a probe prunes nothing."""
+    value = number(0, 100)(text)
+    if 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected 0 (no pruning) or a factor above 1 and up to 100, "
+                                         f"got {_quoted(text)}")
+    return value
+
+
+def devices(text: str) -> str:
+    """`all`, or distinct CUDA indices such as 0,1 (the text itself: gpus.device_indices reads it)."""
+    if text.strip().lower() == "all":
+        return text
+    found = [x.strip() for x in text.split(",")]
+    if not all(re.fullmatch(r"[0-9]{1,4}", x) for x in found) or len(set(map(int, found))) != len(found):
+        raise argparse.ArgumentTypeError(f"expected 'all' or distinct CUDA indices such as 0,1, got {_quoted(text)}")
+    return text
+
+
+def sizes(text: str) -> tuple[int, ...]:
+    """Comma-separated sizes, such as 64,256,1024."""
+    try:
+        return tuple(size(x) for x in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected sizes such as 64,256,1024, got {_quoted(text)}") from None
+
+
+def shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """Comma-separated ROWSxWIDTH shapes, such as 4096x4096,8192x1024."""
+    found = []
+    for shape in text.lower().split(","):
+        rows, x, width = shape.partition("x")
+        try:
+            found.append((size(rows), size(width)))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected ROWSxWIDTH shapes such as 4096x4096,8192x1024, "
+                                             f"got {_quoted(text)}") from None
+    return tuple(found)
+
+
+def pairs(text: str) -> tuple[tuple[str, str], ...]:
+    """Comma-separated A/B pairs of names, such as bfloat16/uint8,float32/float32."""
+    found = [tuple(pair.split("/")) for pair in text.split(",")]
+    if not all(len(pair) == 2 and all(re.fullmatch(r"\w+", name) for name in pair) for pair in found):
+        raise argparse.ArgumentTypeError(f"expected pairs such as bfloat16/uint8,float32/float32, "
+                                         f"got {_quoted(text)}")
+    return tuple(found)  # type: ignore[return-value]
+
+
+def recording(path: Path | None, flag: str) -> None:
+    """A measurement log named on the command line (--simulate, --import-records) must be one: a
+    file of UTF-8 text whose lines are JSON objects (a line cut short by a kill is skipped where it
+    is read). Checked before a search starts, so that a wrong file is one line, not a traceback."""
+    if path is None:
+        return
+    if not path.is_file():
+        raise TunerError(f"{flag} {path}: {'a folder' if path.is_dir() else 'no such file'}; expected a "
+                         "measurement log (a search's studies/<study>.jsonl)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                line = line.strip()
+                if not line or line.startswith("{"):
+                    continue
+                try:
+                    json.loads(line)
+                except ValueError:
+                    continue  # not JSON at all: a damaged line, skipped as a cut one is
+                raise TunerError(f"{flag} {path}: line {number} is not a measurement (a JSON object)")
+    except UnicodeDecodeError:
+        raise TunerError(f"{flag} {path}: not a measurement log (not UTF-8 text)") from None
