@@ -16,9 +16,11 @@ from tuner.errors import GpuError, TunerError
 from tuner.variant import Variant
 
 
-# Repetitions of a variant in the search: at least 100, at most 500, about 10 ms of GPU time a call.
-# The finalists are timed again with more (`Evaluator.retime`).
-SEARCH_TIMING = {"min_reps": 100, "max_reps": 500, "budget_ms": 10.0}
+# Repetitions of a variant in the search: at least 64, at most 192, about 4 ms of measured time a
+# call. Each chunk of 16 waits behind a ~1 ms head start (`timing.CHUNK`), so 500 repetitions of an
+# 8 µs kernel cost ~50 ms of GPU time a call: the GPU's share of a search. The median of 192 moves
+# by a few hundredths of a µs; the finalists are timed again with more (`Evaluator.retime`).
+SEARCH_TIMING = {"min_reps": 64, "max_reps": 192, "budget_ms": 4.0}
 
 
 def _build_result(b: build.Build) -> dict:
