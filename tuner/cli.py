@@ -111,7 +111,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     if not args.gpu:
-        raise TunerError("name the GPU to tune for: --gpu L4, --gpu H100, ... or --gpu auto")
+        raise TunerError("name the GPU to tune for: --gpu L4, --gpu H100, ... or --gpu auto"
+                         + (" (with --simulate: the GPU it was recorded on)" if args.simulate else ""))
     cli_args.recording(args.simulate, "--simulate")
     cli_args.recording(args.import_records, "--import-records")
     if not args.simulate:
@@ -188,9 +189,12 @@ def _family_of(argv: list[str] | None) -> str:
     """--family, read ahead: the other options of a command depend on it."""
     from tuner import families
 
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     pre.add_argument("--family", default=families.DEFAULT)
-    name = pre.parse_known_args(argv)[0].family
+    try:
+        name = pre.parse_known_args(argv)[0].family
+    except argparse.ArgumentError:  # `--family` without a name: the full parser says so
+        return families.DEFAULT
     return name if name in families.names() else families.DEFAULT  # an unknown one: argparse says so
 
 
