@@ -1,7 +1,10 @@
 """Optuna's journal as tuner keeps it: in a file (the default, tuner.journal) or a PostgreSQL
 table; and the searchers' heartbeats in a study."""
 
+import json
 import multiprocessing as mp
+
+import pytest
 
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -40,17 +43,23 @@ def test_processes_share_a_journal_and_optuna_reads_it(tmp_path):
     assert [t.params for t in theirs.get_trials()] == [t.params for t in trials]
 
 
+def _attr(n: int) -> dict:
+    """A record as Optuna writes them: a study's attribute."""
+    return {"op_code": 2, "worker_id": "w", "study_id": 0, "user_attr": {"n": n}}
+
+
 def test_a_line_being_written_is_read_once_it_is_whole(tmp_path):
     path = tmp_path / "j"
     backend = journal.JournalFile(path)
-    backend.append_logs([{"op": 1}, {"op": 2}])
+    backend.append_logs([_attr(1), _attr(2)])
     with open(path, "ab") as f:
-        f.write(b'{"op": 3')  # a writer mid-line
-    assert list(backend.read_logs(0)) == [{"op": 1}, {"op": 2}]
+        f.write(json.dumps(_attr(3))[:-1].encode())  # a writer mid-line
+    assert list(backend.read_logs(0)) == [_attr(1), _attr(2)]
     with open(path, "ab") as f:
         f.write(b"}\n")
-    assert list(backend.read_logs(2)) == [{"op": 3}]
-    assert list(backend.read_logs(0)) == [{"op": 1}, {"op": 2}, {"op": 3}]
+    assert list(backend.read_logs(2)) == [_attr(3)]
+    assert list(backend.read_logs(0)) == [_attr(1), _attr(2), _attr(3)]
+    assert backend.damaged == []
 
 
 def test_the_default_storage_is_the_journal_but_an_existing_sqlite_home_keeps_its_file(tuner_home):
@@ -95,23 +104,28 @@ def test_the_journal_table_in_postgresql_keeps_records_in_commit_order(postgres_
 
     dsn = "postgresql" + postgres_url[postgres_url.index("://"):]
     a, b = journal.JournalPostgres(dsn), journal.JournalPostgres(dsn)  # two searchers' connections
-    a.append_logs([{"n": 0}, {"n": 1}])
-    b.append_logs([{"n": 2}])
-    assert [log["n"] for log in b.read_logs(0)] == [0, 1, 2]
-    assert [log["n"] for log in a.read_logs(2)] == [2]
+    a.append_logs([_attr(0), _attr(1)])
+    b.append_logs([_attr(2)])
+    assert [log["user_attr"]["n"] for log in b.read_logs(0)] == [0, 1, 2]
+    assert [log["user_attr"]["n"] for log in a.read_logs(2)] == [2]
     assert a.read_logs(3) == []
-    b.append_logs([{"n": 3, "x": float("nan"), "big": 1e17}])  # as the journal file keeps them
+    b.append_logs([{**_attr(3), "x": float("nan"), "big": 1e17}])  # as the journal file keeps them
     last = a.read_logs(3)[0]
     assert last["x"] != last["x"] and isinstance(last["big"], float)
     # a server that drops a searcher's connection: the next call reconnects, nothing is lost or doubled
     a._conn.execute("SELECT pg_terminate_backend(%s)", (b._conn.info.backend_pid,))
-    b.append_logs([{"n": 4}])
-    assert [log["n"] for log in a.read_logs(0)] == [0, 1, 2, 3, 4]
+    b.append_logs([_attr(4)])
+    assert [log["user_attr"]["n"] for log in a.read_logs(0)] == [0, 1, 2, 3, 4]
+    # a row that is not a record is skipped, once, by its id; numbers stay the rows' ids
+    a._conn.execute(f"UPDATE {a.TABLE} SET log = 'garbage' WHERE id = 2")
+    with pytest.warns(journal.JournalDamageWarning, match=f"table {a.TABLE} id 2: damaged record skipped"):
+        logs = a.read_logs(0)
+    assert [log.get("user_attr", {}).get("n") for log in logs] == [0, 1, None, 3, 4] and a.damaged == [2]
+    st = journal.storage("journal+" + postgres_url.replace("+psycopg", ""))  # Optuna replays the rest
+    assert st.get_all_studies() == []
 
 
 def test_a_journal_url_of_another_kind_is_refused():
-    import pytest
-
     from tuner.errors import TunerError
 
     with pytest.raises(TunerError, match="journal\\+postgresql://"):

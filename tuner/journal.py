@@ -8,54 +8,313 @@ This backend appends under an exclusive `flock`, so several `tuner search` proce
 a host share one file, and does not fsync: a killed process loses nothing it wrote (the
 page cache outlives it), the same guarantee as SQLite at `synchronous=NORMAL`; only a
 power cut can lose the last writes. The format is Optuna's own, so `optuna-dashboard
-<file>` and `JournalFileBackend` read it.
+<file>` and `JournalFileBackend` read it. The file and its folder are made by the first
+append: reading a missing file finds no studies and makes nothing.
+
+A damaged line (not UTF-8, not JSON, NUL bytes, not one of Optuna's records, or a record
+Optuna's replay refuses: a disk that filled up, a power cut, an editor) is skipped with one
+JournalDamageWarning naming the file and the line, once per process, and every intact record
+is kept; `damaged_lines` lists the lines skipped. Records are numbered for Optuna's replay in
+the order they are given to it, a function of the file's whole lines alone, so a full read and
+incremental reads, in any process, number them alike. An append first ends a partial last line
+(a writer killed mid-line: writers take turns under the lock, so none is writing it), so that
+its records start a line of their own; a reader leaves a partial last line for its next read
+(it is being written, or the next append ends it and it is a damaged line).
+
+Optuna numbers studies and trials in the order their creations replay, so a creation lost in a
+damaged line would shift the id of every later one, and their records would reach the wrong
+study or trial. The creations written here carry the id they get and a trial its number in its
+study ("tuner_id", "tuner_number": Optuna ignores them); where these, or a record naming a study
+or trial not made yet, show creations lost, stand-ins take their ids (a study "lost study N"; a
+trial failed with a reason, so that its later records are refused), and every other study and
+trial keeps its own. A damaged record thus costs at most its own trial. Journals written
+elsewhere carry no ids: there a lost creation is seen only when a record names what it made.
 
 In PostgreSQL (`journal+postgresql://USER@HOST/DB`) the journal is a table of numbered
 records. A trial costs a few single-row inserts and one read of the records since the
 last, where Optuna's relational storage on the same server spends ~60 ms of the
-searcher's CPU per trial in its ORM (see tools/storage_cost.py).
+searcher's CPU per trial in its ORM (see tools/storage_cost.py). A row that is not a record
+is skipped in the same way, with a warning naming its id.
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import fcntl
 import json
 import os
+import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterator
 
+from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
 
 
+class JournalDamageWarning(UserWarning):
+    """A damaged record skipped (the command line shows it in one line: tuner CMD: warning: ...)."""
+
+
+# Optuna's operations (JournalOperation) and the fields its replay reads from each: a record
+# without them would raise in the middle of the replay.
+FIELDS: dict[int, tuple[str, ...]] = {
+    0: ("study_name", "directions"), 1: ("study_id",), 2: ("study_id", "user_attr"),
+    3: ("study_id", "system_attr"), 4: ("study_id", "datetime_start"),
+    5: ("trial_id", "param_name", "param_value_internal", "distribution"),
+    6: ("trial_id", "state", "values"), 7: ("trial_id", "step", "intermediate_value"),
+    8: ("trial_id", "user_attr"), 9: ("trial_id", "system_attr"), 10: ()}
+CREATE_STUDY, DELETE_STUDY, CREATE_TRIAL = 0, 1, 4
+ID = "tuner_id"  # the id a creation gets, as its writer saw the journal
+NUMBER = "tuner_number"  # and a trial's number in its study
+LOST_REASON = "lost in a damaged journal line"
+RECORD_BYTES = 32  # fewer than any record takes: a damaged line of n bytes held at most n // 32 + 1
+
+_warned: set[tuple[str, int]] = set()  # (journal, line) warned about in this process
+
+
+def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The record on a line, or None and why the line is damaged."""
+    if b"\0" in line:
+        return None, "NUL bytes"
+    try:
+        record = json.loads(line.decode())
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except (ValueError, RecursionError):
+        return None, "not JSON"
+    op = record.get("op_code") if isinstance(record, dict) else None
+    if (not isinstance(op, int) or op not in FIELDS or "worker_id" not in record
+            or not all(key in record for key in FIELDS[op])
+            or not all(isinstance(record.get(key, 0), int) for key in ("study_id", "trial_id"))
+            or not isinstance(record.get("study_name", ""), str)):
+        return None, "not a record"
+    return record, ""
+
+
+@dataclasses.dataclass
+class _Place:
+    """A point in the journal file, after whole lines, and what Optuna made of the lines before:
+    the ids it gave out, as its replay gives them (a study per new name, a trial per creation in
+    a live study)."""
+
+    offset: int = 0
+    line: int = 0
+    number: int = 0  # records given to Optuna
+    studies: dict[int, str] = dataclasses.field(default_factory=dict)  # live studies' names by id
+    next_study: int = 0
+    trials: int = 0
+    counts: dict[int, int] = dataclasses.field(default_factory=dict)  # trials by study (their numbers)
+    recent: list[int] = dataclasses.field(default_factory=list)  # studies by their last trial made, oldest first
+    marked: bool = False  # the last creation carried its id: the next one will show a loss
+    slack: int = 0  # stand-ins the damage so far can account for: a damaged id makes none
+
+    def copy(self) -> _Place:
+        new = object.__new__(_Place)  # dataclasses.replace costs more than the rest of a read
+        new.__dict__ = {**self.__dict__, "studies": dict(self.studies), "counts": dict(self.counts),
+                        "recent": list(self.recent)}
+        return new
+
+    def take(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """What Optuna replays for an intact record: first a stand-in for each creation that it
+        shows was lost (its id is beyond the next, or it names a study or trial not made yet)."""
+        op, made, out = record["op_code"], record.get(ID), []
+        made = made if isinstance(made, int) else None
+        if record.get("study_id", -1) >= self.next_study:
+            self._fill(out, record["study_id"] + 1 - self.next_study, lambda k: self._lost_study())
+        if record.get("trial_id", -1) >= self.trials and not self.marked:
+            # Where creations carry their ids the next one shows the loss, and in which study;
+            # else most likely in the study of the trial made before (a trial's record names none).
+            there = self.recent[-1] if self.recent else max(self.studies, default=None)
+            self._fill(out, record["trial_id"] + 1 - self.trials, lambda k: self._lost_trial(there))
+        if op == CREATE_STUDY and record["study_name"] not in self.studies.values():
+            if made is not None and made < self.next_study:
+                # Its writer knew this name by an id whose creation was lost here (a stand-in has
+                # it): made anew, it would shift every later study.
+                return out
+            if made is not None:
+                self._fill(out, made - self.next_study, lambda k: self._lost_study())
+            self.studies[self.next_study] = record["study_name"]
+            self.next_study += 1
+        elif op == DELETE_STUDY:
+            self.studies.pop(record["study_id"], None)
+        elif op == CREATE_TRIAL and record["study_id"] in self.studies:
+            study = record["study_id"]
+            if made is not None and made > self.trials:
+                # As many as its number shows were lost in its own study; the others in another,
+                # most likely the last other to make a trial (searches of two studies side by side).
+                number = record.get(NUMBER)
+                here = number - self.counts.get(study, 0) if isinstance(number, int) else made - self.trials
+                others = [s for s in self.recent if s != study] or [s for s in self.studies if s != study] or [study]
+                self._fill(out, made - self.trials, lambda k: self._lost_trial(study if k < here else others[-1]))
+            self._made_trial(study)
+        if op in (CREATE_STUDY, CREATE_TRIAL):
+            self.marked = made is not None
+        return out + [record]
+
+    def mark(self, log: dict[str, Any]) -> dict[str, Any]:
+        """`log` to append, a creation with the id Optuna will give it; taken."""
+        if log["op_code"] == CREATE_STUDY:
+            known = [i for i, name in self.studies.items() if name == log["study_name"]]
+            log = {**log, ID: known[0] if known else self.next_study}
+        elif log["op_code"] == CREATE_TRIAL and log["study_id"] in self.studies:
+            log = {**log, ID: self.trials, NUMBER: self.counts.get(log["study_id"], 0)}
+        self.take(log)
+        return log
+
+    def _fill(self, out: list[dict[str, Any]], n: int, make) -> None:
+        """`make(k)` the k-th of n stand-ins, when the damage so far can account for them."""
+        if 0 < n <= self.slack:
+            for k in range(n):
+                record = make(k)
+                if record is not None:
+                    out.append(record)
+                    self.slack -= 1
+
+    def _made_trial(self, study: int) -> None:
+        self.trials += 1
+        self.counts[study] = self.counts.get(study, 0) + 1
+        if study in self.recent:
+            self.recent.remove(study)
+        self.recent.append(study)
+
+    def _lost_study(self) -> dict[str, Any]:
+        name = self.studies[self.next_study] = f"lost study {self.next_study}"
+        self.next_study += 1
+        return _lost_study(name)
+
+    def _lost_trial(self, study: int | None) -> dict[str, Any] | None:
+        if study not in self.studies:
+            return None  # Optuna would make none
+        self._made_trial(study)
+        return _lost_trial(study)
+
+
+def _lost_study(name: str) -> dict[str, Any]:
+    return {"op_code": CREATE_STUDY, "worker_id": "", "study_name": name, "directions": [1]}  # minimize
+
+
+def _lost_trial(study: int) -> dict[str, Any]:
+    # Failed, so that the lost trial's later records are refused rather than given to a trial of
+    # unknown parameters; with a reason, as a failure without one is an interrupted search's,
+    # which `tuner search` runs again.
+    return {"op_code": CREATE_TRIAL, "worker_id": "", "study_id": study, "datetime_start": None,
+            "state": 3, "user_attrs": {"reason": LOST_REASON}}  # TrialState.FAIL
+
+
+def _lines(f: BinaryIO, place: _Place) -> Iterator[tuple[int, list[dict[str, Any]] | str]]:
+    """From `place` on, each whole line's number and the records Optuna replays for it, or why
+    it is damaged; `place` follows."""
+    f.seek(place.offset)
+    for raw in f:
+        if not raw.endswith(b"\n"):
+            return  # being written now, or left by a killed writer (the next append ends it)
+        place.offset += len(raw)
+        place.line += 1
+        record, why = _parse(raw)
+        if record is None:
+            place.slack += len(raw) // RECORD_BYTES + 1
+            yield place.line, why
+        else:
+            yield place.line, place.take(record)
+
+
+def _warn(where: str, unit: str, damaged: list[tuple[int, str]]) -> None:
+    """One warning per run of consecutive damaged lines (or rows)."""
+    runs: list[list[tuple[int, str]]] = []
+    for n, why in damaged:
+        if runs and runs[-1][-1][0] == n - 1:
+            runs[-1].append((n, why))
+        else:
+            runs.append([(n, why)])
+    for run in runs:
+        whys = ", ".join(dict.fromkeys(why for _, why in run))
+        if len(run) == 1:
+            text = f"{where} {unit} {run[0][0]}: damaged record skipped ({whys})"
+        else:
+            text = f"{where} {unit}s {run[0][0]}-{run[-1][0]}: {len(run)} damaged records skipped ({whys})"
+        warnings.warn(text, JournalDamageWarning)
+
+
+def _note(damaged: list[int], key: str, where: str, unit: str, found: list[tuple[int, str]]) -> None:
+    """Add damage found for the first time to the sorted list `damaged`, and warn about what this
+    process has not warned about yet (another storage on the same journal may have)."""
+    for n, _ in found:
+        bisect.insort(damaged, n)
+    found = [(n, why) for n, why in found if (key, n) not in _warned]
+    _warned.update((key, n) for n, _ in found)
+    _warn(where, unit, found)
+
+
+def _unreplayable(exc: Exception) -> str:
+    return f"Optuna cannot replay it: {type(exc).__name__}"
+
+
 class JournalFile(BaseJournalBackend):
+    """The journal in a file, one record a line (see the module's docstring)."""
+
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.touch(exist_ok=True)
-        self._read = (0, 0)  # (log number, byte offset) of the first line not read yet
+        self.damaged: list[int] = []  # 1-based numbers of the lines skipped, as read so far
+        self._read = _Place()  # after the last line read
+        self._tail = _Place()  # after the last line an append saw
+        self._scanned = 0  # lines read: damage up to there is known (a re-read from the start finds it again)
+        self._lines: list[int] = []  # the line of each record the last read gave
 
-    def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
-        number, offset = self._read if log_number_from >= self._read[0] else (0, 0)
-        logs = []
-        with open(self.path, "rb") as f:
-            f.seek(offset)
-            for line in f:
-                if not line.endswith(b"\n"):
-                    break  # being written now: read it next time
-                if number >= log_number_from:
-                    logs.append(json.loads(line))
-                number += 1
-                offset += len(line)
-        self._read = max(self._read, (number, offset))
+    def read_logs(self, log_number_from: int) -> list[dict[str, Any]]:
+        # Optuna asks for the records from the number it has replayed: from where the last read
+        # ended, or, after a replay that stopped short (or a read that failed), from the start.
+        if log_number_from < self._read.number:
+            self._read = _Place()
+        place = self._read
+        logs, lines, found = [], [], []
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return []  # the first append makes it
+        with f:
+            for line, got in _lines(f, place):
+                if isinstance(got, str):
+                    if line > self._scanned:
+                        found.append((line, got))
+                    continue
+                for record in got:
+                    if place.number >= log_number_from:
+                        logs.append(record)
+                        lines.append(line)
+                    place.number += 1
+        self._lines = lines
+        self._scanned = max(self._scanned, place.line)
+        if found:
+            _note(self.damaged, str(self.path.resolve()), str(self.path), "line", found)
         return logs
 
+    def refused(self, index: int, exc: Exception) -> None:
+        """Optuna's replay refused the `index`th record of the last read."""
+        line = self._lines[index]
+        if line not in self.damaged:
+            _note(self.damaged, str(self.path.resolve()), str(self.path), "line", [(line, _unreplayable(exc))])
+
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        data = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs).encode()
-        with open(self.path, "ab") as f:
+        try:
+            f = open(self.path, "a+b")
+        except FileNotFoundError:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            f = open(self.path, "a+b")
+        with f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
-                f.write(data)  # one write of whole lines, at the end (O_APPEND)
-                f.flush()
+                end = os.fstat(f.fileno()).st_size
+                if end and os.pread(f.fileno(), 1, end - 1) != b"\n":
+                    os.write(f.fileno(), b"\n")  # a killed writer's partial line: ours must not be glued to it
+                # The ids the records get come from every line before them: read those not read yet.
+                if self._read.offset > self._tail.offset:
+                    self._tail = self._read.copy()
+                for _ in _lines(f, self._tail):
+                    pass
+                ids = self._tail.copy()
+                f.write("".join(json.dumps(ids.mark(log), separators=(",", ":")) + "\n" for log in logs).encode())
+                f.flush()  # one write of whole lines, at the end (O_APPEND)
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
@@ -80,6 +339,8 @@ class JournalPostgres(BaseJournalBackend):
 
     def __init__(self, dsn: str):
         self.dsn = dsn
+        self.damaged: list[int] = []  # ids of the rows skipped, as read so far
+        self._ids: list[int] = []  # the id of each row the last read gave
         self._conn = None
 
         def create(conn):
@@ -91,7 +352,7 @@ class JournalPostgres(BaseJournalBackend):
         self._retry(create)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"dsn": self.dsn, "_conn": None}
+        return {"dsn": self.dsn, "damaged": self.damaged, "_ids": [], "_conn": None}
 
     def _retry(self, work):
         """`work(connection)`, again on a fresh connection after a connection or lock-wait error."""
@@ -111,10 +372,25 @@ class JournalPostgres(BaseJournalBackend):
                     raise
                 time.sleep(attempt + 1)
 
-    def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
-        rows = self._retry(lambda conn: conn.execute(f"SELECT log FROM {self.TABLE} WHERE id >= %s ORDER BY id",
+    def read_logs(self, log_number_from: int) -> list[dict[str, Any]]:
+        rows = self._retry(lambda conn: conn.execute(f"SELECT id, log FROM {self.TABLE} WHERE id >= %s ORDER BY id",
                                                      (log_number_from,)).fetchall())
-        return [json.loads(row[0]) for row in rows]
+        logs, found = [], []
+        for n, text in rows:
+            record, why = _parse(text.encode())
+            if record is None and n not in self.damaged:
+                found.append((n, why))
+            logs.append(dict(NOOP) if record is None else record)  # numbers are ids: one record a row
+        self._ids = [n for n, _ in rows]
+        if found:
+            _note(self.damaged, f"{self.dsn} {self.TABLE}", f"table {self.TABLE}", "id", found)
+        return logs
+
+    def refused(self, index: int, exc: Exception) -> None:
+        """Optuna's replay refused the `index`th record of the last read."""
+        if self._ids[index] not in self.damaged:
+            _note(self.damaged, f"{self.dsn} {self.TABLE}", f"table {self.TABLE}", "id",
+                  [(self._ids[index], _unreplayable(exc))])
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         import uuid
@@ -135,18 +411,51 @@ class JournalPostgres(BaseJournalBackend):
             self._retry(append)
 
 
+# What a damaged row gives Optuna: an attribute for a study that does not exist, which its
+# replay ignores (a record from another worker), so that numbers stay the rows' ids.
+NOOP: dict[str, Any] = {"op_code": 2, "worker_id": "", "study_id": -1, "user_attr": {}}
+
 POSTGRES_SCHEME = "journal+postgresql://"
 
 
-def storage(url: str | os.PathLike):
-    """Optuna's JournalStorage over a file (a path) or a PostgreSQL table (journal+postgresql://)."""
-    from optuna.storages import JournalStorage
+class _Storage(JournalStorage):
+    """Optuna's JournalStorage, replaying one record at a time: a record its replay refuses (an
+    intact line whose values were damaged: a date that is not one, a parameter without its
+    distribution) is skipped with a warning, where Optuna's would raise on every read of the study.
+    A creation refused is replaced by a stand-in, as the backend's, so that later ids stay
+    those its writers saw. Its replay answers a call of this process's with an exception through
+    its own record (a duplicate study, a finished trial): that one still reaches the caller."""
 
+    def _sync_with_backend(self) -> None:
+        replay = self._replay_result
+        for i, record in enumerate(self._backend.read_logs(replay.log_number_read)):
+            try:
+                replay.apply_logs([record])
+            except Exception as exc:
+                if record.get("worker_id") == replay.worker_id:
+                    raise
+                self._backend.refused(i, exc)
+                op = record["op_code"]
+                if op in (CREATE_STUDY, CREATE_TRIAL):
+                    replay.apply_logs([_lost_study(record["study_name"]) if op == CREATE_STUDY
+                                       else _lost_trial(record["study_id"])])
+                    replay.log_number_read -= 1  # in the place of the record refused
+
+
+def storage(url: str | os.PathLike) -> JournalStorage:
+    """Optuna's JournalStorage over a file (a path) or a PostgreSQL table (journal+postgresql://)."""
     url = str(url)
     if url.startswith(POSTGRES_SCHEME):
-        return JournalStorage(JournalPostgres("postgresql://" + url[len(POSTGRES_SCHEME):]))
+        return _Storage(JournalPostgres("postgresql://" + url[len(POSTGRES_SCHEME):]))
     if "://" in url:
         from tuner.errors import TunerError
 
         raise TunerError(f"--storage {url}: a journal is a file's path or {POSTGRES_SCHEME}USER@HOST/DB")
-    return JournalStorage(JournalFile(url))
+    return _Storage(JournalFile(url))
+
+
+def damaged_lines(storage) -> list[int]:
+    """The 1-based numbers of the lines a journal file's storage skipped as damaged, as far as it
+    has read (all of them once it has opened a study); [] for any other storage."""
+    backend = getattr(storage, "_backend", None)  # JournalStorage's backend (private, as in Optuna 3 to 5)
+    return list(backend.damaged) if isinstance(backend, JournalFile) else []
