@@ -12,6 +12,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 from tuner import journal, searchers, study
+from tuner.journal_postgres import JournalPostgres
 
 SPACE = {"a": CategoricalDistribution([1, 2, 3]), "b": CategoricalDistribution(["x", "y"])}
 
@@ -103,7 +104,7 @@ def test_the_journal_table_in_postgresql_keeps_records_in_commit_order(postgres_
     from tuner import journal
 
     dsn = "postgresql" + postgres_url[postgres_url.index("://"):]
-    a, b = journal.JournalPostgres(dsn), journal.JournalPostgres(dsn)  # two searchers' connections
+    a, b = JournalPostgres(dsn), JournalPostgres(dsn)  # two searchers' connections
     a.append_logs([_attr(0), _attr(1)])
     b.append_logs([_attr(2)])
     assert [log["user_attr"]["n"] for log in b.read_logs(0)] == [0, 1, 2]

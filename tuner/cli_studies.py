@@ -50,7 +50,7 @@ def _show(st, k: int) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from tuner import study
+    from tuner import journal, study
     from tuner.cli import _study_name
 
     st = study.load(_study_name(args), args.storage)
@@ -61,7 +61,21 @@ def cmd_show(args: argparse.Namespace) -> int:
                           "trials": json.loads(frame.to_json(orient="records"))}, indent=1, default=str))
     else:
         print(_show(st, args.top_k))
+        skipped = journal.damaged_lines(st._storage)
+        if skipped:
+            print(f"damaged records skipped: {len(skipped)} (lines {_spans(skipped)} of {study.storage_url(args.storage)})")
     return 0
+
+
+def _spans(lines: list[int]) -> str:
+    """1, 2, 3, 7 -> '1-3, 7'."""
+    spans: list[list[int]] = []
+    for n in lines:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
