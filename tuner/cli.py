@@ -133,17 +133,27 @@ def cmd_search(args: argparse.Namespace) -> int:
     rate = 60 * report.trials / report.wall_s if report.wall_s else 0.0
     since_start = time.monotonic() - started
     variants = report.evaluated + report.failed.get("compile error", 0)
-    print(f"\nthis run: {variants} variants compiled, verified and timed or pruned ({report.pruned} pruned, "
-          f"{sum(report.failed.values())} failed) in {since_start:.1f} s from the command's start: "
-          f"{60 * variants / since_start:.0f} variants/min")
+    if cfg.simulate:  # nothing compiled or ran: the times are the recording's, the wall time the replay's
+        print(f"\nthis run: {variants} variants replayed from {cfg.simulate} ({report.pruned} pruned, "
+              f"{sum(report.failed.values())} failed) in {since_start:.1f} s from the command's start")
+    else:
+        print(f"\nthis run: {variants} variants compiled, verified and timed or pruned ({report.pruned} pruned, "
+              f"{sum(report.failed.values())} failed) in {since_start:.1f} s from the command's start: "
+              f"{60 * variants / since_start:.0f} variants/min")
     print(f"{report.trials} trials in {report.wall_s:.1f} s of search ({rate:.0f}/min), "
-          f"{report.evaluated} evaluated, {report.compiled} compiled, {report.duplicates} duplicates, "
+          f"{report.evaluated} {'replayed' if cfg.simulate else 'evaluated'}, "
+          + ("" if cfg.simulate else f"{report.compiled} compiled, ") +
+          f"{report.duplicates} duplicates, "
           f"failures {report.failed or 'none'}, worker restarts {report.worker_restarts} "
           f"({report.worker_kills} killed from outside, their variants run again), "
           f"re-queued after a kill {len(report.requeued)}, imported {report.imported}, "
           f"warm-started {report.warm_started}")
-    print(f"time: compile {report.compile_s:.1f} s ({share(report.compile_s)}), verify {report.verify_s:.1f} s "
-          f"({share(report.verify_s)}), timing {report.time_s:.1f} s ({share(report.time_s)})")
+    if cfg.simulate:
+        print(f"recorded time of these variants on the GPU: verify {report.verify_s:.1f} s, "
+              f"timing {report.time_s:.1f} s (compiles not replayed)")
+    else:
+        print(f"time: compile {report.compile_s:.1f} s ({share(report.compile_s)}), verify {report.verify_s:.1f} s "
+              f"({share(report.verify_s)}), timing {report.time_s:.1f} s ({share(report.time_s)})")
     print(f"measurements: {report.records_path}")
     return 0
 
