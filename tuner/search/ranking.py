@@ -11,8 +11,8 @@ milliseconds, where asking Optuna's TPE for 32 trials costs seconds.
 
 Chosen in simulation (`tuner samplers`) on the H100 recordings in tests/data: TPE's
 density ratio scored over every variant (with or without a constant liar, or with sampling
-noise) needed about 9% of the space to come within 3% of the best at batches of 32; this model
-4.4-6.7% on seeds 0-19 of three recordings, and 10.7% on seeds 20-39 of one (tpe: 6.1-7.3%).
+noise) needed about 9% of the space to come within 3% of the best at batches of 32; this model,
+after a first batch from `spread`, 3.8-5.5% on three recordings and three seed sets (tpe: 6.1-7.3%).
 """
 
 from __future__ import annotations
