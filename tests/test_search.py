@@ -1,5 +1,6 @@
 """The search on CPU: replayed measurements (--simulate) drive storage, resume and failures."""
 
+import collections
 import json
 import os
 import signal
@@ -269,3 +270,80 @@ def test_two_devices_evaluate_side_by_side_each_variant_once(sim):
     assert len(evaluated) == len(set(evaluated)) == len(done)
     # side by side: 48 evaluations of 0.1 s on two slots take about half of 4.8 s
     assert report.wall_s < 48 * 0.1 * 0.8
+
+
+# ------------------------------------------------------------------ --trials above the space
+
+FAMILIES = os.path.join(os.path.dirname(__file__), "families")
+
+
+@pytest.fixture
+def small(tuner_home, tmp_path):
+    """The toy family's space (8 variants) and a recording of all of it."""
+    from tuner import families
+
+    families.add_path(FAMILIES)
+    fam = families.get("scale_add")
+    gpu = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
+    path = tmp_path / "scale_add.jsonl"
+    for v in fam.space():
+        fwd = 10.0 / v["items"] + v["block_size"] / 1000
+        records.append(path, {"problem": fam.Problem().key(), "variant": v.name, "gpu": gpu, "status": "ok",
+                              "fwd": {"median_us": fwd, "spread_us": 0.1}, "bwd": {"median_us": fwd, "spread_us": 0.1}})
+    return fam, path
+
+
+def _measured(st):
+    """Each variant's trials that measured it (not copies of another trial's outcome)."""
+    return collections.Counter(t.user_attrs["variant"] for t in _finished(st) if "duplicate_of" not in study.facts(t))
+
+
+@pytest.mark.parametrize("sampler", search.SAMPLERS)
+def test_trials_above_the_space_stop_once_every_variant_is_measured(small, capsys, sampler):
+    fam, path = small
+    # seed 2: tpe's random start finds every variant (with seed 1 it never tries one in 400 trials)
+    report = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=50, simulate=path,
+                                            progress=False, seed=2, sampler=sampler))
+    st = study.load(report.study_name)
+    names = {v.name for v in fam.space()}
+    assert _measured(st) == dict.fromkeys(names, 1)
+    assert len(_finished(st)) == report.trials == len(names) + report.duplicates
+    if sampler == "tpe":  # it may propose a variant again while some are unseen, never after
+        copies = [t.number for t in _finished(st) if "duplicate_of" in study.facts(t)]
+        assert max(copies, default=-1) < max(t.number for t in _finished(st) if "duplicate_of" not in study.facts(t))
+    else:
+        assert report.duplicates == 0
+    assert report.winner is not None and report.retimed
+    assert "every variant of the space is measured: 8 of --trials 50\n" in capsys.readouterr().err
+    again = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=60, simulate=path,
+                                           progress=False, seed=2, sampler=sampler))
+    assert again.trials == 0 and again.winner == report.winner  # nothing left to ask
+
+
+def test_searchers_sharing_a_study_stop_when_the_space_is_measured(small, tuner_home):
+    """The second searcher finds every variant taken by the first: it waits for them to finish
+    instead of copying them, and both end with the space measured once."""
+    fam, path = small
+    args = ["search", "--family", "scale_add", "--gpu", "H100", "--simulate", str(path), "--trials", "100",
+            "--quiet", "--sampler", "random", "--simulate-delay", "0.5"]  # 4 s for the 8 variants
+    procs = [_cli(*args, "--seed", "1", env_home=tuner_home)]  # the family's path: in the environment
+    time.sleep(1.0)
+    procs.append(_cli(*args, "--seed", "2", env_home=tuner_home))
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
+    name = study.study_name("scale_add", "H100", fam.Problem().key(), "fwd+bwd")
+    assert _measured(study.load(name)) == dict.fromkeys((v.name for v in fam.space()), 1)
+    assert len(study.load(name).get_trials()) < 16  # a copy only where both took a variant at once
+    evaluated = [r["variant"] for r in records.read(tuner_home / "studies" / f"{name}.jsonl")]
+    assert sorted(evaluated) == sorted(v.name for v in fam.space())
+    assert all("every variant of the space is measured: 8 of --trials 100" in err for _, err in outs)
+
+
+def test_auto_with_a_recording_names_the_study_as_a_live_search_would(sim, tmp_path):
+    from tuner.evaluate import SimulatedEvaluator
+
+    assert SimulatedEvaluator(sim, giou.Problem(), "fwd+bwd", "auto").gpu_label == "H100"
+    named = search.run(_cfg(sim, trials=5))
+    assert search.run(_cfg(sim, trials=5, gpu="auto")).study_name == named.study_name
+    other = simdata.write(tmp_path / "other.jsonl", gpu_name="NVIDIA Quantum X9")  # a GPU tuner has no name for
+    assert SimulatedEvaluator(other, giou.Problem(), "fwd+bwd", "auto").gpu_label == "NVIDIA Quantum X9"

@@ -143,24 +143,23 @@ class SimulatedEvaluator(Evaluator):
         path = Path(path)
         self.parallel = devices  # simulated GPUs: evaluations run side by side as on real ones
         self.delay = delay  # seconds per evaluation, so that tests can kill a search mid-way
-        if not path.exists():
-            raise TunerError(f"--simulate: no such file {path}")
         self.table: dict[str, dict] = {}
         info: dict = {}
-        for rec in records.read(path):
-            if rec.get("problem") == problem.key():
+        for rec in records.read_some(path, "--simulate"):
+            if rec.get("problem") == problem.key() and isinstance(rec.get("variant"), str):
                 self.table[rec["variant"]] = rec  # the last record of a variant wins
-                info = rec.get("gpu", info)
+                info = rec.get("gpu") if isinstance(rec.get("gpu"), dict) else info
         if not self.table:
-            raise TunerError(f"--simulate: {path} holds no measurements for problem {problem.key()}")
-        recorded = info.get("gpu_name", "")
-        if gpu.lower() != "auto" and recorded:
-            probe = gpus.Attached.__new__(gpus.Attached)
-            probe.name = recorded
-            if not probe.matches(gpu):
-                raise GpuError(f"--gpu {gpu} was asked for, but {path} was recorded on {recorded}")
+            raise TunerError(f"--simulate {path}: holds no measurements for problem {problem.key()}")
+        recorded = str(info.get("gpu_name") or "")
+        probe = gpus.Attached.__new__(gpus.Attached)  # the recording's GPU, by name alone
+        probe.name = recorded
+        if gpu.lower() != "auto" and recorded and not probe.matches(gpu):
+            raise GpuError(f"--gpu {gpu} was asked for, but {path} was recorded on {recorded}")
         self.gpu_info = {**info, "simulated_from": str(path)}
-        self.gpu_label = gpu if gpu.lower() != "auto" else (recorded or "simulated")
+        # `auto` labels the study as a live search on that GPU would (H100, not its full name):
+        # one study per GPU, however it was named
+        self.gpu_label = gpu if gpu.lower() != "auto" else (gpus.short_name(probe) if recorded else "simulated")
         self.objective = objective
         self.batch_size = 16
 

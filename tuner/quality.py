@@ -28,7 +28,8 @@ LIVE_BATCH = {"ranked": 128, "tpe": 32}
 
 def dataset_best(dataset: Path, problem, objective: str = "fwd+bwd") -> float:
     """The best objective among the verified variants recorded for `problem`."""
-    latest = {r["variant"]: r for r in records.read(Path(dataset)) if r.get("problem") == problem.key()}
+    latest = {r["variant"]: r for r in records.read_some(Path(dataset), "--simulate")
+              if r.get("problem") == problem.key() and isinstance(r.get("variant"), str)}
     values = [search.objective_value(r, objective) for r in latest.values() if r.get("status") == "ok"]
     if not values:
         from tuner.errors import TunerError

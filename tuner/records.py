@@ -3,17 +3,30 @@
 A search writes every evaluation here (studies/<study>.jsonl); `tuner search
 --simulate FILE` replays such a file instead of a GPU. Appends are flushed and
 fsynced one line at a time, so a kill loses at most the line being written, and
-a truncated last line is skipped on reading.
+a truncated last line is skipped on reading. Any other line that is not a JSON object (a cut
+line that a later append ended, bytes that are not UTF-8, an editor's mistake) is skipped with
+one RecordDamageWarning naming the file and the line, once per process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
+
+from tuner.errors import TunerError
 
 OBJECTIVES = ("fwd", "bwd", "fwd+bwd")
+EXPECTED = "expected a measurement log (a search's studies/<study>.jsonl)"
+
+
+class RecordDamageWarning(UserWarning):
+    """A damaged line of a measurement log skipped (the command line shows it in one line)."""
+
+
+_warned: set[tuple[str, int]] = set()  # (log, line) warned about in this process
 
 
 def objective_value(result: dict, objective: str) -> float:
@@ -36,13 +49,64 @@ def append(path: Path, record: dict) -> None:
         os.fsync(f.fileno())
 
 
-def read(path: Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
+def read(path: Path, flag: str = "") -> Iterator[dict]:
+    """The records of a log, in order (see the module's docstring for the lines skipped). A path
+    that is not a file is a TunerError, raised here rather than on the first record; `flag` (the
+    option that named the file) starts its message."""
+    path = Path(path)
+    if not path.is_file():
+        raise TunerError(f"{flag} {path}: {'a folder' if path.is_dir() else 'no such file'}; {EXPECTED}".lstrip())
+    return _records(path)
+
+
+def read_some(path: Path, flag: str = "") -> list[dict]:
+    """The records of a log that must hold at least one (a recording to replay or import)."""
+    found = list(read(path, flag))
+    if not found:
+        raise TunerError(f"{flag} {path}: holds no measurement (no line is a JSON object); {EXPECTED}".lstrip())
+    return found
+
+
+def _records(path: Path) -> Iterator[dict]:
+    damaged: list[tuple[int, str]] = []  # the run of damaged lines since the last record
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            record, why = _parse(raw)
+            if record is not None:
+                _warn(path, damaged)
+                damaged = []
+                yield record
+            elif why and raw.endswith(b"\n"):  # a last line without its end is being written
+                damaged.append((number, why))
+    _warn(path, damaged)
+
+
+def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The record on a line, or None and why it is damaged ("" for a blank line)."""
+    if not raw.strip():
+        return None, ""
+    try:
+        record = json.loads(raw.decode())
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except (ValueError, RecursionError):
+        return None, "not JSON"
+    return (record, "") if isinstance(record, dict) else (None, "not a JSON object")
+
+
+def _warn(path: Path, damaged: list[tuple[int, str]]) -> None:
+    """One warning per run of consecutive damaged lines, each line once per process (a recording
+    is read again by every simulated run of `tuner samplers`)."""
+    key = str(path.resolve())
+    damaged = [(n, why) for n, why in damaged if (key, n) not in _warned]
+    _warned.update((key, n) for n, _ in damaged)
+    runs: list[list[tuple[int, str]]] = []
+    for n, why in damaged:
+        if runs and runs[-1][-1][0] == n - 1:
+            runs[-1].append((n, why))
+        else:
+            runs.append([(n, why)])
+    for run in runs:
+        whys = ", ".join(dict.fromkeys(why for _, why in run))
+        lines = f"line {run[0][0]}" if len(run) == 1 else f"lines {run[0][0]}-{run[-1][0]} ({len(run)})"
+        warnings.warn(f"{path} {lines}: not a measurement record, skipped ({whys})", RecordDamageWarning)

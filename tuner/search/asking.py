@@ -8,7 +8,9 @@ Queued trials (retries, planted faults) go first, through Optuna's ask. Then, by
   every later batch is the unseen variants the model ranks best (`ranking.Ranker`);
 - random and grid: unseen variants in a shuffled order (grid: until the space is done);
 - tpe: Optuna's TPESampler, asked one trial at a time (it may propose a variant again).
-Ranked, random and grid claim each variant in one write (`study.claim`).
+Ranked, random and grid claim each variant in one write (`study.claim`). Once every variant of
+the space has a trial (and none is queued), nothing more is asked: a sampler could only propose
+a variant again, and the search ends with fewer trials than --trials.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ WARM_TOP = 0.05  # a variant counts for a warm start when in the best 5% of anot
 
 
 def sampler(name: str, seed: int | None):
-    """The Optuna sampler of the study: TPE for tpe; for the others it only fills gaps (a
-    queued trial's missing parameters, or a search asked for more trials than variants)."""
+    """The Optuna sampler of the study: TPE for tpe; for the others it only fills a queued
+    trial's missing parameters."""
     import optuna
 
     if name == "tpe":
@@ -58,6 +60,7 @@ class Asker:
     def __init__(self, cfg: SearchConfig, book: Book, space, storage, family: str):
         self.cfg, self.book, self.space, self.storage, self.family = cfg, book, space, storage, family
         self.dists = book.dists
+        self.names = frozenset(v.name for v in space)
         # the variants still to try, the next one last (popped); tpe proposes its own
         self.queue = shuffled(space, cfg.seed)[::-1] if cfg.sampler != "tpe" else None
         self.ranker = Ranker(space, cfg.seed) if cfg.sampler == "ranked" else None
@@ -84,14 +87,21 @@ class Asker:
         else:
             self.storage.set_study_system_attr(study_id, key, me)
 
+    def exhausted(self) -> bool:
+        """No trial is queued and every variant of the space has one in the study (finished, or
+        underway here or in another searcher): an ask could only propose a variant again."""
+        return self.book.waiting <= 0 and self.names <= self.book.seen
+
     def ask(self, n: int) -> list[tuple[Any, Variant]]:
-        """n new trials."""
+        """Up to n new trials: fewer where the space runs out (see `exhausted`)."""
         import optuna
 
         asked = []
         me = searchers.owner()
         picks = self._picks(n - max(self.book.waiting, 0)) if self.queue is not None else []
         for _ in range(n):
+            if not picks and self.book.waiting <= 0 and (self.queue is not None or self.exhausted()):
+                break  # ranked, random, grid: their queue holds every unseen variant; tpe: none is left
             variant = picks.pop(0) if picks and self.book.waiting <= 0 else None
             if variant is not None:
                 trial = studies.claim(self.book.study, self.space.tuned(variant), self.dists,
@@ -111,7 +121,7 @@ class Asker:
         return asked
 
     def _picks(self, n: int) -> list[Variant]:
-        """Up to n unseen variants (fewer when the space is done: Optuna's sampler fills the rest)."""
+        """Up to n unseen variants (fewer when the space is nearly done)."""
         self.queue = [v for v in self.queue if v.name not in self.book.seen]
         if n <= 0 or not self.queue:
             return []

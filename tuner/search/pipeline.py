@@ -6,13 +6,15 @@ already measured (their result is copied), the rest compile in a thread (`evalua
 while the previous batch is verified and timed, one variant at a time per GPU. A variant
 clearly slower than the best after a short probe is pruned. Failures are data: each becomes a
 FAILED trial with a `reason`. Several searchers (processes, hosts) can share a study: none
-evaluates a variant another has, and each runs until the study has its trials.
+evaluates a variant another has, and each runs until the study has its trials, or until every
+variant of the space has a finished trial (--trials above the space's size).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import queue
+import sys
 import threading
 import time
 
@@ -91,7 +93,10 @@ class Search:
                 book.waiting = now.waiting
                 others = now.running - mine  # other searchers' trials: they count as underway
                 room = cfg.trials - now.done - len(mine) - len(others)
-                if room > 0 and not out_of_time and not book.stopped:
+                spent = room <= 0 or out_of_time or book.stopped
+                # Once every variant has a trial, those underway (here or elsewhere) are waited for
+                # rather than copied; one that fails as interrupted is queued again, and asked for.
+                if not spent and not self.asker.exhausted():
                     size = self.asker.first_batch if self.asker.learns and not book.results else batch_size
                     new, held = book.settle_known(self.asker.ask(min(size, room)))
                     waiting += held
@@ -130,6 +135,12 @@ class Search:
             self._heartbeat.close()
             if book.bar is not None:
                 book.bar.close()
+        if not spent:  # stopped short of --trials: the space ran out, or another searcher's trial did not end
+            book.refresh()  # the outcomes other searchers told while this one waited
+        measured = len(self.asker.names & book.results.keys())
+        if not spent and measured == len(self.space):
+            print(f"{self.name}: every variant of the space is measured: {measured:,} of --trials {cfg.trials}",
+                  file=sys.stderr)
         if self.report.evaluated or "winner" not in self.study.user_attrs:
             finalists.retime(cfg, self.study, self.space, self.evaluator, self._prepare, self.report)
         else:

@@ -114,8 +114,10 @@ class Book:
         running: dict[str, int] = {}
         for t in self.study.get_trials(deepcopy=False):
             name = t.user_attrs.get("variant")
-            if t.state.name == "WAITING":
-                self.seen.add(self.space.nearest(t.params).name)
+            if t.state.name == "WAITING":  # named as `Asker.ask` will name it
+                queued = self.space.nearest(t.params)
+                fault = t.user_attrs.get("fault")
+                self.seen.add((queued.replace(fault=fault) if fault else queued).name)
             if name is None:
                 continue
             self.seen.add(name)
@@ -160,10 +162,11 @@ class Book:
         by_name = {v.name: v for v in self.space}
         gpu = self.gpu_info.get("gpu_name")
         added = 0
-        for rec in records.read(Path(path)):
-            v = by_name.get(rec.get("variant"))
+        for rec in records.read_some(Path(path), "--import-records"):
+            v = by_name.get(rec.get("variant")) if isinstance(rec.get("variant"), str) else None
+            recorded_on = rec.get("gpu") if isinstance(rec.get("gpu"), dict) else {}
             if (v is None or v.name in known or rec.get("problem") != self.cfg.problem.key()
-                    or rec.get("gpu", {}).get("gpu_name") != gpu or rec.get("objective") != self.cfg.objective):
+                    or recorded_on.get("gpu_name") != gpu or rec.get("objective") != self.cfg.objective):
                 continue
             status = rec.get("status")
             value = objective_value(rec, self.cfg.objective) if status in ("ok", "pruned") else None
