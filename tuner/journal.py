@@ -221,14 +221,9 @@ def _lines(f: BinaryIO, place: _Place) -> Iterator[tuple[int, list[dict[str, Any
 
 def _warn(where: str, unit: str, damaged: list[tuple[int, str]]) -> None:
     """One warning per run of consecutive damaged lines (or rows)."""
-    runs: list[list[tuple[int, str]]] = []
-    for n, why in damaged:
-        if runs and runs[-1][-1][0] == n - 1:
-            runs[-1].append((n, why))
-        else:
-            runs.append([(n, why)])
-    for run in runs:
-        whys = ", ".join(dict.fromkeys(why for _, why in run))
+    from tuner.records import runs
+
+    for run, whys in runs(damaged):
         if len(run) == 1:
             text = f"{where} {unit} {run[0][0]}: damaged record skipped ({whys})"
         else:

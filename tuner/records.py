@@ -94,19 +94,25 @@ def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     return (record, "") if isinstance(record, dict) else (None, "not a JSON object")
 
 
+def runs(damaged: list[tuple[int, str]]) -> Iterator[tuple[list[tuple[int, str]], str]]:
+    """Damaged (line, why) pairs grouped into runs of consecutive lines, each with its reasons
+    joined: what a warning about a damaged file names (here and in the journal)."""
+    groups: list[list[tuple[int, str]]] = []
+    for n, why in damaged:
+        if groups and groups[-1][-1][0] == n - 1:
+            groups[-1].append((n, why))
+        else:
+            groups.append([(n, why)])
+    for run in groups:
+        yield run, ", ".join(dict.fromkeys(why for _, why in run))
+
+
 def _warn(path: Path, damaged: list[tuple[int, str]]) -> None:
     """One warning per run of consecutive damaged lines, each line once per process (a recording
     is read again by every simulated run of `tuner samplers`)."""
     key = str(path.resolve())
     damaged = [(n, why) for n, why in damaged if (key, n) not in _warned]
     _warned.update((key, n) for n, _ in damaged)
-    runs: list[list[tuple[int, str]]] = []
-    for n, why in damaged:
-        if runs and runs[-1][-1][0] == n - 1:
-            runs[-1].append((n, why))
-        else:
-            runs.append([(n, why)])
-    for run in runs:
-        whys = ", ".join(dict.fromkeys(why for _, why in run))
+    for run, whys in runs(damaged):
         lines = f"line {run[0][0]}" if len(run) == 1 else f"lines {run[0][0]}-{run[-1][0]} ({len(run)})"
         warnings.warn(f"{path} {lines}: not a measurement record, skipped ({whys})", RecordDamageWarning)
