@@ -51,6 +51,8 @@ from typing import Any, BinaryIO, Iterator
 from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
 
+from tuner.records import decode, runs
+
 
 class JournalDamageWarning(UserWarning):
     """A damaged record skipped (the command line shows it in one line: tuner CMD: warning: ...)."""
@@ -77,12 +79,9 @@ def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
     """The record on a line, or None and why the line is damaged."""
     if b"\0" in line:
         return None, "NUL bytes"
-    try:
-        record = json.loads(line.decode())
-    except UnicodeDecodeError:
-        return None, "not UTF-8"
-    except (ValueError, RecursionError):
-        return None, "not JSON"
+    record, why = decode(line)
+    if why:
+        return None, why
     op = record.get("op_code") if isinstance(record, dict) else None
     if (not isinstance(op, int) or op not in FIELDS or "worker_id" not in record
             or not all(key in record for key in FIELDS[op])
@@ -221,8 +220,6 @@ def _lines(f: BinaryIO, place: _Place) -> Iterator[tuple[int, list[dict[str, Any
 
 def _warn(where: str, unit: str, damaged: list[tuple[int, str]]) -> None:
     """One warning per run of consecutive damaged lines (or rows)."""
-    from tuner.records import runs
-
     for run, whys in runs(damaged):
         if len(run) == 1:
             text = f"{where} {unit} {run[0][0]}: damaged record skipped ({whys})"

@@ -81,16 +81,23 @@ def _records(path: Path) -> Iterator[dict]:
     _warn(path, damaged)
 
 
-def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
-    """The record on a line, or None and why it is damaged ("" for a blank line)."""
-    if not raw.strip():
-        return None, ""
+def decode(raw: bytes) -> tuple[Any, str]:
+    """The JSON value of a line of a file, or None and why it is not one (here and in the journal)."""
     try:
-        record = json.loads(raw.decode())
+        return json.loads(raw.decode()), ""
     except UnicodeDecodeError:
         return None, "not UTF-8"
     except (ValueError, RecursionError):
         return None, "not JSON"
+
+
+def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The record on a line, or None and why it is damaged ("" for a blank line)."""
+    if not raw.strip():
+        return None, ""
+    record, why = decode(raw)
+    if why:
+        return None, why
     return (record, "") if isinstance(record, dict) else (None, "not a JSON object")
 
 
