@@ -51,7 +51,7 @@ def test_kernel_validation_placement_changes_the_code(tuner_home, fresh_cache):
 
 def test_compile_error_is_data_naming_the_variant(tuner_home, fresh_cache, monkeypatch):
     v = giou.covering_set()[0]
-    monkeypatch.setattr(build, "render", lambda variant: render.render(variant) + "\nthis is not C++;\n")
+    monkeypatch.setattr(build, "render", lambda variant, focus=None: render.render(variant, focus) + "\nthis is not C++;\n")
     (b,) = build.build([v], "sm_90")
     assert not b.ok and b.so is None
     assert "error" in b.error and "this is not C++" in b.error
@@ -135,7 +135,7 @@ def test_device_assert_variants_compile(tuner_home, fresh_cache):
 def test_cli_build_failure_names_the_variant_and_exits_non_zero(tuner_home, fresh_cache, monkeypatch, capsys):
     from tuner import cli
 
-    monkeypatch.setattr(build, "render", lambda variant: render.render(variant) + "\n#error planted\n")
+    monkeypatch.setattr(build, "render", lambda variant, focus=None: render.render(variant, focus) + "\n#error planted\n")
     assert cli.main(["build", "--gpu", "L4", "--limit", "1"]) == 1
     err = capsys.readouterr().err
     assert "FAILED giou.bfloat16.uint8." in err and "#error planted" in err
@@ -193,8 +193,8 @@ def test_a_bad_variant_in_a_unit_costs_its_neighbours_a_retry_not_their_result(t
     cover = giou.covering_set()[:3]
     bad = cover[1].name
 
-    def planted(variant):
-        return render.render(variant) + ("\n#error planted\n" if variant.name == bad else "")
+    def planted(variant, focus=None):
+        return render.render(variant, focus) + ("\n#error planted\n" if variant.name == bad else "")
 
     monkeypatch.setattr(build, "render", planted)
     results = build.build(cover, "sm_90", jobs=1)
@@ -219,3 +219,25 @@ def test_units_are_spread_over_the_cores():
     assert [len(u) for u in build.plan_units(todo, 16)] == [3] * 13 + [1]
     assert [len(u) for u in build.plan_units(todo, 2)] == [16, 16, 8]
     assert [len(u) for u in build.plan_units(dict(list(todo.items())[:3]), 16)] == [1, 1, 1]
+
+
+def test_a_search_compiles_only_the_kernels_its_problem_runs(tuner_home, fresh_cache):
+    """A search renders its problem's reduction (or mode) alone: a third of the kernels, each the
+    same code as in the full variant, which an export builds. They are cached apart."""
+    from tuner.families import embedding_bag
+
+    v = giou.covering_set()[0]
+    full, focused = (build.build([v], "sm_90", jobs=1, focus=f)[0]
+                     for f in (None, giou.search_focus(giou.Problem().__dict__)))
+    assert full.ok and focused.ok and full.key != focused.key
+    assert set(full.registers) == {f"{k}_{r}" for k in ("forward", "backward") for r in ("none", "mean", "sum")}
+    assert focused.registers == {k: full.registers[k] for k in ("forward_mean", "backward_mean")}
+    source = render.render(v, {"only": "sum"})
+    assert "giou_forward_kernel<RED_SUM>" in source and "giou_forward_kernel<RED_MEAN>" not in source
+
+    e = next(iter(embedding_bag.space()))
+    problem = embedding_bag.Problem(mode="max").__dict__
+    text = render.render(e, embedding_bag.search_focus(problem))
+    assert "embedding_bag_forward_kernel<TUNER_EB_MAX>" in text
+    assert "embedding_bag_forward_kernel<TUNER_EB_SUM>" not in text
+    assert all(f"embedding_bag_forward_kernel<TUNER_EB_{m}>" in render.render(e) for m in ("SUM", "MEAN", "MAX"))

@@ -23,6 +23,7 @@ class FakeAttached:
 
 class FakeWorker:
     made = []
+    names: dict = {}  # device index -> the GPU its hello names
 
     def __init__(self, index, timeout, log_path=None):
         self.index, self.log_path, self.jobs, self.restarts, self.closed = index, log_path, [], index, False
@@ -32,6 +33,10 @@ class FakeWorker:
 
     def spawn(self):
         self.spawned = True
+
+    def greeting(self):
+        self.greeted = True
+        return {"ready": True, "gpu": FakeAttached(self.index, FakeWorker.names.get(self.index, H100)).describe()}
 
     def evaluate(self, job, on_probe=None):
         self.jobs.append(job)
@@ -45,12 +50,16 @@ class FakeWorker:
 
 @pytest.fixture
 def fakes(monkeypatch):
-    names = {}
-    monkeypatch.setattr(gpus, "attached_for", lambda gpu, index=0: FakeAttached(index))
-    monkeypatch.setattr(gpus, "attached", lambda index=0: FakeAttached(index, names.get(index, H100)))
+    def torch_asked(*args, **kwargs):
+        raise AssertionError("the search's process asked torch about the GPU")
+
+    monkeypatch.setattr(gpus, "attached_for", torch_asked)
+    monkeypatch.setattr(gpus, "attached", torch_asked)
+    monkeypatch.setattr(gpus, "visible", lambda index=0: None)  # no nvidia-smi: the hellos tell
     monkeypatch.setattr(worker, "Worker", FakeWorker)
     FakeWorker.made = []
-    return names
+    FakeWorker.names = {}
+    return FakeWorker.names
 
 
 def test_a_worker_per_device_and_jobs_go_to_the_slot_asked(fakes, tmp_path):
@@ -74,7 +83,36 @@ def test_a_worker_per_device_and_jobs_go_to_the_slot_asked(fakes, tmp_path):
 def test_devices_of_another_model_are_refused(fakes):
     fakes[1] = "NVIDIA L4"
     with pytest.raises(GpuError, match="device 1 is NVIDIA L4"):
-        evaluate.LiveEvaluator("H100", giou.Problem(), "fwd+bwd", devices=[0, 1])
+        evaluate.LiveEvaluator("H100", giou.Problem(), "fwd+bwd", devices=[0, 1]).gpu_info
+    assert all(w.closed for w in FakeWorker.made)
+
+
+def test_the_gpu_from_nvidia_smi_without_waiting_for_the_workers(fakes, monkeypatch):
+    """With nvidia-smi, name, label and arch are known at once: the first compiles start while the
+    workers import torch. Their hellos, read later, describe the GPU for the study."""
+    monkeypatch.setattr(gpus, "visible", lambda index=0: gpus.Seen(H100, "sm_90"))
+    ev = evaluate.LiveEvaluator("auto", giou.Problem(), "fwd+bwd")
+    assert (ev.gpu_name, ev.gpu_label, ev.arch) == (H100, "H100", "sm_90")
+    assert not getattr(FakeWorker.made[0], "greeted", False)
+    assert ev.gpu_info["gpu_name"] == H100 and FakeWorker.made[0].greeted
+    with pytest.raises(GpuError, match="the attached GPU is NVIDIA H100"):
+        evaluate.LiveEvaluator("L4", giou.Problem(), "fwd+bwd")
+    assert FakeWorker.made[-1].closed
+
+
+def test_a_hello_that_disagrees_with_nvidia_smi_is_refused(fakes, monkeypatch):
+    monkeypatch.setattr(gpus, "visible", lambda index=0: gpus.Seen(H100, "sm_90"))
+    fakes[0] = "NVIDIA H200"
+    ev = evaluate.LiveEvaluator("auto", giou.Problem(), "fwd+bwd")
+    with pytest.raises(GpuError, match="CUDA_DEVICE_ORDER"):
+        ev.gpu_info
+
+
+def test_without_nvidia_smi_the_hello_names_the_gpu(fakes):
+    ev = evaluate.LiveEvaluator("auto", giou.Problem(), "fwd+bwd")
+    assert (ev.gpu_name, ev.gpu_label, ev.arch) == (H100, "H100", "sm_90")
+    with pytest.raises(GpuError, match="the attached GPU is NVIDIA H100"):
+        evaluate.LiveEvaluator("L4", giou.Problem(), "fwd+bwd").gpu_info
 
 
 def test_device_lists():
@@ -83,3 +121,15 @@ def test_device_lists():
     for bad in ("", "a", "1,1", "-1"):
         with pytest.raises(GpuError):
             gpus.device_indices(bad)
+
+
+def test_a_search_builds_only_what_its_problem_runs(fakes, monkeypatch):
+    from tuner import binding, build
+
+    asked = []
+    monkeypatch.setattr(binding, "library", lambda family: None)
+    monkeypatch.setattr(build, "build", lambda variants, arch, jobs=None, focus=None: asked.append(focus) or [])
+    ev = evaluate.LiveEvaluator("H100", giou.Problem(reduction="sum"), "fwd+bwd")
+    ev.prepare([])
+    ev.prepare([])  # the binding checked once, the focus every time
+    assert asked == [{"only": "sum"}, {"only": "sum"}]

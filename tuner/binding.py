@@ -44,10 +44,13 @@ def load(family: str, verbose: bool = False):
 def library(family: str, verbose: bool = False):
     """The built binding library of a family (built the first time: it includes
     torch/extension.h and so takes about a minute), cached under variants/_binding/<hash>/
-    in the per-user cache, shared by every variant of the family and every TUNER_HOME."""
+    in the per-user cache, shared by every variant of the family and every TUNER_HOME;
+    None for a family without one."""
     import torch
 
     fam = families.get(family)
+    if not fam.BINDING:
+        return None
     key = _key(family)
     name = f"tuner_{family}_binding_{key}"
     build_dir = paths.variants_dir() / "_binding" / key

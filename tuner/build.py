@@ -201,12 +201,13 @@ def _ninja_times(log: Path) -> dict[str, float]:
 
 
 def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root: Path | None = None,
-          timeout: float = 900.0, sources: dict[str, str] | None = None) -> list[Build]:
+          timeout: float = 900.0, sources: dict[str, str] | None = None, focus: dict | None = None) -> list[Build]:
     """Build variants for `arch`, in parallel, skipping any already built; one Build each, in order.
 
     Failures (template or compiler) are returned as Builds with ok=False and the
     message; only a missing toolchain raises. `sources` (variant name -> CUDA source)
-    builds given sources instead of rendering, e.g. those of an exported artifact.
+    builds given sources instead of rendering, e.g. those of an exported artifact;
+    `focus` renders only the kernel instances one problem runs (see `render`).
     """
     out_dir = arch_dir(arch, root)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +216,7 @@ def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root:
     todo: dict[str, tuple[Variant, str]] = {}  # key -> (variant, source)
     for variant in variants:
         try:
-            source = sources[variant.name] if sources and variant.name in sources else render(variant)
+            source = sources[variant.name] if sources and variant.name in sources else render(variant, focus)
         except BuildError as exc:
             slots.append(Build(variant, arch, "", ok=False, error=exc.message))
             continue

@@ -154,8 +154,21 @@ def cmd_search(args: argparse.Namespace) -> int:
     else:
         print(f"time: compile {report.compile_s:.1f} s ({share(report.compile_s)}), verify {report.verify_s:.1f} s "
               f"({share(report.verify_s)}), timing {report.time_s:.1f} s ({share(report.time_s)})")
+    if not cfg.simulate and report.spans:
+        print(_pipeline(report, started))
     print(f"measurements: {report.records_path}")
     return 0
+
+
+def _pipeline(report, started: float) -> str:
+    """Where the search's time went: its start, and how busy the compiler and the GPU were."""
+    first_gpu = min((a for kind, a, _ in report.spans if kind == "gpu"), default=None)
+    waited = report.busy("gpu start")
+    return (f"pipeline: search loop began {report.started - started:.1f} s after the command's start, the GPU "
+            f"{'-' if first_gpu is None else f'{first_gpu - started:.1f} s'} after it"
+            f"{f' (its worker took {waited:.1f} s more than the first compiles)' if waited else ''}; "
+            f"compiling {report.busy('compile'):.1f} s, GPU work {report.busy('gpu'):.1f} s "
+            f"of the search's {report.wall_s:.1f} s")
 
 
 @command

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner import build, gpus, records, searchers
+from tuner import build, families, gpus, records, searchers
 from tuner.pruning import PROBE_REPS
 from tuner.errors import GpuError, TunerError
 from tuner.variant import Variant
@@ -36,6 +36,7 @@ def _build_result(b: build.Build) -> dict:
 
 class Evaluator:
     gpu_label: str
+    gpu_name: str | None  # known before the GPU is started, where it can be (None: known from gpu_info)
     gpu_info: dict
     batch_size: int
     restarts: int = 0
@@ -71,28 +72,60 @@ class LiveEvaluator(Evaluator):
         from tuner.worker import Worker
 
         self.devices = devices or [0]
-        attached = gpus.attached_for(gpu, self.devices[0])
-        for index in self.devices[1:]:
-            other = gpus.attached(index)
-            if other.name != attached.name:
-                raise GpuError(f"--devices: device {index} is {other.name}, device {self.devices[0]} is "
-                               f"{attached.name}; a study is measured on one GPU model")
-        self.gpu_info = attached.describe()
-        self.gpu_label = gpu if gpu.lower() != "auto" else gpus.short_name(attached)
-        self.arch = arch or attached.arch
+        self.gpu = gpu
         self.problem = problem
         self.objective = objective
         self.jobs = jobs or os.cpu_count() or 1
         self.batch_size = max(2 * self.jobs, 8)
-        self._binding = False  # built (or loaded) before the first variant: a re-run needs none
+        self._binding = False  # built before the first variant: a re-run needs none
+        self._info: dict | None = None
         self.parallel = len(self.devices)
         self.host = searchers.host()
         def log(i: int) -> str | None:  # one log per worker
             return None if log_path is None else str(log_path) if self.parallel == 1 else f"{log_path}.{i}"
 
+        # The workers start first: each imports torch and starts CUDA (seconds) while this
+        # process, which needs neither, asks for and compiles the first batch.
         self.workers = [Worker(i, timeout=eval_timeout, log_path=log(i)) for i in self.devices]
         for w in self.workers:
             w.spawn()
+        try:
+            # The GPU's name and arch from nvidia-smi where it tells them; else from a worker's hello.
+            seen = gpus.visible(self.devices[0]) if self.parallel == 1 else None
+            if seen is not None and not gpus.name_matches(seen.name, gpu):
+                raise gpus.mismatch(gpu, seen.name)
+            self.gpu_name = seen.name if seen else self.gpu_info["gpu_name"]
+            self.arch = arch or (gpus.arch_of(gpu) if gpu.lower() != "auto"
+                                 else seen.arch if seen else self.gpu_info["arch"])
+            self.gpu_label = gpu if gpu.lower() != "auto" else gpus.short_name_of(self.gpu_name)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def gpu_info(self) -> dict:
+        """What the study records of its GPU (name, arch, SMs, torch, CUDA, driver), from the
+        workers' hellos: waits for them to start. Every device must be the model asked for."""
+        if self._info is None:
+            from tuner.worker import WorkerError
+
+            try:
+                hellos = [w.greeting().get("gpu") or {} for w in self.workers]
+            except WorkerError as exc:
+                raise GpuError(f"the GPU could not be started: {str(exc).strip().splitlines()[-1]}") from exc
+            first = hellos[0]
+            name = first.get("gpu_name", "")
+            if not gpus.name_matches(name, self.gpu):
+                raise gpus.mismatch(self.gpu, name)
+            if getattr(self, "gpu_name", None) not in (None, name):
+                raise GpuError(f"nvidia-smi shows device {self.devices[0]} as {self.gpu_name} and CUDA as {name}; "
+                               "set CUDA_DEVICE_ORDER=PCI_BUS_ID so that both number GPUs alike")
+            for index, other in zip(self.devices[1:], hellos[1:]):
+                if other.get("gpu_name") != name:
+                    raise GpuError(f"--devices: device {index} is {other.get('gpu_name')}, device "
+                                   f"{self.devices[0]} is {name}; a study is measured on one GPU model")
+            self._info = first
+        return self._info
 
     @property
     def restarts(self) -> int:  # type: ignore[override]
@@ -104,18 +137,25 @@ class LiveEvaluator(Evaluator):
 
     def prepare(self, variants):
         if self._binding:
-            return {b.variant.name: _build_result(b) for b in build.build(variants, self.arch, jobs=self.jobs)}
+            return {b.variant.name: _build_result(b) for b in self._build(variants)}
         import concurrent.futures
 
         from tuner import binding
 
-        # Built here once, not in each worker start; loaded beside the first compiles (a second).
+        # Built here once (the first time: a minute), not in each worker's start; checked beside
+        # the first compiles. The workers load it.
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            loaded = pool.submit(binding.load, self.problem.family)
-            built = build.build(variants, self.arch, jobs=self.jobs)
+            loaded = pool.submit(binding.library, self.problem.family)
+            built = self._build(variants)
             loaded.result()
         self._binding = True
         return {b.variant.name: _build_result(b) for b in built}
+
+    def _build(self, variants) -> list[build.Build]:
+        # Only the kernel instances the problem runs (its reduction, its mode): what is verified
+        # and timed; the export builds the whole variant.
+        focus = getattr(families.get(self.problem.family), "search_focus", None)
+        return build.build(variants, self.arch, jobs=self.jobs, focus=focus(self.problem.__dict__) if focus else None)
 
     def evaluate(self, variant, prepared, on_probe=None, slot=0):
         result = self.workers[slot].evaluate({
@@ -157,6 +197,7 @@ class SimulatedEvaluator(Evaluator):
         if gpu.lower() != "auto" and recorded and not probe.matches(gpu):
             raise GpuError(f"--gpu {gpu} was asked for, but {path} was recorded on {recorded}")
         self.gpu_info = {**info, "simulated_from": str(path)}
+        self.gpu_name = recorded or None
         # `auto` labels the study as a live search on that GPU would (H100, not its full name):
         # one study per GPU, however it was named
         self.gpu_label = gpu if gpu.lower() != "auto" else (gpus.short_name(probe) if recorded else "simulated")

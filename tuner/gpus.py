@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 from tuner.errors import GpuError
 
@@ -76,13 +77,7 @@ class Attached:
 
     def matches(self, gpu: str) -> bool:
         """Does a requested name such as `H100` or `auto` describe this GPU?"""
-        if gpu.lower() == "auto":
-            return True
-        # Compare whole words of the device name ("NVIDIA H100 80GB HBM3"), and
-        # pairs of them for names like "RTX 4090", so that H20 never matches H200.
-        words = [_norm(w) for w in re.split(r"[\s\-]+", self.name) if w]
-        names = set(words) | {a + b for a, b in zip(words, words[1:])}
-        return _norm(gpu) in names
+        return name_matches(self.name, gpu)
 
     def describe(self) -> dict:
         return {
@@ -97,12 +92,27 @@ class Attached:
         }
 
 
+def name_matches(name: str, gpu: str) -> bool:
+    """Does a requested name such as `H100` or `auto` describe the device named `name`?"""
+    if gpu.lower() == "auto":
+        return True
+    # Compare whole words of the device name ("NVIDIA H100 80GB HBM3"), and
+    # pairs of them for names like "RTX 4090", so that H20 never matches H200.
+    words = [_norm(w) for w in re.split(r"[\s\-]+", name) if w]
+    names = set(words) | {a + b for a, b in zip(words, words[1:])}
+    return _norm(gpu) in names
+
+
 def short_name(gpu: Attached) -> str:
     """The known name a device answers to ('NVIDIA H100 80GB HBM3' -> 'H100'), else its full name."""
-    for name in ARCHS:
-        if gpu.matches(name):
-            return name
-    return gpu.name
+    return short_name_of(gpu.name)
+
+
+def short_name_of(name: str) -> str:
+    for known in ARCHS:
+        if name_matches(name, known):
+            return known
+    return name
 
 
 def attached(index: int = 0, asked: str = "", hint: str = "") -> Attached:
@@ -120,23 +130,33 @@ def attached(index: int = 0, asked: str = "", hint: str = "") -> Attached:
     return Attached(index)
 
 
+def mismatch(gpu: str, name: str) -> GpuError:
+    return GpuError(f"--gpu {gpu} was asked for, but the attached GPU is {name}; "
+                    f"use --gpu auto (or the attached GPU's name) to tune for it")
+
+
 def attached_for(gpu: str, index: int = 0) -> Attached:
     """The attached GPU, which must be the one `gpu` names (a search runs on the GPU it tunes for)."""
     can_search(gpu)
     found = attached(index)
     if not found.matches(gpu):
-        raise GpuError(f"--gpu {gpu} was asked for, but the attached GPU is {found.name}; "
-                       f"use --gpu auto (or the attached GPU's name) to tune for it")
+        raise mismatch(gpu, found.name)
     return found
 
 
 def can_search(gpu: str) -> None:
-    """Fail, before anything is written, where a search for `gpu` cannot run: an unknown name, or
-    no GPU attached to time the variants on."""
-    import torch
-
+    """Fail, before anything is written, where a search for `gpu` cannot run: an unknown name, a
+    GPU of another model, or no GPU attached to time the variants on. Where nvidia-smi shows the
+    GPU this takes milliseconds; otherwise torch is asked (importing it takes seconds)."""
     if gpu.lower() != "auto":
         arch_of(gpu)  # an unknown name is an error that lists the known ones
+    seen = visible()
+    if seen is not None:
+        if not name_matches(seen.name, gpu):
+            raise mismatch(gpu, seen.name)
+        return
+    import torch
+
     if not torch.cuda.is_available():
         auto = gpu.lower() == "auto"
         raise GpuError(f"--gpu {gpu}: a search times variants on the GPU it tunes for, and no CUDA GPU is attached "
@@ -146,24 +166,47 @@ def can_search(gpu: str) -> None:
                        "without a GPU)")
 
 
-def visible_name() -> str | None:
-    """The first visible GPU's name from nvidia-smi, without starting CUDA (a few ms, where
-    importing torch and starting CUDA take seconds); None when it cannot be read."""
-    import os
+@dataclass(frozen=True)
+class Seen:
+    """A GPU as nvidia-smi shows it."""
+
+    name: str
+    arch: str
+
+
+def visible(index: int = 0) -> Seen | None:
+    """CUDA device `index` as nvidia-smi shows it, without starting CUDA (milliseconds, where
+    importing torch and starting CUDA take seconds); None when it cannot be told that way
+    (no nvidia-smi, CUDA_VISIBLE_DEVICES empty or naming UUIDs or MIG slices). nvidia-smi
+    numbers GPUs by PCI bus, CUDA fastest first: on a machine of mixed models the two can
+    differ, so a search checks this against what its worker's CUDA reports."""
     import subprocess
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    if visible and not visible.split(",")[0].strip().isdigit():
-        return None  # UUIDs or MIG names: leave it to CUDA
-    cmd = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-    if visible:
-        cmd.append(f"--id={visible.split(',')[0].strip()}")
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        ids = [x.strip() for x in listed.split(",")]
+        if index >= len(ids) or not ids[index].isdigit():
+            return None
+        smi_index = ids[index]
+    else:
+        smi_index = str(index)
+    cmd = ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader", f"--id={smi_index}"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
-    lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
-    return lines[0].strip() if lines else None
+    fields = [f.strip() for f in out.stdout.strip().split(",")] if out.returncode == 0 else []
+    if len(fields) != 2 or not re.fullmatch(r"\d+\.\d+", fields[1]):
+        return None
+    major, minor = fields[1].split(".")
+    return Seen(fields[0], f"sm_{major}{minor}")
+
+
+def visible_name() -> str | None:
+    """The first visible GPU's name from nvidia-smi, without starting CUDA; None when it cannot
+    be read that way."""
+    seen = visible()
+    return seen.name if seen else None
 
 
 def device_indices(spec: str | None) -> list[int]:

@@ -28,11 +28,14 @@ def _environment(family: str) -> jinja2.Environment:
     )
 
 
-def render(variant: Variant) -> str:
-    """The variant's CUDA source; a template error names the variant."""
+def render(variant: Variant, focus: dict | None = None) -> str:
+    """The variant's CUDA source; a template error names the variant. `focus` (a family's
+    `search_focus(problem)`) narrows it to the kernel instances one problem runs: a search
+    compiles only those (the same machine code for them), an export every instance."""
     family = families.get(variant.family)
     try:
-        return _environment(variant.family).get_template(family.TEMPLATE).render(**family.render_context(variant))
+        context = {**family.render_context(variant), **(focus or {})}
+        return _environment(variant.family).get_template(family.TEMPLATE).render(**context)
     except jinja2.TemplateError as exc:
         where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
         raise BuildError(variant.name, f"template {family.TEMPLATE}{where}: {exc}") from exc

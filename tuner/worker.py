@@ -58,7 +58,10 @@ class _Child:
 
         from tuner import timing
 
+        from tuner import gpus
+
         torch.cuda.set_device(device_index)
+        self.gpu = gpus.attached(device_index).describe()  # the parent reads it from the hello
         self.flush = timing.L2Flush()
         self.families: dict[str, Any] = {}
 
@@ -150,7 +153,7 @@ def _child_main(conn, device_index: int, log_path: str | None = None) -> None:
     except Exception:  # noqa: BLE001 - report any start-up failure to the parent
         conn.send({"ready": False, "message": traceback.format_exc()})
         return
-    conn.send({"ready": True, "pid": os.getpid()})
+    conn.send({"ready": True, "pid": os.getpid(), "gpu": child.gpu})
     while True:
         try:
             job = conn.recv()
@@ -202,6 +205,7 @@ class Worker:
         self._proc = None
         self._conn = None
         self._greeted = False
+        self.hello: dict = {}  # the running child's: its pid and its GPU's description
 
     def spawn(self) -> None:
         """Start the child without waiting for it: it imports torch and starts CUDA (seconds)
@@ -231,7 +235,16 @@ class Worker:
         if not hello.get("ready"):
             self.close()
             raise WorkerError(f"the worker failed to start:\n{hello.get('message', '')}")
+        self.hello = hello
         self._greeted = True
+
+    def greeting(self) -> dict:
+        """The child's hello (started, or waited for, here when need be)."""
+        if self._proc is not None and not self._greeted:
+            self._greet()
+        elif self._proc is None or not self._proc.is_alive():
+            self._start()
+        return self.hello
 
     def evaluate(self, job: dict, on_probe=None) -> dict:
         """The job's result; a probe the child sends on the way is answered by `on_probe(probe)`

@@ -70,3 +70,16 @@ class SearchReport:
     worker_kills: int = 0
     imported: int = 0
     warm_started: int = 0  # variants tried first because the family's other studies ranked them high
+    # (stage, start, end) in time.monotonic() seconds: "compile" (a piece of a batch), "gpu" (its
+    # evaluation): what bounded the search, and how long it took to start
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+    started: float = 0.0  # time.monotonic() when the search's loop began
+
+    def busy(self, stage: str) -> float:
+        """Seconds in which `stage` was at work (its spans merged where they overlap)."""
+        total, end = 0.0, float("-inf")
+        for _, a, b in sorted(s for s in self.spans if s[0] == stage):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total

@@ -45,9 +45,9 @@ class Search:
                                     pruner(cfg.prune))
         self.records_path = studies.records_path(self.name)
         self.report = SearchReport(self.name, self.records_path)
-        self.book = Book(cfg, self.study, self.space, asking.distributions(self.space), evaluator.gpu_info,
-                         self.report)
-        self.book.record_identity(self.family.FAMILY)
+        self.book = Book(cfg, self.study, self.space, asking.distributions(self.space),
+                         lambda: evaluator.gpu_info, self.report)
+        self.book.record_identity(self.family.FAMILY, evaluator.gpu_name)
         self.asker = asking.Asker(cfg, self.book, self.space, self.storage, self.family.FAMILY)
         self._heartbeat = searchers.Heartbeat(self.study, self.storage)
         self._lock = threading.Lock()
@@ -63,7 +63,7 @@ class Search:
         from tqdm import tqdm
 
         cfg, book = self.cfg, self.book
-        started = time.monotonic()
+        started = self.report.started = time.monotonic()
         searchers.register()
         self.report.requeued = studies.fail_interrupted(self.study, self.storage)
         if cfg.import_records:
@@ -157,12 +157,20 @@ class Search:
         started = time.monotonic()
         prepared = self.evaluator.prepare(variants)
         self.report.compile_s += time.monotonic() - started
+        self.report.spans.append(("compile", started, time.monotonic()))
         self.report.compiled += sum(1 for b in prepared.values() if b.get("compiled"))
         return prepared
 
     def _evaluate_pieces(self, pieces) -> None:
         for part, built in pieces:
-            self._evaluate(part, built.result())
+            prepared = built.result()
+            started = time.monotonic()
+            _ = self.book.gpu_info  # the first time, waits for the GPU's worker to start: not GPU work
+            if time.monotonic() - started > 0.01:
+                self.report.spans.append(("gpu start", started, time.monotonic()))
+                started = time.monotonic()
+            self._evaluate(part, prepared)
+            self.report.spans.append(("gpu", started, time.monotonic()))
 
     def _evaluate(self, batch, prepared: dict[str, dict]) -> None:
         """Each new variant of the batch once, on as many GPUs as the evaluator has (a slot each);

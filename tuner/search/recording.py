@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tuner import records
 from tuner import searchers
@@ -15,9 +15,13 @@ from tuner.search.config import SearchConfig, SearchReport
 
 
 class Book:
-    def __init__(self, cfg: SearchConfig, study, space, dists: dict, gpu_info: dict, report: SearchReport):
+    def __init__(self, cfg: SearchConfig, study, space, dists: dict, gpu: Callable[[], dict],
+                 report: SearchReport):
+        """`gpu()` describes the GPU (waiting for it to start, where it has not): read once, when the
+        first measurement is recorded."""
         self.cfg, self.study, self.space, self.dists = cfg, study, space, dists
-        self.gpu_info = gpu_info
+        self._gpu = gpu
+        self._gpu_info: dict | None = None
         self.report = report
         self.results: dict[str, tuple[int, dict]] = {}  # variant -> (trial number, outcome)
         self.seen: set[str] = set()  # variants the study has, in any state, as last read
@@ -27,19 +31,34 @@ class Book:
         self.probed: set[int] = set()  # trials that reported a probe
         self.bar = None  # a tqdm progress bar, when shown
 
-    def record_identity(self, family: str) -> None:
+    def record_identity(self, family: str, gpu_name: str | None) -> None:
+        """What the study measures; `gpu_name`, where known before the GPU starts, must be the one
+        its earlier trials were measured on (else that is checked once the GPU has started)."""
         attrs = self.study.user_attrs
-        identity = {"family": family, "problem": self.cfg.problem.__dict__, "objective": self.cfg.objective,
-                    "gpu": self.gpu_info}
+        identity = {"family": family, "problem": self.cfg.problem.__dict__, "objective": self.cfg.objective}
         for key, value in identity.items():
             if key not in attrs:
                 self.study.set_user_attr(key, value)
-        known = attrs.get("gpu", {}).get("gpu_name")
-        if known and known != self.gpu_info.get("gpu_name"):
+        if gpu_name is not None:
+            self._check_gpu(gpu_name)
+
+    def _check_gpu(self, name: str | None) -> None:
+        known = self.study.user_attrs.get("gpu", {}).get("gpu_name")
+        if known and known != name:
             from tuner.errors import GpuError
 
-            raise GpuError(f"study {self.study.study_name!r} was measured on {known}, not on "
-                           f"{self.gpu_info.get('gpu_name')}; pass another --study name")
+            raise GpuError(f"study {self.study.study_name!r} was measured on {known}, not on {name}; "
+                           "pass another --study name")
+
+    @property
+    def gpu_info(self) -> dict:
+        if self._gpu_info is None:
+            info = self._gpu()
+            self._check_gpu(info.get("gpu_name"))
+            if "gpu" not in self.study.user_attrs:
+                self.study.set_user_attr("gpu", info)
+            self._gpu_info = info
+        return self._gpu_info
 
     # ------------------------------------------------------------ telling
 

@@ -24,7 +24,7 @@ ENTRY = "tuner_giou_vtable"  # the variant's one C-linkage name: its table
 BINDING = ("giou_binding.cpp", "giou_op.cpp")
 BINDING_HEADERS = ("giou_binding.h",)
 from tuner.families.giou.op import NAMESPACE as OPS_NAMESPACE  # noqa: E402
-KERNEL_ARGS = {"0": "none", "1": "mean", "2": "sum"}  # the kernels' template argument: the reduction  # the binding's low-level ops (calls by a variant's table address)
+KERNEL_ARGS = {"0": "none", "1": "mean", "2": "sum"}  # the kernels' template argument: the reduction
 HEADERS = ("giou_abi.h",)
 
 from tuner.families.giou.spec import (C10_NAMES, DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES,  # noqa: F401
@@ -91,6 +91,12 @@ def render_context(variant: Variant) -> dict[str, Any]:
         uses_bf16="bfloat16" in (pred, target),
     )
     return ctx
+
+
+def search_focus(problem: dict) -> dict[str, Any]:
+    """What a search of `problem` renders: only the kernels of its reduction (a third of the
+    compile; the same machine code for them). Exports render all three."""
+    return {"only": problem["reduction"]}
 
 
 # ------------------------------------------------------------------- inputs
