@@ -23,3 +23,14 @@ def test_consecutive_checks_never_share_a_set():
     got = [cases.get("k", lambda seed: object()) for _ in range(40)]
     assert all(a is not b for a, b in zip(got, got[1:]))
     assert len({id(g) for g in got}) >= 40 // 8
+
+
+def test_sets_made_ahead_serve_their_full_share_of_checks():
+    made = []
+    cases = Cases(sets=3, uses=8)
+    cases.fill("k", lambda seed: made.append(seed) or len(made))
+    assert len(made) == 3
+    got = [cases.get("k", lambda seed: made.append(seed) or len(made)) for _ in range(24)]
+    assert len(made) == 3 and sorted(set(got)) == [1, 2, 3] and got[:3] == [1, 2, 3]
+    cases.get("k", lambda seed: made.append(seed) or len(made))
+    assert len(made) == 4  # the 25th check: the first set is used up and replaced

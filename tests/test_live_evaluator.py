@@ -25,7 +25,7 @@ class FakeWorker:
     made = []
     names: dict = {}  # device index -> the GPU its hello names
 
-    def __init__(self, index, timeout, log_path=None):
+    def __init__(self, index, timeout, log_path=None, warm=None):
         self.index, self.log_path, self.jobs, self.restarts, self.closed = index, log_path, [], index, False
         self.killed = 0
         self.spawned = False

@@ -40,3 +40,19 @@ def test_a_child_spawned_ahead_answers_the_first_job_and_is_replaced_like_any_ot
         assert first["status"] == "ok" and w.restarts == 0
         again = w.evaluate({"name": "b", "die": "SIGKILL", "once": str(tmp_path / "b")})
         assert again["status"] == "ok" and again["pid"] != first["pid"] and w.killed == 1
+
+
+def test_the_warm_up_is_answered_before_the_first_job_and_a_child_it_kills_is_replaced(tmp_path):
+    """A live search's workers run a warm-up first (input sets, answers), unasked, while the first
+    variants compile; its reply never stands in for a job's, and a warm-up that kills its child
+    costs no variant anything."""
+    warm = {"kind": "warm", "name": "warm-up"}
+    with Worker(0, timeout=30, start_timeout=60, target=fakechild.main, warm=warm) as w:
+        w.spawn()
+        assert w.evaluate({"name": "a"})["name"] == "a"
+        assert w.evaluate({"name": "b"})["name"] == "b"
+    dying = {"kind": "warm", "name": "warm-up", "die": "SIGKILL", "once": str(tmp_path / "w")}
+    with Worker(0, timeout=30, start_timeout=60, target=fakechild.main, warm=dying) as w:
+        w.spawn()
+        first = w.evaluate({"name": "a"})
+        assert first["status"] == "ok" and first["name"] == "a" and w.restarts == 0

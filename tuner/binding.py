@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+from pathlib import Path
 
 from tuner import families, paths, runtime, toolkit
 from tuner.build import torch_version
@@ -19,14 +20,32 @@ def common_dir():
 
 
 def _key(family: str) -> str:
-    import torch
-
     fam = families.get(family)
     source = "".join((templates_dir(family) / f).read_text() for f in fam.BINDING + fam.BINDING_HEADERS)
     source += "".join(h.read_text() for h in sorted(common_dir().glob("*.h")))
     source += header_text(family)
-    h = hashlib.sha256(f"{source}\0{torch_version()}\0{torch.version.cuda}\0{toolkit.nvcc_version()}".encode())
+    h = hashlib.sha256(f"{source}\0{torch_version()}\0{torch_cuda()}\0{toolkit.nvcc_version()}".encode())
     return h.hexdigest()[:16]
+
+
+def torch_cuda() -> str | None:
+    """`torch.version.cuda`, read from torch's version.py where it can be: a search checks its
+    binding before it compiles, and importing torch takes seconds."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("torch")
+    folder = spec.submodule_search_locations[0] if spec and spec.submodule_search_locations else None
+    try:
+        text = (Path(folder) / "version.py").read_text() if folder else ""
+    except OSError:
+        text = ""
+    found = re.search(r"^cuda\s*(?::[^=]*)?=\s*(None|'([^']*)'|\"([^\"]*)\")\s*$", text, re.MULTILINE)
+    if found is None:
+        import torch
+
+        return torch.version.cuda
+    return None if found.group(1) == "None" else (found.group(2) if found.group(2) is not None else found.group(3))
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,8 +65,6 @@ def library(family: str, verbose: bool = False):
     torch/extension.h and so takes about a minute), cached under variants/_binding/<hash>/
     in the per-user cache, shared by every variant of the family and every TUNER_HOME;
     None for a family without one."""
-    import torch
-
     fam = families.get(family)
     if not fam.BINDING:
         return None
@@ -55,8 +72,10 @@ def library(family: str, verbose: bool = False):
     name = f"tuner_{family}_binding_{key}"
     build_dir = paths.variants_dir() / "_binding" / key
     built = build_dir / f"{name}.so"
-    if built.exists():  # built before: no ninja, no cpp_extension (keeps a cached start under 2 s)
+    if built.exists():  # built before: no torch, no ninja, no cpp_extension (milliseconds)
         return built
+
+    import torch
 
     toolkit.export_cuda_home()
     if not torch.cuda.is_available():

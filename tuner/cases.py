@@ -26,12 +26,22 @@ class Cases:
         self._turn: dict[Hashable, int] = {}
         self._seeds = random.SystemRandom()
 
-    def get(self, key: Hashable, make: Callable[[int], Any]) -> Any:
-        """The next set for `key`; `make(seed)` builds a new one when its turn's set is used up."""
+    def _slots(self, key: Hashable) -> list[list]:
         if key not in self._pool and len(self._pool) >= MAX_KEYS:
             oldest = next(iter(self._pool))
-            del self._pool[oldest], self._turn[oldest]
-        slots = self._pool.setdefault(key, [])
+            del self._pool[oldest]
+            self._turn.pop(oldest, None)
+        return self._pool.setdefault(key, [])
+
+    def fill(self, key: Hashable, make: Callable[[int], Any]) -> None:
+        """Make `key`'s sets ahead of the checks that will use them (a worker warming up)."""
+        slots = self._slots(key)
+        while len(slots) < self.sets:
+            slots.append([make(self._seeds.randrange(1 << 62)), 0])
+
+    def get(self, key: Hashable, make: Callable[[int], Any]) -> Any:
+        """The next set for `key`; `make(seed)` builds a new one when its turn's set is used up."""
+        slots = self._slots(key)
         turn = self._turn.get(key, 0)
         self._turn[key] = turn + 1
         i = turn % self.sets

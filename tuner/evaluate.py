@@ -86,7 +86,8 @@ class LiveEvaluator(Evaluator):
 
         # The workers start first: each imports torch and starts CUDA (seconds) while this
         # process, which needs neither, asks for and compiles the first batch.
-        self.workers = [Worker(i, timeout=eval_timeout, log_path=log(i)) for i in self.devices]
+        warm = {"kind": "warm", "family": problem.family, "problem": problem.__dict__, "objective": objective}
+        self.workers = [Worker(i, timeout=eval_timeout, log_path=log(i), warm=warm) for i in self.devices]
         for w in self.workers:
             w.spawn()
         try:

@@ -110,6 +110,14 @@ class _Child:
         result["status"] = "ok"
         return result
 
+    def warm(self, job: dict) -> dict:
+        """What the first variant's check and timing would make first (the family's state, its
+        input sets and answers, the timing inputs), made while the first variants compile."""
+        family = self.family(job["family"])
+        if hasattr(family, "warm"):
+            family.warm(job["problem"])
+        return {"status": "ok"}
+
     def retime(self, job: dict) -> dict:
         """The finalists timed in turns, with more repetitions than in the search; those within
         CLOSE of the best are timed in turns once more among themselves (their samples pooled),
@@ -166,7 +174,9 @@ def _child_main(conn, device_index: int, log_path: str | None = None) -> None:
             return conn.recv()
 
         try:
-            conn.send(child.retime(job) if job.get("kind") == "retime" else child.run(job, ask))
+            kind = job.get("kind")
+            conn.send(child.retime(job) if kind == "retime" else child.warm(job) if kind == "warm"
+                      else child.run(job, ask))
         except Exception as exc:  # noqa: BLE001 - every failure of a variant is data
             message = f"{type(exc).__name__}: {exc}"
             reason = classify(message)
@@ -194,8 +204,9 @@ class Worker:
     `target` is the child's main function (tests give a fake one)."""
 
     def __init__(self, device_index: int = 0, timeout: float = 60.0, start_timeout: float = 600.0,
-                 log_path: str | None = None, target=None):
+                 log_path: str | None = None, target=None, warm: dict | None = None):
         self.device_index = device_index
+        self.warm = warm  # a job each child runs first, unasked (Child.warm): its reply is read before the first job's
         self.log_path = log_path
         self.timeout = timeout
         self.start_timeout = start_timeout
@@ -218,10 +229,31 @@ class Worker:
         child.close()
         self._conn = parent
         self._greeted = False
+        self._warming = self.warm is not None
+        if self._warming:
+            parent.send(self.warm)
 
     def _start(self) -> None:
         self.spawn()
         self._greet()
+
+    def _warmed(self) -> None:
+        """Read the warm-up's reply. A warm-up that failed is no variant's failure: a child it
+        left dead is started again, and its first job does the same work and says what failed."""
+        if not self._warming:
+            return
+        self._warming = False
+        try:
+            reply = self._conn.recv() if self._conn.poll(2 * self.timeout) else {"fatal": True}
+        except EOFError:
+            reply = {"fatal": True}
+        if reply.get("fatal"):
+            self.close()
+            warm, self.warm = self.warm, None
+            try:
+                self._start()
+            finally:
+                self.warm = warm
 
     def _greet(self) -> None:
         parent = self._conn
@@ -264,6 +296,7 @@ class Worker:
             self._greet()  # spawned ahead: its start-up overlapped the compiles
         elif self._proc is None or not self._proc.is_alive():
             self._start()
+        self._warmed()
         self._conn.send(job)
         while True:
             if not self._conn.poll(self.timeout):

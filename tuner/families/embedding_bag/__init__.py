@@ -117,12 +117,6 @@ class Problem:
                 f"{self.index}-{self.distribution}")
 
 
-def search_focus(problem: dict) -> dict:
-    """What a search of `problem` renders: only the forward kernel of its mode (a third of the
-    forward's compile; the same machine code for it). Exports render all three."""
-    return {"only": problem["mode"]}
-
-
 # ---------------------------------------------------------------------- inputs
 
 def make_inputs(problem: Problem, seed: int = 0, device="cpu", per_sample_weights: bool = False):

@@ -87,7 +87,27 @@ class Evaluation:
     def _case(self, q: eb.Problem, mode: str, padding: bool) -> dict:
         """The next input set of this case. Drawing the inputs (on the CPU) and their float64
         answers costs more than a variant's run, so each set is made once and shared by a few variants."""
-        return self.cases.get((q, mode, padding), lambda seed: make_case(q, mode, seed % (1 << 30), padding))
+        return self.cases.get((q, mode, padding), self._make(q, mode, padding))
+
+    @staticmethod
+    def _make(q: eb.Problem, mode: str, padding: bool):
+        return lambda seed: make_case(q, mode, seed % (1 << 30), padding)
+
+    @staticmethod
+    def _checks(problem: dict) -> list[tuple]:
+        """(shape, mode, padding) of each case a check runs."""
+        p = eb.Problem(**problem)
+        small = dict(rows=min(p.rows, 8192), bags=min(p.bags, 256))
+        shapes = [(dataclasses.replace(p, **small), False),
+                  (dataclasses.replace(p, **small, distribution="one_hot"), False),
+                  (dataclasses.replace(p, rows=97, dim=p.dim + 1, bags=13, bag_size=3), True)]
+        return [(q, mode, padding) for q, padding in shapes for mode in eb.MODES]
+
+    def warm(self, problem: dict) -> None:
+        """The input sets, answers and timing inputs the first variants need, made while they compile."""
+        for q, mode, padding in self._checks(problem):
+            self.cases.fill((q, mode, padding), self._make(q, mode, padding))
+        self._timing_inputs(problem)
 
     def check(self, kernel: EmbeddingBagKernel, problem: dict) -> dict[str, Any]:
         """Every mode, forward and backward, on inputs shaped like the problem but with fewer rows
@@ -95,29 +115,20 @@ class Evaluation:
         blocks of bags and 8192 rows already show a wrong index, sum or mapping): with the
         problem's ids and with one very frequent id (long runs of one row in the backward), and on
         an odd shape (dim not a multiple of the loads, empty bags, a padding_idx)."""
-        p = eb.Problem(**problem)
-        small = dict(rows=min(p.rows, 8192), bags=min(p.bags, 256))
-        shapes = [(dataclasses.replace(p, **small), False),
-                  (dataclasses.replace(p, **small, distribution="one_hot"), False),
-                  (dataclasses.replace(p, rows=97, dim=p.dim + 1, bags=13, bag_size=3), True)]
         worst = 0.0
-        for q, padding in shapes:
-            for mode in eb.MODES:
-                case = self._case(q, mode, padding)
-                err, failed = run_case(kernel, case)
-                worst = max(worst, err)
-                if failed:
-                    return {"ok": False, "reason": "wrong result" if err == err else "nan",
-                            "message": f"{failed} {mode} {q.distribution} rows={q.rows} dim={q.dim}: "
-                                       f"relative error {err:.3g}", "loss_error": worst}
+        for q, mode, padding in self._checks(problem):
+            err, failed = run_case(kernel, self._case(q, mode, padding))
+            worst = max(worst, err)
+            if failed:
+                return {"ok": False, "reason": "wrong result" if err == err else "nan",
+                        "message": f"{failed} {mode} {q.distribution} rows={q.rows} dim={q.dim}: "
+                                   f"relative error {err:.3g}", "loss_error": worst}
         if kernel.take_errors():
             return {"ok": False, "reason": "wrong result", "message": "validation flagged valid inputs",
                     "loss_error": worst}
         return {"ok": True, "reason": "", "message": "", "loss_error": worst}
 
-    def calls(self, kernel: EmbeddingBagKernel, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
-        """The forward, and unless the objective is the forward alone, the backward (the dense
-        gradient of weight, into a buffer zeroed once: the op's zeroing is the same for every variant)."""
+    def _timing_inputs(self, problem: dict) -> tuple:
         import torch
 
         key = tuple(sorted(problem.items()))
@@ -127,7 +138,12 @@ class Evaluation:
             w, idx, offs, _ = eb.make_inputs(p, seed=1234, device="cuda")
             g = torch.randn(p.bags, p.dim, generator=torch.Generator().manual_seed(1)).to(w.dtype).cuda()
             self.inputs[key] = (w, idx, offs, g)
-        w, idx, offs, g = self.inputs[key]
+        return self.inputs[key]
+
+    def calls(self, kernel: EmbeddingBagKernel, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
+        """The forward, and unless the objective is the forward alone, the backward (the dense
+        gradient of weight, into a buffer zeroed once: the op's zeroing is the same for every variant)."""
+        w, idx, offs, g = self._timing_inputs(problem)
         fwd, saved = kernel.prepare(w, idx, offs, problem["mode"])
         fwd()  # the backward reads what the forward saves
         if objective == "fwd":

@@ -28,14 +28,26 @@ class Evaluation:
         input set shared with a few other variants (`tuner.cases`). Returns
         {"ok", "reason", "message"} and the worst errors seen (`loss_error`, `grad_error`)."""
         worst = {"loss_error": 0.0, "grad_error": 0.0}
-        for batch, slots in ((problem["batch"], problem["slots"]), (3, 7)):
-            key = (problem["pred"], problem["target"], batch, slots, problem["reduction"], problem["distribution"])
-            v = run_case(kernel, self.cases.get(key, lambda seed, k=key: make_case(*k, seed=seed)))
+        for key, make in self._checks(problem):
+            v = run_case(kernel, self.cases.get(key, make))
             worst = {"loss_error": max(worst["loss_error"], v.loss_error),
                      "grad_error": max(worst["grad_error"], v.grad_error)}
             if not v.ok:
                 return {"ok": False, "reason": v.reason, "message": v.message, **worst}
         return {"ok": True, "reason": "", "message": "", **worst}
+
+    @staticmethod
+    def _checks(problem: dict):
+        """(key, make(seed)) of each input set a check uses: the problem's shape, then an odd one."""
+        for batch, slots in ((problem["batch"], problem["slots"]), (3, 7)):
+            key = (problem["pred"], problem["target"], batch, slots, problem["reduction"], problem["distribution"])
+            yield key, (lambda seed, k=key: make_case(*k, seed=seed))
+
+    def warm(self, problem: dict) -> None:
+        """The input sets, answers and timing inputs the first variants need, made while they compile."""
+        for key, make in self._checks(problem):
+            self.cases.fill(key, make)
+        self.timing_inputs(problem)
 
     def timing_inputs(self, problem: dict) -> tuple:
         """Fixed random inputs per problem, so that variants are timed on the same data."""

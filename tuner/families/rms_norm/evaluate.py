@@ -57,9 +57,8 @@ class Evaluation:
         """The problem's shape, then odd ones: one row of a width no vector divides, and rows that
         do not fill the last block."""
         worst = {"loss_error": 0.0, "grad_error": 0.0}
-        for rows, width in ((problem["rows"], problem["width"]), (1, 1027), (37, 771)):
-            key = (problem["x"], problem["weight"], rows, width)
-            errors, failed = run_case(kernel, self.cases.get(key, lambda s: make_case(problem, rows, width, s % 2**31)))
+        for (rows, width), key, make in self._checks(problem):
+            errors, failed = run_case(kernel, self.cases.get(key, make))
             worst = {k: max(v, errors[k]) for k, v in worst.items()}
             if failed:
                 finite = all(v < float("inf") for v in errors.values())
@@ -67,7 +66,20 @@ class Evaluation:
                         "message": f"{rows}x{width}: {failed}", **worst}
         return {"ok": True, "reason": "", "message": "", **worst}
 
-    def calls(self, kernel: RmsNormKernel, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
+    @staticmethod
+    def _checks(problem: dict) -> list[tuple]:
+        """((rows, width), key, make(seed)) of each input set a check uses."""
+        return [((rows, width), (problem["x"], problem["weight"], rows, width),
+                 lambda s, r=rows, w=width: make_case(problem, r, w, s % 2**31))
+                for rows, width in ((problem["rows"], problem["width"]), (1, 1027), (37, 771))]
+
+    def warm(self, problem: dict) -> None:
+        """The input sets, answers and timing inputs the first variants need, made while they compile."""
+        for _, key, make in self._checks(problem):
+            self.cases.fill(key, make)
+        self._timing_inputs(problem)
+
+    def _timing_inputs(self, problem: dict) -> tuple:
         import torch
 
         key = tuple(sorted(problem.items()))
@@ -75,7 +87,10 @@ class Evaluation:
             self.inputs.clear()
             x, w = rms_norm.make_inputs(problem["rows"], problem["width"], problem["x"], problem["weight"], seed=1234)
             self.inputs[key] = (x, w, torch.randn_like(x))
-        x, w, grad = self.inputs[key]
+        return self.inputs[key]
+
+    def calls(self, kernel: RmsNormKernel, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
+        x, w, grad = self._timing_inputs(problem)
         fwd, _, rstd = kernel.prepare(x, w, rms_norm.DEFAULT_EPS)
         fwd()  # the backward reads the rstd it saves
         if objective == "fwd":
