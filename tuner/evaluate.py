@@ -79,6 +79,8 @@ class LiveEvaluator(Evaluator):
         self.batch_size = max(2 * self.jobs, 8)
         self._binding = False  # built before the first variant: a re-run needs none
         self._info: dict | None = None
+        self.gpu_name: str | None = None  # nvidia-smi's name for it: known before the workers start
+        self._driver: str | None = None
         self.parallel = len(self.devices)
         self.host = searchers.host()
         def log(i: int) -> str | None:  # one log per worker
@@ -95,7 +97,10 @@ class LiveEvaluator(Evaluator):
             seen = gpus.visible(self.devices[0]) if self.parallel == 1 else None
             if seen is not None and not gpus.name_matches(seen.name, gpu):
                 raise gpus.mismatch(gpu, seen.name)
-            self.gpu_name = seen.name if seen else self.gpu_info["gpu_name"]
+            if seen is not None:
+                self.gpu_name, self._driver = seen.name, seen.driver
+            else:
+                self.gpu_name = self.gpu_info["gpu_name"]
             self.arch = arch or (gpus.arch_of(gpu) if gpu.lower() != "auto"
                                  else seen.arch if seen else self.gpu_info["arch"])
             self.gpu_label = gpu if gpu.lower() != "auto" else gpus.short_name_of(self.gpu_name)
@@ -118,14 +123,14 @@ class LiveEvaluator(Evaluator):
             name = first.get("gpu_name", "")
             if not gpus.name_matches(name, self.gpu):
                 raise gpus.mismatch(self.gpu, name)
-            if getattr(self, "gpu_name", None) not in (None, name):
+            if self.gpu_name not in (None, name):
                 raise GpuError(f"nvidia-smi shows device {self.devices[0]} as {self.gpu_name} and CUDA as {name}; "
                                "set CUDA_DEVICE_ORDER=PCI_BUS_ID so that both number GPUs alike")
             for index, other in zip(self.devices[1:], hellos[1:]):
                 if other.get("gpu_name") != name:
                     raise GpuError(f"--devices: device {index} is {other.get('gpu_name')}, device "
                                    f"{self.devices[0]} is {name}; a study is measured on one GPU model")
-            self._info = first
+            self._info = {**first, "driver": self._driver if self._driver is not None else gpus.driver_version()}
         return self._info
 
     @property

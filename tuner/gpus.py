@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -79,7 +80,8 @@ class Attached:
         """Does a requested name such as `H100` or `auto` describe this GPU?"""
         return name_matches(self.name, gpu)
 
-    def describe(self) -> dict:
+    def describe(self, driver: str | None = None) -> dict:
+        """`driver`: the driver's version where the caller read it already (nvidia-smi takes a while)."""
         return {
             "gpu_name": self.name,
             "capability": f"{self.capability[0]}.{self.capability[1]}",
@@ -88,7 +90,7 @@ class Attached:
             "l2_bytes": self.l2_bytes,
             "torch": self.torch,
             "cuda": self.cuda,
-            "driver": driver_version(),
+            "driver": driver_version() if driver is None else driver,
         }
 
 
@@ -172,8 +174,10 @@ class Seen:
 
     name: str
     arch: str
+    driver: str = ""
 
 
+@functools.lru_cache(maxsize=None)
 def visible(index: int = 0) -> Seen | None:
     """CUDA device `index` as nvidia-smi shows it, without starting CUDA (milliseconds, where
     importing torch and starting CUDA take seconds); None when it cannot be told that way
@@ -190,16 +194,16 @@ def visible(index: int = 0) -> Seen | None:
         smi_index = ids[index]
     else:
         smi_index = str(index)
-    cmd = ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader", f"--id={smi_index}"]
+    cmd = ["nvidia-smi", "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader", f"--id={smi_index}"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
     fields = [f.strip() for f in out.stdout.strip().split(",")] if out.returncode == 0 else []
-    if len(fields) != 2 or not re.fullmatch(r"\d+\.\d+", fields[1]):
+    if len(fields) != 3 or not re.fullmatch(r"\d+\.\d+", fields[1]):
         return None
     major, minor = fields[1].split(".")
-    return Seen(fields[0], f"sm_{major}{minor}")
+    return Seen(fields[0], f"sm_{major}{minor}", fields[2])
 
 
 def visible_name() -> str | None:

@@ -61,7 +61,8 @@ class _Child:
         from tuner import gpus
 
         torch.cuda.set_device(device_index)
-        self.gpu = gpus.attached(device_index).describe()  # the parent reads it from the hello
+        self.gpu = gpus.attached(device_index).describe(driver="")  # the parent reads it from the hello
+        # (and the driver's version from nvidia-smi: a second or so at this worker's start)
         self.flush = timing.L2Flush()
         self.families: dict[str, Any] = {}
 
