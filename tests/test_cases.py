@@ -25,12 +25,16 @@ def test_consecutive_checks_never_share_a_set():
     assert len({id(g) for g in got}) >= 40 // 8
 
 
-def test_sets_made_ahead_serve_their_full_share_of_checks():
+def test_a_set_made_ahead_serves_its_full_share_of_checks():
     made = []
-    cases = Cases(sets=3, uses=8)
-    cases.fill("k", lambda seed: made.append(seed) or len(made))
-    assert len(made) == 3
-    got = [cases.get("k", lambda seed: made.append(seed) or len(made)) for _ in range(24)]
-    assert len(made) == 3 and sorted(set(got)) == [1, 2, 3] and got[:3] == [1, 2, 3]
-    cases.get("k", lambda seed: made.append(seed) or len(made))
-    assert len(made) == 4  # the 25th check: the first set is used up and replaced
+
+    def make(seed):
+        made.append(seed)
+        return len(made)
+
+    cases = Cases(sets=3, uses=2)
+    cases.prime("k", make)
+    cases.prime("k", make)  # once: the first check's set
+    assert made and len(made) == 1
+    got = [cases.get("k", make) for _ in range(7)]
+    assert got == [1, 2, 3, 1, 2, 3, 4] and len(made) == 4

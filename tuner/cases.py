@@ -33,10 +33,11 @@ class Cases:
             self._turn.pop(oldest, None)
         return self._pool.setdefault(key, [])
 
-    def fill(self, key: Hashable, make: Callable[[int], Any]) -> None:
-        """Make `key`'s sets ahead of the checks that will use them (a worker warming up)."""
+    def prime(self, key: Hashable, make: Callable[[int], Any]) -> None:
+        """Make `key`'s first set ahead of the first check (a worker warming up: the first set
+        pays CUDA's and torch's first-use costs); the next checks make the others as usual."""
         slots = self._slots(key)
-        while len(slots) < self.sets:
+        if not slots:
             slots.append([make(self._seeds.randrange(1 << 62)), 0])
 
     def get(self, key: Hashable, make: Callable[[int], Any]) -> Any:

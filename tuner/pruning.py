@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import optuna
 
+from tuner.search.config import PRUNE_FACTOR as DEFAULT_FACTOR
+
 PROBE_REPS = 10
-DEFAULT_FACTOR = 1.5  # a 10-repetition median is within a few % of the full one; 1.5x is far behind
 
 
 class SlowerThanBest(optuna.pruners.BasePruner):

@@ -7,10 +7,21 @@ GPU side), `recording` (telling the study, the measurement log), `finalists` (th
 timed again; the winner).
 """
 
+import importlib
+
 from tuner.records import OBJECTIVES, objective_value
 from tuner.search.config import SAMPLERS, SearchConfig, SearchReport
-from tuner.search.pipeline import Search, finished, run
-from tuner.search.recording import result_attrs
+
+# The pipeline (Optuna, the evaluators) is imported on first use: the command line reads the
+# samplers' names here, and a search's worker starts before Optuna is imported (tuner.cli).
+_LAZY = {"Search": "pipeline", "finished": "pipeline", "run": "pipeline", "result_attrs": "recording"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["OBJECTIVES", "SAMPLERS", "Search", "SearchConfig", "SearchReport", "finished", "objective_value",
            "result_attrs", "run"]

@@ -7,12 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.pruning import DEFAULT_FACTOR
 
 # ranked: candidates ranked by a model of the study so far, claimed in batches (the default);
 # tpe: Optuna's TPESampler, asked one trial at a time; random and grid: unseen variants in a
 # shuffled order.
 SAMPLERS = ("ranked", "tpe", "random", "grid")
+
+# A variant whose probe (tuner.pruning) is this much slower than the best is pruned: a
+# 10-repetition median is within a few % of the full one, and 1.5x is far behind.
+PRUNE_FACTOR = 1.5
 
 
 @dataclass
@@ -37,7 +40,7 @@ class SearchConfig:
     warm_start: bool = True  # ranked: the family's other studies in the storage say what to try first
     seed: int | None = None
     progress: bool = True
-    prune: float | None = DEFAULT_FACTOR  # prune variants this much slower than the best; None: time all
+    prune: float | None = PRUNE_FACTOR  # prune variants this much slower than the best; None: time all
     devices: str | None = None  # "all" or CUDA indices "0,1": a worker per GPU; None: device 0
     # called with the best objective so far after each trial is told; True stops asking for
     # more (trials already asked are still finished), as a timeout does

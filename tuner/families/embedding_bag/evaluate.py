@@ -106,7 +106,7 @@ class Evaluation:
     def warm(self, problem: dict) -> None:
         """The input sets, answers and timing inputs the first variants need, made while they compile."""
         for q, mode, padding in self._checks(problem):
-            self.cases.fill((q, mode, padding), self._make(q, mode, padding))
+            self.cases.prime((q, mode, padding), self._make(q, mode, padding))
         self._timing_inputs(problem)
 
     def check(self, kernel: EmbeddingBagKernel, problem: dict) -> dict[str, Any]:

@@ -46,7 +46,7 @@ class Evaluation:
     def warm(self, problem: dict) -> None:
         """The input sets, answers and timing inputs the first variants need, made while they compile."""
         for key, make in self._checks(problem):
-            self.cases.fill(key, make)
+            self.cases.prime(key, make)
         self.timing_inputs(problem)
 
     def timing_inputs(self, problem: dict) -> tuple:

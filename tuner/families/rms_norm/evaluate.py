@@ -76,7 +76,7 @@ class Evaluation:
     def warm(self, problem: dict) -> None:
         """The input sets, answers and timing inputs the first variants need, made while they compile."""
         for _, key, make in self._checks(problem):
-            self.cases.fill(key, make)
+            self.cases.prime(key, make)
         self._timing_inputs(problem)
 
     def _timing_inputs(self, problem: dict) -> tuple:
