@@ -56,3 +56,24 @@ def test_the_warm_up_is_answered_before_the_first_job_and_a_child_it_kills_is_re
         w.spawn()
         first = w.evaluate({"name": "a"})
         assert first["status"] == "ok" and first["name"] == "a" and w.restarts == 0
+
+
+def test_a_child_started_ahead_is_taken_over_by_the_worker_of_its_settings():
+    """`tuner search` starts its worker's child before Optuna is imported; the search's Worker
+    takes that child over (its warm-up reply pending), and one of other settings starts its own."""
+    from tuner import worker
+
+    warm = {"kind": "warm", "name": "warm-up"}
+    worker.spawn_ahead(0, None, warm, target=fakechild.main)
+    (proc, _), = worker._AHEAD.values()
+    with Worker(0, timeout=30, start_timeout=60, target=fakechild.main, warm=warm) as w:
+        w.spawn()
+        assert not worker._AHEAD and w._proc is proc
+        assert w.evaluate({"name": "a"})["pid"] == proc.pid
+    worker.spawn_ahead(1, None, warm, target=fakechild.main)
+    with Worker(0, timeout=30, start_timeout=60, target=fakechild.main, warm=warm) as w:
+        w.spawn()
+        assert w._proc is not worker._AHEAD[(1, None, fakechild.main, w._settings()[3])][0]
+    (proc, _), = worker._AHEAD.values()
+    worker.discard_ahead()
+    assert not worker._AHEAD and not proc.is_alive()

@@ -115,17 +115,28 @@ def cmd_search(args: argparse.Namespace) -> int:
                          + (" (with --simulate: the GPU it was recorded on)" if args.simulate else ""))
     cli_args.recording(args.simulate, "--simulate")
     cli_args.recording(args.import_records, "--import-records")
+    problem = _problem(args)
     if not args.simulate:
         gpus.can_search(args.gpu)  # before the storage is opened: a search that cannot run writes nothing
+        if args.devices is None:  # its worker starts now, while Optuna is imported and the study read
+            from tuner import paths, worker
+
+            paths.studies_dir().mkdir(parents=True, exist_ok=True)
+            worker.spawn_ahead(0, str(paths.worker_log()), worker.warm_job(problem, args.objective))
     cfg = search.SearchConfig(
-        gpu=args.gpu, problem=_problem(args), trials=args.trials, timeout=args.timeout, sampler=args.sampler,
+        gpu=args.gpu, problem=problem, trials=args.trials, timeout=args.timeout, sampler=args.sampler,
         storage=args.storage, study=args.study, objective=args.objective, simulate=args.simulate,
         simulate_delay=args.simulate_delay,
         import_records=args.import_records,
         plant_faults=tuple(f for f in (args.plant_faults or "").split(",") if f),
         arch=args.arch, jobs=args.jobs, batch=args.ask_batch, top_k=args.top_k, eval_timeout=args.eval_timeout,
         seed=args.seed, warm_start=not args.no_warm_start, progress=not args.quiet, prune=args.prune or None, devices=args.devices)
-    report = search.run(cfg)
+    try:
+        report = search.run(cfg)
+    finally:
+        from tuner import worker
+
+        worker.discard_ahead()
     st = study.load(report.study_name, args.storage)
     print(_show(st, args.top_k))
     total = report.compile_s + report.verify_s + report.time_s
@@ -155,20 +166,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"time: compile {report.compile_s:.1f} s ({share(report.compile_s)}), verify {report.verify_s:.1f} s "
               f"({share(report.verify_s)}), timing {report.time_s:.1f} s ({share(report.time_s)})")
     if not cfg.simulate and report.spans:
-        print(_pipeline(report, started))
+        print(report.pipeline(started))
     print(f"measurements: {report.records_path}")
     return 0
 
-
-def _pipeline(report, started: float) -> str:
-    """Where the search's time went: its start, and how busy the compiler and the GPU were."""
-    first_gpu = min((a for kind, a, _ in report.spans if kind == "gpu"), default=None)
-    waited = report.busy("gpu start")
-    return (f"pipeline: search loop began {report.started - started:.1f} s after the command's start, the GPU "
-            f"{'-' if first_gpu is None else f'{first_gpu - started:.1f} s'} after it"
-            f"{f' (its worker took {waited:.1f} s more than the first compiles)' if waited else ''}; "
-            f"compiling {report.busy('compile'):.1f} s, GPU work {report.busy('gpu'):.1f} s "
-            f"of the search's {report.wall_s:.1f} s")
 
 
 @command

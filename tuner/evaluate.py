@@ -69,7 +69,7 @@ class LiveEvaluator(Evaluator):
     def __init__(self, gpu: str, problem, objective: str, arch: str | None = None,
                  jobs: int | None = None, eval_timeout: float = 60.0, log_path: Path | None = None,
                  devices: list[int] | None = None):
-        from tuner.worker import Worker
+        from tuner.worker import Worker, warm_job
 
         self.devices = devices or [0]
         self.gpu = gpu
@@ -88,8 +88,8 @@ class LiveEvaluator(Evaluator):
 
         # The workers start first: each imports torch and starts CUDA (seconds) while this
         # process, which needs neither, asks for and compiles the first batch.
-        warm = {"kind": "warm", "family": problem.family, "problem": problem.__dict__, "objective": objective}
-        self.workers = [Worker(i, timeout=eval_timeout, log_path=log(i), warm=warm) for i in self.devices]
+        self.workers = [Worker(i, timeout=eval_timeout, log_path=log(i), warm=warm_job(problem, objective))
+                        for i in self.devices]
         for w in self.workers:
             w.spawn()
         try:

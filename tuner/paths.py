@@ -27,6 +27,11 @@ def studies_dir() -> Path:
     return home() / "studies"
 
 
+def worker_log() -> Path:
+    """Where a search's worker writes (kernels' printf, device-side assert reports)."""
+    return studies_dir() / "worker.log"
+
+
 def reports_dir() -> Path:
     """`tuner report`'s default: reports/<study> under $TUNER_HOME, beside exports/."""
     return home() / "reports"

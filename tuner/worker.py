@@ -11,6 +11,7 @@ of its variant: the variant is evaluated once more on a fresh child.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -221,7 +222,14 @@ class Worker:
 
     def spawn(self) -> None:
         """Start the child without waiting for it: it imports torch and starts CUDA (seconds)
-        while the first variants compile."""
+        while the first variants compile. One started by `spawn_ahead` with the same settings
+        is taken over."""
+        ahead = _AHEAD.pop(self._settings(), None)
+        if ahead is not None and ahead[0].is_alive():
+            self._proc, self._conn = ahead
+            self._greeted = False
+            self._warming = self.warm is not None  # its warm-up was sent when it started
+            return
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self._proc = ctx.Process(target=self.target, args=(child, self.device_index, self.log_path),
@@ -233,6 +241,9 @@ class Worker:
         self._warming = self.warm is not None
         if self._warming:
             parent.send(self.warm)
+
+    def _settings(self) -> tuple:
+        return (self.device_index, self.log_path, self.target, json.dumps(self.warm, sort_keys=True))
 
     def _start(self) -> None:
         self.spawn()
@@ -337,3 +348,31 @@ class Worker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# Children started before the Worker that takes them over: its settings -> (process, pipe).
+_AHEAD: dict[tuple, tuple] = {}
+
+
+def spawn_ahead(device_index: int = 0, log_path: str | None = None, warm: dict | None = None, target=None) -> None:
+    """Start the child that a Worker made later with these settings takes over: `tuner search`
+    starts its GPU's worker before it imports Optuna and reads the study, so that torch's import
+    and CUDA's start (seconds) begin sooner. One never taken over ends with this process."""
+    w = Worker(device_index, log_path=log_path, warm=warm, target=target)
+    w.spawn()
+    _AHEAD[w._settings()] = (w._proc, w._conn)
+
+
+def discard_ahead() -> None:
+    """End the children started ahead that no Worker took over (the search had nothing to run)."""
+    while _AHEAD:
+        proc, conn = _AHEAD.popitem()[1]
+        if proc.is_alive():
+            proc.kill()
+        proc.join(10)
+        conn.close()
+
+
+def warm_job(problem, objective: str) -> dict:
+    """The warm-up a search's worker runs first (Child.warm) for a family's Problem."""
+    return {"kind": "warm", "family": problem.family, "problem": problem.__dict__, "objective": objective}

@@ -86,3 +86,13 @@ class SearchReport:
                 total += b - max(a, end)
                 end = b
         return total
+
+    def pipeline(self, started: float) -> str:
+        """Where a live search's time went (`started`: the command's start, time.monotonic())."""
+        first_gpu = min((a for kind, a, _ in self.spans if kind == "gpu"), default=None)
+        waited = self.busy("gpu start")
+        return (f"pipeline: search loop began {self.started - started:.1f} s after the command's start, the GPU "
+                f"{'-' if first_gpu is None else f'{first_gpu - started:.1f} s'} after it"
+                f"{f' (its worker took {waited:.1f} s more than the first compiles)' if waited else ''}; "
+                f"compiling {self.busy('compile'):.1f} s, GPU work {self.busy('gpu'):.1f} s "
+                f"of the search's {self.wall_s:.1f} s")

@@ -266,7 +266,7 @@ def run(cfg: SearchConfig) -> SearchReport:
     else:
         paths.studies_dir().mkdir(parents=True, exist_ok=True)
         evaluator = LiveEvaluator(cfg.gpu, cfg.problem, cfg.objective, arch=cfg.arch, jobs=cfg.jobs,
-                                  eval_timeout=cfg.eval_timeout, log_path=paths.studies_dir() / "worker.log",
+                                  eval_timeout=cfg.eval_timeout, log_path=paths.worker_log(),
                                   devices=gpus.device_indices(cfg.devices))
     try:
         return Search(cfg, evaluator).run()
