@@ -34,7 +34,7 @@ class FakeWorker:
     def spawn(self):
         self.spawned = True
 
-    def greeting(self):
+    def ready(self):
         self.greeted = True
         return {"ready": True, "gpu": FakeAttached(self.index, FakeWorker.names.get(self.index, H100)).describe()}
 

@@ -48,6 +48,17 @@ def torch_cuda() -> str | None:
     return None if found.group(1) == "None" else (found.group(2) if found.group(2) is not None else found.group(3))
 
 
+def _library_path(family: str) -> Path:
+    key = _key(family)
+    return paths.variants_dir() / "_binding" / key / f"tuner_{family}_binding_{key}.so"
+
+
+def built(family: str) -> Path | None:
+    """The family's binding library where it is built already, else None (nothing is built)."""
+    path = _library_path(family)
+    return path if path.exists() else None
+
+
 @functools.lru_cache(maxsize=None)
 def load(family: str, verbose: bool = False):
     """Build (first time only) and load a family's binding; returns its op namespace,
@@ -68,12 +79,11 @@ def library(family: str, verbose: bool = False):
     fam = families.get(family)
     if not fam.BINDING:
         return None
-    key = _key(family)
-    name = f"tuner_{family}_binding_{key}"
-    build_dir = paths.variants_dir() / "_binding" / key
-    built = build_dir / f"{name}.so"
-    if built.exists():  # built before: no torch, no ninja, no cpp_extension (milliseconds)
-        return built
+    found = built(family)
+    if found is not None:  # built before: no torch, no ninja, no cpp_extension (milliseconds)
+        return found
+    path = _library_path(family)
+    build_dir, name = path.parent, path.stem
 
     import torch
 
@@ -96,4 +106,4 @@ def library(family: str, verbose: bool = False):
         is_python_module=False,
         verbose=verbose,
     )
-    return built
+    return path

@@ -111,12 +111,12 @@ class LiveEvaluator(Evaluator):
     @property
     def gpu_info(self) -> dict:
         """What the study records of its GPU (name, arch, SMs, torch, CUDA, driver), from the
-        workers' hellos: waits for them to start. Every device must be the model asked for."""
+        workers' hellos: waits for them to start and warm up. Every device must be the model asked for."""
         if self._info is None:
             from tuner.worker import WorkerError
 
             try:
-                hellos = [w.greeting().get("gpu") or {} for w in self.workers]
+                hellos = [w.ready().get("gpu") or {} for w in self.workers]
             except WorkerError as exc:
                 raise GpuError(f"the GPU could not be started: {str(exc).strip().splitlines()[-1]}") from exc
             first = hellos[0]

@@ -57,13 +57,11 @@ class _Child:
     def __init__(self, device_index: int):
         import torch
 
-        from tuner import timing
-
-        from tuner import gpus
+        from tuner import gpus, timing
 
         torch.cuda.set_device(device_index)
-        self.gpu = gpus.attached(device_index).describe(driver="")  # the parent reads it from the hello
-        # (and the driver's version from nvidia-smi: a second or so at this worker's start)
+        # The parent reads it from the hello (the driver's version from its own nvidia-smi query).
+        self.gpu = gpus.attached(device_index).describe(driver="")
         self.flush = timing.L2Flush()
         self.families: dict[str, Any] = {}
 
@@ -115,6 +113,11 @@ class _Child:
     def warm(self, job: dict) -> dict:
         """What the first variant's check and timing would make first (the family's state, its
         input sets and answers, the timing inputs), made while the first variants compile."""
+        from tuner import binding, families
+
+        if families.get(job["family"]).BINDING and binding.built(job["family"]) is None:
+            # the search builds it (a minute, the first time) before its first job: never beside it
+            return {"status": "ok", "skipped": "the binding is not built yet"}
         family = self.family(job["family"])
         if hasattr(family, "warm"):
             family.warm(job["problem"])
@@ -218,6 +221,7 @@ class Worker:
         self._proc = None
         self._conn = None
         self._greeted = False
+        self._warming = False  # its warm-up's reply is still to be read
         self.hello: dict = {}  # the running child's: its pid and its GPU's description
 
     def spawn(self) -> None:
@@ -282,12 +286,14 @@ class Worker:
         self.hello = hello
         self._greeted = True
 
-    def greeting(self) -> dict:
-        """The child's hello (started, or waited for, here when need be)."""
+    def ready(self) -> dict:
+        """The child's hello, once it has started and run its warm-up (waited for here, or started
+        here, when need be)."""
         if self._proc is not None and not self._greeted:
             self._greet()
         elif self._proc is None or not self._proc.is_alive():
             self._start()
+        self._warmed()
         return self.hello
 
     def evaluate(self, job: dict, on_probe=None) -> dict:

@@ -165,7 +165,7 @@ class Search:
         for part, built in pieces:
             prepared = built.result()
             started = time.monotonic()
-            _ = self.book.gpu_info  # the first time, waits for the GPU's worker to start: not GPU work
+            _ = self.book.gpu_info  # the first time, waits for the GPU's worker to start and warm up: not GPU work
             if time.monotonic() - started > 0.01:
                 self.report.spans.append(("gpu start", started, time.monotonic()))
                 started = time.monotonic()
