@@ -171,7 +171,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
-
 @command
 def cmd_samplers(args: argparse.Namespace) -> int:
     from tuner import quality, search
