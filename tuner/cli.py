@@ -107,7 +107,7 @@ def _only_study(storage: str | None) -> str:
 
 @command
 def cmd_search(args: argparse.Namespace) -> int:
-    from tuner import search, study
+    from tuner import paths, search, study, worker
 
     started = time.monotonic()
     if not args.gpu:
@@ -119,8 +119,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     if not args.simulate:
         gpus.can_search(args.gpu)  # before the storage is opened: a search that cannot run writes nothing
         if args.devices is None:  # its worker starts now, while Optuna is imported and the study read
-            from tuner import paths, worker
-
             paths.studies_dir().mkdir(parents=True, exist_ok=True)
             worker.spawn_ahead(0, str(paths.worker_log()), worker.warm_job(problem, args.objective))
     cfg = search.SearchConfig(
@@ -134,8 +132,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     try:
         report = search.run(cfg)
     finally:
-        from tuner import worker
-
         worker.discard_ahead()
     st = study.load(report.study_name, args.storage)
     print(_show(st, args.top_k))

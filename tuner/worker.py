@@ -310,11 +310,7 @@ class Worker:
         return result
 
     def _evaluate(self, job: dict, on_probe=None) -> dict:
-        if self._proc is not None and not self._greeted:
-            self._greet()  # spawned ahead: its start-up overlapped the compiles
-        elif self._proc is None or not self._proc.is_alive():
-            self._start()
-        self._warmed()
+        self.ready()  # spawned ahead, its start-up overlapped the compiles; or started here
         self._conn.send(job)
         while True:
             if not self._conn.poll(self.timeout):
