@@ -235,5 +235,11 @@ def test_a_search_compiles_only_the_kernels_its_problem_runs(tuner_home, fresh_c
     source = render.render(v, {"only": "sum"})
     assert "giou_forward_kernel<RED_SUM>" in source and "giou_forward_kernel<RED_MEAN>" not in source
 
-    # EmbeddingBag's check verifies every mode (the export's): its search compiles all three
-    assert not hasattr(embedding_bag, "search_focus")
+    # EmbeddingBag's search builds its mode's forward alone; its finalists are built whole
+    v = embedding_bag.covering_set()[0]
+    focus = embedding_bag.search_focus(embedding_bag.Problem(mode="max").__dict__)
+    assert focus == {"only": "max"} and embedding_bag.FINALISTS_WHOLE
+    focused = render.render(v, focus)
+    assert "embedding_bag_forward_kernel<TUNER_EB_MAX>" in focused
+    assert "embedding_bag_forward_kernel<TUNER_EB_SUM>" not in focused
+    assert all(f"embedding_bag_forward_kernel<TUNER_EB_{m}>" in render.render(v) for m in ("SUM", "MEAN", "MAX"))

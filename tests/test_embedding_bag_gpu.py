@@ -453,3 +453,25 @@ def test_op_call_allocates_only_its_output(op, weight):
                 again = call(mode)
                 assert stats()["allocation.all.allocated"] - before == 1, (weight, mode)
                 assert torch.equal(first, again)
+
+
+def test_a_search_builds_its_mode_and_checks_its_finalists_whole(shared_home):
+    """A search builds and checks only its problem's mode (another mode refuses to launch from
+    that build); its finalists are built whole and pass the check of every mode before one wins."""
+    from tuner import build, gpus, search, study
+    from tuner.families.embedding_bag.evaluate import Evaluation
+
+    problem = eb.Problem(rows=50_000, bags=512, bag_size=20, mode="max")
+    v = eb.covering_set()[0]
+    focused, whole = (build.build([v], gpus.attached().arch, focus=f)[0]
+                      for f in (eb.search_focus(problem.__dict__), None))
+    ev = Evaluation()
+    assert ev.check(ev.load(focused.so, v.name, focused.entry), problem.__dict__)["ok"]
+    assert ev.check(ev.load(whole.so, v.name, whole.entry), problem.__dict__, whole=True)["ok"]
+    with pytest.raises(RuntimeError, match="failed to launch"):
+        ev.check(ev.load(focused.so, v.name, focused.entry), problem.__dict__, whole=True)
+
+    report = search.run(search.SearchConfig(gpu="auto", problem=problem, trials=12, progress=False, seed=0,
+                                            top_k=3))
+    assert report.evaluated >= 6 and report.winner and len(report.retimed) == 3
+    assert "rejected" not in study.load(report.study_name).user_attrs

@@ -41,7 +41,10 @@ class FakeWorker:
     def evaluate(self, job, on_probe=None):
         self.jobs.append(job)
         if job["kind"] == "retime":
-            return {"status": "ok", "timings": {"v": {"fwd": {"median_us": 1.0}}}}
+            return {"status": "ok", "timings": {k["name"]: {"fwd": {"median_us": 1.0}} for k in job["kernels"]}}
+        if job["kind"] == "check":  # a whole build checked: "bad" fails it, "crash" kills the child
+            return {"status": "fail", "reason": "crash" if job["name"] == "crash" else "wrong result",
+                    "message": "max"} if job["name"] in ("bad", "crash") else {"status": "ok"}
         return {"status": "ok", "probe_answer": on_probe({"fwd": {"median_us": 1.0}}) if on_probe else None}
 
     def close(self):
@@ -123,6 +126,26 @@ def test_device_lists():
             gpus.device_indices(bad)
 
 
+def test_whole_finalists_are_checked_one_job_each_before_they_are_timed(fakes):
+    from tuner.families import embedding_bag
+
+    ev = evaluate.LiveEvaluator("H100", embedding_bag.Problem(), "fwd+bwd")
+    vs = [type("V", (), {"name": n}) for n in ("good", "bad", "crash", "unbuilt")]
+    built = {n: {"so": f"{n}.so", "entry": "e"} for n in ("good", "bad", "crash")}
+    got = ev.retime(vs, {**built, "unbuilt": {"so": None, "message": "ptxas error"}}, "fwd+bwd", whole=True)
+    jobs = FakeWorker.made[0].jobs
+    assert [(j["kind"], j.get("name")) for j in jobs] == [("check", "good"), ("check", "bad"), ("check", "crash"),
+                                                          ("retime", None)]
+    assert [k["name"] for k in jobs[-1]["kernels"]] == ["good"]
+    assert got["good"] == {"fwd": {"median_us": 1.0}}
+    assert got["bad"]["failed"] == "wrong result: max" and got["crash"]["failed"].startswith("crash")
+    assert "ptxas error" in got["unbuilt"]["failed"]
+    # none left to time: no retime job
+    FakeWorker.made[0].jobs.clear()
+    assert set(ev.retime(vs[1:3], built, "fwd+bwd", whole=True)) == {"bad", "crash"}
+    assert [j["kind"] for j in FakeWorker.made[0].jobs] == ["check", "check"]
+
+
 def test_a_search_builds_only_what_its_problem_runs(fakes, monkeypatch):
     from tuner import binding, build
 
@@ -132,4 +155,5 @@ def test_a_search_builds_only_what_its_problem_runs(fakes, monkeypatch):
     ev = evaluate.LiveEvaluator("H100", giou.Problem(reduction="sum"), "fwd+bwd")
     ev.prepare([])
     ev.prepare([])  # the binding checked once, the focus every time
-    assert asked == [{"only": "sum"}, {"only": "sum"}]
+    ev.prepare([], whole=True)  # finalists, as the export builds them
+    assert asked == [{"only": "sum"}, {"only": "sum"}, None]

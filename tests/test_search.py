@@ -11,7 +11,7 @@ import time
 import optuna
 import pytest
 
-from tuner import journal, records, search, study
+from tuner import errors, journal, records, search, study
 from tuner.errors import GpuError
 from tuner.families import giou
 
@@ -318,6 +318,58 @@ def test_trials_above_the_space_stop_once_every_variant_is_measured(small, capsy
     again = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=60, simulate=path,
                                            progress=False, seed=2, sampler=sampler))
     assert again.trials == 0 and again.winner == report.winner  # nothing left to ask
+
+
+def _failing_whole_checks(monkeypatch, fam, fails):
+    """The family's finalists checked whole, and `fails(round, name)` says which fail their check."""
+    from tuner import evaluate
+
+    monkeypatch.setattr(fam, "FINALISTS_WHOLE", True, raising=False)
+    rounds = []
+    real = evaluate.SimulatedEvaluator.retime
+
+    def retime(self, variants, prepared, objective, whole=False):
+        assert whole
+        rounds.append([v.name for v in variants])
+        out = real(self, variants, prepared, objective)
+        return {n: {"failed": "wrong result: forward max"} if fails(len(rounds), n) else t for n, t in out.items()}
+
+    monkeypatch.setattr(evaluate.SimulatedEvaluator, "retime", retime)
+    return rounds
+
+
+def test_finalists_that_fail_their_whole_check_never_win(small, monkeypatch, capsys):
+    """A search that checked only its problem's part (EmbeddingBag: one mode) checks its finalists
+    whole: those that fail are rejected, kept in the study, and the next best take their place."""
+    from tuner import export
+
+    fam, path = small
+    rounds = _failing_whole_checks(monkeypatch, fam, lambda r, name: r == 1)
+    cfg = search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path, progress=False,
+                              seed=1, sampler="grid", top_k=3)
+    report = search.run(cfg)
+    st = study.load(report.study_name)
+    by_speed = list(study.top(study.trials_frame(st, fam.space()), 8)["variant"])
+    assert rounds == [by_speed[:3], by_speed[3:6]]
+    assert set(st.user_attrs["rejected"]) == set(by_speed[:3])
+    assert report.winner["variant"] == by_speed[3] and export._winner(st)["variant"].name == by_speed[3]
+    assert capsys.readouterr().err.count("rejected, its whole build failed its check: wrong result") == 3
+
+    # a search stopped before its finalists: nothing checked whole to export, so it says what to do
+    st.set_user_attr("winner", None)
+    with pytest.raises(errors.TunerError, match="run the same `tuner search` again"):
+        export._winner(st)
+
+
+def test_no_winner_when_every_finalist_fails_its_whole_check(small, monkeypatch):
+    fam, path = small
+    rounds = _failing_whole_checks(monkeypatch, fam, lambda r, name: True)
+    report = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path,
+                                            progress=False, seed=1, sampler="grid", top_k=3))
+    st = study.load(report.study_name)
+    complete = list(study.top(study.trials_frame(st, fam.space()), 8)["variant"])
+    assert sum(rounds, []) == complete and max(map(len, rounds)) == 3 and report.winner is None
+    assert set(st.user_attrs["rejected"]) == set(complete) and len(complete) >= 4
 
 
 def test_searchers_sharing_a_study_stop_when_the_space_is_measured(small, tuner_home):

@@ -43,8 +43,9 @@ class Evaluator:
     killed: int = 0  # workers killed from outside (their variant was evaluated again)
     parallel: int = 1  # variants it evaluates at once (one per GPU), each in its own slot
 
-    def prepare(self, variants: list[Variant]) -> dict[str, dict]:
-        """Build results by variant name."""
+    def prepare(self, variants: list[Variant], whole: bool = False) -> dict[str, dict]:
+        """Build results by variant name: of what the problem runs (a family's `search_focus`),
+        or with `whole` of every kernel instance, as the export builds them."""
         raise NotImplementedError
 
     def evaluate(self, variant: Variant, prepared: dict, on_probe=None, slot: int = 0) -> dict:
@@ -54,8 +55,10 @@ class Evaluator:
         with those timings)."""
         raise NotImplementedError
 
-    def retime(self, variants: list[Variant], prepared: dict[str, dict], objective: str) -> dict[str, dict]:
-        """More careful timings of a few variants: name -> {"fwd": ..., "bwd": ...}."""
+    def retime(self, variants: list[Variant], prepared: dict[str, dict], objective: str,
+               whole: bool = False) -> dict[str, dict]:
+        """More careful timings of a few variants: name -> {"fwd": ..., "bwd": ...}. With `whole`,
+        each whole build is checked in full first; one that fails gives {"failed": message}."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -141,9 +144,9 @@ class LiveEvaluator(Evaluator):
     def killed(self) -> int:  # type: ignore[override]
         return sum(w.killed for w in self.workers)
 
-    def prepare(self, variants):
+    def prepare(self, variants, whole=False):
         if self._binding:
-            return {b.variant.name: _build_result(b) for b in self._build(variants)}
+            return {b.variant.name: _build_result(b) for b in self._build(variants, whole)}
         import concurrent.futures
 
         from tuner import binding
@@ -152,15 +155,15 @@ class LiveEvaluator(Evaluator):
         # the first compiles. The workers load it.
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             loaded = pool.submit(binding.library, self.problem.family)
-            built = self._build(variants)
+            built = self._build(variants, whole)
             loaded.result()
         self._binding = True
         return {b.variant.name: _build_result(b) for b in built}
 
-    def _build(self, variants) -> list[build.Build]:
+    def _build(self, variants, whole: bool) -> list[build.Build]:
         # Only the kernel instances the problem runs (its reduction, its mode): what is verified
         # and timed; the export builds the whole variant.
-        focus = getattr(families.get(self.problem.family), "search_focus", None)
+        focus = None if whole else getattr(families.get(self.problem.family), "search_focus", None)
         return build.build(variants, self.arch, jobs=self.jobs, focus=focus(self.problem.__dict__) if focus else None)
 
     def evaluate(self, variant, prepared, on_probe=None, slot=0):
@@ -170,12 +173,23 @@ class LiveEvaluator(Evaluator):
             "timing": SEARCH_TIMING, "probe": PROBE_REPS if on_probe else 0}, on_probe)
         return {**result, "device": f"{self.host}/cuda:{self.devices[slot]}"}
 
-    def retime(self, variants, prepared, objective):
+    def retime(self, variants, prepared, objective, whole=False):
         jobs = [{"so": prepared[v.name]["so"], "entry": prepared[v.name].get("entry"), "name": v.name}
                 for v in variants if prepared[v.name]["so"]]
+        failed = {v.name: {"failed": f"its whole build failed: {prepared[v.name].get('message', '')}"}
+                  for v in variants if not prepared[v.name]["so"]}
+        if whole:  # one job each: a finalist that crashes in another mode costs only itself
+            for job in list(jobs):
+                verdict = self.workers[0].evaluate({"kind": "check", "family": self.problem.family,
+                                                    "problem": self.problem.__dict__, **job})
+                if verdict["status"] != "ok":
+                    failed[job["name"]] = {"failed": f"{verdict['reason']}: {verdict.get('message', '')}"}
+                    jobs.remove(job)
+        if not jobs:
+            return failed
         result = self.workers[0].evaluate({"kind": "retime", "family": self.problem.family, "kernels": jobs,
-                                       "problem": self.problem.__dict__, "objective": objective})
-        return result.get("timings", {})
+                                           "problem": self.problem.__dict__, "objective": objective})
+        return {**failed, **result.get("timings", {})}
 
     def close(self):
         for w in self.workers:
@@ -210,7 +224,7 @@ class SimulatedEvaluator(Evaluator):
         self.objective = objective
         self.batch_size = 16
 
-    def prepare(self, variants):
+    def prepare(self, variants, whole=False):
         out = {}
         for v in variants:
             rec = self.table.get(v.name)
@@ -238,6 +252,6 @@ class SimulatedEvaluator(Evaluator):
             result["status"] = "ok" if on_probe(probe) and result["status"] == "ok" else "pruned"
         return {**result, "device": f"simulated/{slot}"}
 
-    def retime(self, variants, prepared, objective):
+    def retime(self, variants, prepared, objective, whole=False):
         return {v.name: {k: self.table[v.name][k] for k in ("fwd", "bwd") if k in self.table[v.name]}
                 for v in variants if self.table.get(v.name, {}).get("status") == "ok"}

@@ -45,7 +45,8 @@ def _winner(st) -> dict[str, Any]:
     problem = st.user_attrs.get("problem")
     if not problem:
         raise TunerError(f"study {st.study_name!r} was not made by `tuner search` (no problem recorded)")
-    space = studies.family_of(st).space_for(problem)
+    family = studies.family_of(st)
+    space = family.space_for(problem)
     frame = studies.trials_frame(st, space)
     best = studies.top(frame, 1)
     if best.empty:
@@ -58,6 +59,10 @@ def _winner(st) -> dict[str, Any]:
         timings = {k: winner[k] for k in ("fwd", "bwd") if k in winner}
         objective = winner["objective_us"]
         retimed = True
+    elif getattr(family, "FINALISTS_WHOLE", False):
+        # its trials were checked in the problem's mode alone: only a finalist checked whole ships
+        raise TunerError(f"study {st.study_name!r} has no winner checked in full yet (its search stopped before "
+                         f"its finalists): run the same `tuner search` again to finish it, then export")
     else:
         variant = by_name[row["variant"]]
         timings = {"fwd": {"median_us": row["fwd_us"], "spread_us": row["fwd_spread_us"]}}

@@ -110,6 +110,13 @@ class _Child:
         result["status"] = "ok"
         return result
 
+    def check(self, job: dict) -> dict:
+        """A whole build checked in full (`Evaluation.check(..., whole=True)`): a finalist of a
+        search that built and checked only what its problem runs (tuner.search.finalists)."""
+        family = self.family(job["family"])
+        verdict = family.check(family.load(job["so"], job["name"], job.get("entry")), job["problem"], whole=True)
+        return {"status": "ok" if verdict["ok"] else "fail", "reason": verdict["reason"], "message": verdict["message"]}
+
     def warm(self, job: dict) -> dict:
         """What the first variant's check and timing would make first (the family's state, its
         input sets and answers, the timing inputs), made while the first variants compile."""
@@ -180,8 +187,8 @@ def _child_main(conn, device_index: int, log_path: str | None = None) -> None:
 
         try:
             kind = job.get("kind")
-            conn.send(child.retime(job) if kind == "retime" else child.warm(job) if kind == "warm"
-                      else child.run(job, ask))
+            own = {"retime": child.retime, "warm": child.warm, "check": child.check}.get(kind)
+            conn.send(own(job) if own else child.run(job, ask))
         except Exception as exc:  # noqa: BLE001 - every failure of a variant is data
             message = f"{type(exc).__name__}: {exc}"
             reason = classify(message)

@@ -153,9 +153,9 @@ class Search:
 
     # --------------------------------------------------------- evaluate
 
-    def _prepare(self, variants: list[Variant]) -> dict[str, dict]:
+    def _prepare(self, variants: list[Variant], whole: bool = False) -> dict[str, dict]:
         started = time.monotonic()
-        prepared = self.evaluator.prepare(variants)
+        prepared = self.evaluator.prepare(variants, whole)
         self.report.compile_s += time.monotonic() - started
         self.report.spans.append(("compile", started, time.monotonic()))
         self.report.compiled += sum(1 for b in prepared.values() if b.get("compiled"))

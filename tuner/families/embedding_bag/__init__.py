@@ -98,6 +98,16 @@ def render_context(variant: Variant) -> dict[str, Any]:
     return ctx
 
 
+def search_focus(problem: dict) -> dict[str, Any]:
+    """What a search of `problem` renders: the forward of its mode only (two fifths less to
+    compile). Its check then covers that mode, so the finalists are built whole and checked in
+    every mode before one wins (`FINALISTS_WHOLE`, tuner.search.finalists); exports build all three."""
+    return {"only": problem["mode"]}
+
+
+FINALISTS_WHOLE = True
+
+
 @dataclass(frozen=True)
 class Problem:
     """What a kernel is tuned for. Defaults: the PR's configuration."""

@@ -94,14 +94,14 @@ class Evaluation:
         return lambda seed: make_case(q, mode, seed % (1 << 30), padding)
 
     @staticmethod
-    def _checks(problem: dict) -> list[tuple]:
-        """(shape, mode, padding) of each case a check runs."""
+    def _checks(problem: dict, whole: bool = False) -> list[tuple]:
+        """(shape, mode, padding) of each case a check runs: the problem's mode, or every mode."""
         p = eb.Problem(**problem)
         small = dict(rows=min(p.rows, 8192), bags=min(p.bags, 256))
         shapes = [(dataclasses.replace(p, **small), False),
                   (dataclasses.replace(p, **small, distribution="one_hot"), False),
                   (dataclasses.replace(p, rows=97, dim=p.dim + 1, bags=13, bag_size=3), True)]
-        return [(q, mode, padding) for q, padding in shapes for mode in eb.MODES]
+        return [(q, mode, padding) for q, padding in shapes for mode in (eb.MODES if whole else (p.mode,))]
 
     def warm(self, problem: dict) -> None:
         """The input sets, answers and timing inputs the first variants need, made while they compile."""
@@ -109,14 +109,15 @@ class Evaluation:
             self.cases.prime((q, mode, padding), self._make(q, mode, padding))
         self._timing_inputs(problem)
 
-    def check(self, kernel: EmbeddingBagKernel, problem: dict) -> dict[str, Any]:
-        """Every mode, forward and backward, on inputs shaped like the problem but with fewer rows
+    def check(self, kernel: EmbeddingBagKernel, problem: dict, whole: bool = False) -> dict[str, Any]:
+        """The problem's mode (a search's build has no other), or with `whole` every mode (the
+        finalists' whole builds), forward and backward, on inputs shaped like the problem but with fewer rows
         and bags (the inputs are drawn on the CPU, at a cost that grows with their size; several
         blocks of bags and 8192 rows already show a wrong index, sum or mapping): with the
         problem's ids and with one very frequent id (long runs of one row in the backward), and on
         an odd shape (dim not a multiple of the loads, empty bags, a padding_idx)."""
         worst = 0.0
-        for q, mode, padding in self._checks(problem):
+        for q, mode, padding in self._checks(problem, whole):
             err, failed = run_case(kernel, self._case(q, mode, padding))
             worst = max(worst, err)
             if failed:
