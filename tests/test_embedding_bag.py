@@ -205,3 +205,17 @@ def test_op_opcheck_compile_and_cpp_kernels(op):
             kernels[key.strip()] = rest
     assert "embedding_bag_op.cpp" in kernels["CUDA"] and "embedding_bag_op.cpp" in kernels["Autograd[alias]"]
     assert "runtime.py" in kernels["CPU"] and "runtime.py" in kernels["Meta"]
+
+
+def test_the_gather_ceiling_tool_compiles(tmp_path):
+    """tools/gather_ceiling.cu measures what BENCHMARKS.md holds the forward to: it must build."""
+    import subprocess
+    from pathlib import Path
+
+    from tuner import toolkit
+
+    src = Path(__file__).resolve().parent.parent / "tools" / "gather_ceiling.cu"
+    done = subprocess.run([str(toolkit.nvcc()), "-O3", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "g"), str(src)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "g").stat().st_size > 0
