@@ -131,3 +131,47 @@ def test_a_journal_url_of_another_kind_is_refused():
 
     with pytest.raises(TunerError, match="journal\\+postgresql://"):
         study.storage("journal+postgres://me@host/db")
+
+
+def test_a_refused_connection_is_tried_again(monkeypatch):
+    """A server that refuses a reconnection for a moment (restarting) costs a retry, not the search;
+    one that stays down is reported after the last try, and a first connection refused at once."""
+    import time
+
+    import psycopg
+
+    calls = []
+
+    class Conn:
+        closed = False
+        isolation_level = None
+
+        def close(self):
+            self.closed = True
+
+    def connect(dsn, **kw):
+        calls.append(dsn)
+        if len(calls) == 1:
+            raise psycopg.OperationalError("connection refused")
+        return Conn()
+
+    monkeypatch.setattr(psycopg, "connect", connect)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    j = JournalPostgres.__new__(JournalPostgres)
+    j.dsn, j._conn, j._connected = "postgresql://u@h/db", None, False
+    with pytest.raises(psycopg.OperationalError, match="refused"):  # the first connection: a wrong URL, at once
+        j._retry(lambda conn: "never")
+    assert len(calls) == 1
+    j._connected = True  # connected before, then the server went away
+    assert j._retry(lambda conn: "done") == "done" and len(calls) == 2
+
+    def down(dsn, **kw):
+        calls.append(dsn)
+        raise psycopg.OperationalError("connection refused")
+
+    calls.clear()
+    j._conn = None
+    monkeypatch.setattr(psycopg, "connect", down)
+    with pytest.raises(psycopg.OperationalError, match="refused"):
+        j._retry(lambda conn: "never")
+    assert len(calls) == JournalPostgres.TRIES

@@ -34,6 +34,7 @@ class JournalPostgres(BaseJournalBackend):
         self.damaged: list[int] = []  # ids of the rows skipped, as read so far
         self._ids: list[int] = []  # the id of each row the last read gave
         self._conn = None
+        self._connected = False  # once: a refused reconnection is retried, a refused first connection not
 
         def create(conn):
             with conn.transaction():
@@ -44,23 +45,28 @@ class JournalPostgres(BaseJournalBackend):
         self._retry(create)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"dsn": self.dsn, "damaged": self.damaged, "_ids": [], "_conn": None}
+        return {"dsn": self.dsn, "damaged": self.damaged, "_ids": [], "_conn": None, "_connected": True}
 
     def _retry(self, work):
-        """`work(connection)`, again on a fresh connection after a connection or lock-wait error."""
+        """`work(connection)`, again on a fresh connection after a connection or lock-wait error,
+        a refused reconnection included (a server restarting): TRIES tries over about 6 s. The
+        first connection of all is not retried: a wrong URL or host is reported at once."""
         import time
 
         import psycopg
 
         for attempt in range(self.TRIES):
-            if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self.dsn, autocommit=True, **self.CONNECT)
-                self._conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
             try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = None
+                    self._conn = psycopg.connect(self.dsn, autocommit=True, **self.CONNECT)
+                    self._conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+                    self._connected = True
                 return work(self._conn)
             except psycopg.OperationalError:
-                self._conn.close()
-                if attempt == self.TRIES - 1:
+                if self._conn is not None:
+                    self._conn.close()
+                if attempt == self.TRIES - 1 or not self._connected:
                     raise
                 time.sleep(attempt + 1)
 
