@@ -23,137 +23,83 @@
 constexpr long long ROWS = 5000000;
 constexpr int DIM = 128;
 
-// ---------------------------------------------------------------- flat, plain loads
-template <int U>
-__global__ void flat_plain(const float4* __restrict__ w, const long long* __restrict__ idx, long long n,
-                           float* __restrict__ out) {
-  const int lane = threadIdx.x % 32;
-  const long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const long long warps = (gridDim.x * (long long)blockDim.x) / 32;
-  float4 acc = make_float4(0, 0, 0, 0);
-  const long long per = (n + warps - 1) / warps;
-  const long long lo = warp * per, hi = min(n, lo + per);
-  for (long long j = lo; j < hi; j += U) {
-    float4 x[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      long long r = j + u < hi ? idx[j + u] : -1;
-      x[u] = r >= 0 ? w[r * (DIM / 4) + lane] : make_float4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc.x += x[u].x, acc.y += x[u].y, acc.z += x[u].z, acc.w += x[u].w;
-  }
-  out[warp * 32 + lane] = acc.x + acc.y + acc.z + acc.w;
-}
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void add(float4& acc, const float4& x) { acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w; }
 
 __device__ __forceinline__ void cp16(void* s, const void* g) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(s)), "l"(g) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g) : "memory");
 }
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-// ---------------------------------------------------------------- flat, cp.async ring of S rows per warp
-template <int S, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32) flat_cpasync(const float4* __restrict__ w, const long long* __restrict__ idx,
-                                                        long long n, float* __restrict__ out) {
-  __shared__ float4 ring[WARPS][S][32];
-  const int lane = threadIdx.x % 32, wib = threadIdx.x / 32;
-  const long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const long long warps = (gridDim.x * (long long)blockDim.x) / 32;
-  const long long per = (n + warps - 1) / warps;
-  const long long lo = warp * per, hi = min(n, lo + per);
+// Rows idx[lo..hi) summed by a warp (lane: 16 bytes of each row), D rows in flight: plain loads
+// unrolled D times, or a ring of D rows in shared memory filled by cp.async (each lane reads back
+// only its own 16 bytes, so no barrier). Both add the rows in the same order: equal bits.
+template <int D>
+__device__ float4 sum_plain(const float4* __restrict__ w, const long long* __restrict__ idx, long long lo, long long hi,
+                            int lane) {
+  float4 acc = make_float4(0, 0, 0, 0);
+  for (long long j = lo; j < hi; j += D) {
+    float4 x[D];
+#pragma unroll
+    for (int u = 0; u < D; ++u) x[u] = j + u < hi ? w[idx[j + u] * (DIM / 4) + lane] : make_float4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < D; ++u) add(acc, x[u]);
+  }
+  return acc;
+}
+
+template <int D>
+__device__ float4 sum_ring(const float4* __restrict__ w, const long long* __restrict__ idx, long long lo, long long hi,
+                           float4 (*ring)[32], int lane) {
   float4 acc = make_float4(0, 0, 0, 0);
 #pragma unroll
-  for (int s = 0; s < S; ++s) {
-    if (lo + s < hi) cp16(&ring[wib][s][lane], w + idx[lo + s] * (DIM / 4) + lane);
+  for (int s = 0; s < D; ++s) {
+    if (lo + s < hi) cp16(&ring[s][lane], w + idx[lo + s] * (DIM / 4) + lane);
     commit();
   }
-  for (long long j = lo; j < hi; j += S) {
+  for (long long j = lo; j < hi; j += D) {
 #pragma unroll
-    for (int s = 0; s < S; ++s) {
-      wait_group<S - 1>();
-      if (j + s < hi) {
-        float4 x = ring[wib][s][lane];
-        acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
-      }
-      if (j + s + S < hi) cp16(&ring[wib][s][lane], w + idx[j + s + S] * (DIM / 4) + lane);
+    for (int s = 0; s < D; ++s) {
+      wait_group<D - 1>();
+      if (j + s < hi) add(acc, ring[s][lane]);
+      if (j + s + D < hi) cp16(&ring[s][lane], w + idx[j + s + D] * (DIM / 4) + lane);
       commit();
     }
   }
-  out[warp * 32 + lane] = acc.x + acc.y + acc.z + acc.w;
+  return acc;
 }
 
-// ---------------------------------------------------------------- bags: one warp per chunk of C entries, plain loads (as the winner)
-template <int U, int C>
-__global__ void bags_plain(const float4* __restrict__ w, const long long* __restrict__ idx, const long long* __restrict__ offs,
-                           long long bags, long long n, int splits, float4* __restrict__ partial, float4* __restrict__ out) {
+// Warp g's entries: with C == 0 the ids split evenly over all warps (flat: no bags, perfect
+// balance), else chunk g % splits of bag g / splits (C entries, as the `split` variants). Its sum
+// goes to out[g] (no pass that adds a bag's chunks: the same bytes written by every kernel here).
+template <bool RING, int D, int C, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) gather(const float4* __restrict__ w, const long long* __restrict__ idx,
+                                                  const long long* __restrict__ offs, long long bags, long long n,
+                                                  int splits, float4* __restrict__ out) {
+  __shared__ float4 ring[RING ? WARPS : 1][RING ? D : 1][32];
   const int lane = threadIdx.x % 32;
   const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const long long bag = g / splits, chunk = g % splits;
-  if (bag >= bags) return;
-  const long long start = offs[bag], end = bag + 1 < bags ? offs[bag + 1] : n;
-  const long long first = start + chunk * C;
-  if (chunk > 0 && first >= end) return;
-  const long long last = min(end, first + C);
-  float4 acc = make_float4(0, 0, 0, 0);
-  for (long long j = first; j < last; j += U) {
-    float4 x[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      long long r = j + u < last ? idx[j + u] : -1;
-      x[u] = r >= 0 ? w[r * (DIM / 4) + lane] : make_float4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc.x += x[u].x, acc.y += x[u].y, acc.z += x[u].z, acc.w += x[u].w;
+  long long lo, hi;
+  if (C == 0) {
+    const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
+    lo = min(n, g * per), hi = min(n, lo + per);
+  } else {
+    const long long bag = g / splits, chunk = g % splits;
+    if (bag >= bags) return;
+    const long long start = offs[bag], end = bag + 1 < bags ? offs[bag + 1] : n;
+    lo = start + chunk * C;
+    if (chunk > 0 && lo >= end) return;
+    hi = min(end, lo + C);
   }
-  partial[g * 32 + lane] = acc;  // no combine: the same bytes written for every variant here
-}
-
-// ---------------------------------------------------------------- bags: cp.async ring
-template <int S, int C, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32) bags_cpasync(const float4* __restrict__ w, const long long* __restrict__ idx,
-                                                        const long long* __restrict__ offs, long long bags, long long n,
-                                                        int splits, float4* __restrict__ partial) {
-  __shared__ float4 ring[WARPS][S][32];
-  const int lane = threadIdx.x % 32, wib = threadIdx.x / 32;
-  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const long long bag = g / splits, chunk = g % splits;
-  if (bag >= bags) return;
-  const long long start = offs[bag], end = bag + 1 < bags ? offs[bag + 1] : n;
-  const long long first = start + chunk * C;
-  if (chunk > 0 && first >= end) return;
-  const long long last = min(end, first + C);
-  float4 acc = make_float4(0, 0, 0, 0);
-#pragma unroll
-  for (int s = 0; s < S; ++s) {
-    if (first + s < last) cp16(&ring[wib][s][lane], w + idx[first + s] * (DIM / 4) + lane);
-    commit();
-  }
-  for (long long j = first; j < last; j += S) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      wait_group<S - 1>();
-      if (j + s < last) {
-        float4 x = ring[wib][s][lane];
-        acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
-      }
-      if (j + s + S < last) cp16(&ring[wib][s][lane], w + idx[j + s + S] * (DIM / 4) + lane);
-      commit();
-    }
-  }
-  partial[g * 32 + lane] = acc;
+  out[g * 32 + lane] = RING ? sum_ring<D>(w, idx, lo, hi, ring[threadIdx.x / 32], lane) : sum_plain<D>(w, idx, lo, hi, lane);
 }
 
 // ---------------------------------------------------------------- streaming read and copy
 __global__ void read_all(const float4* __restrict__ a, long long n4, float* out) {
   float4 acc = make_float4(0, 0, 0, 0);
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {
-    float4 x = a[i];
-    acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
-  }
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x)
+    add(acc, a[i]);
   if (acc.x == 12345.f) out[0] = acc.y;
 }
 __global__ void copy_all(const float4* __restrict__ a, float4* __restrict__ b, long long n4) {
@@ -214,95 +160,65 @@ int main() {
   std::vector<long long> idx(n);
   for (auto& r : idx) r = (long long)(rng() % ROWS);
   printf("ids %lld, max bag %d, rows moved %.1f MB\n", n, maxlen, n * 512.0 / 1e6);
-  float *w, *out;
+  float* w;
+  float4 *out, *dst;
   long long *didx, *doffs;
+  const long long n4 = n * 512 / 16;
   CK(cudaMalloc(&w, ROWS * DIM * 4));
   CK(cudaMalloc(&didx, n * 8));
   CK(cudaMalloc(&doffs, bags * 8));
-  CK(cudaMalloc(&out, 64 << 20));
+  CK(cudaMalloc(&out, bags * 16 * 32 * 16));  // a float4 per lane of every warp or chunk
+  CK(cudaMalloc(&dst, n4 * 16));
   fill<<<sms * 8, 256>>>(w, ROWS * DIM);
   CK(cudaMemcpy(didx, idx.data(), n * 8, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(doffs, offs.data(), bags * 8, cudaMemcpyHostToDevice));
   const float4* w4 = reinterpret_cast<const float4*>(w);
   const double mb = n * 512.0 / 1e6;
-  auto report = [&](const char* name, float us) { printf("%-44s %8.1f us  %5.2f TB/s\n", name, us, mb / us); };
+  auto report = [&](const char* name, float us) { printf("%-50s %8.1f us  %5.2f TB/s\n", name, us, mb / us); };
 
-  long long n4 = (long long)(n * 512 / 16);
-  float4* dst;
-  CK(cudaMalloc(&dst, n4 * 16));
-  report("stream read (same bytes)", time_us([&] { read_all<<<sms * 16, 256>>>(w4, n4, out); }));
+  report("stream read (same bytes)", time_us([&] { read_all<<<sms * 16, 256>>>(w4, n4, &out[0].x); }));
   report("stream copy (same bytes; TB/s of the read)", time_us([&] { copy_all<<<sms * 16, 256>>>(w4, dst, n4); }));
 
-  for (int wpsm : {16, 32, 48, 64}) {
-    int blocks = sms * wpsm / 8;
-    char name[64];
-    snprintf(name, 64, "flat plain U4 %d warps/SM", wpsm);
-    report(name, time_us([&] { flat_plain<4><<<blocks, 256>>>(w4, didx, n, out); }));
-    snprintf(name, 64, "flat plain U8 %d warps/SM", wpsm);
-    report(name, time_us([&] { flat_plain<8><<<blocks, 256>>>(w4, didx, n, out); }));
-    snprintf(name, 64, "flat plain U16 %d warps/SM", wpsm);
-    report(name, time_us([&] { flat_plain<16><<<blocks, 256>>>(w4, didx, n, out); }));
+  // name, kernel, warps per block, and warps per SM (flat) or entries per chunk (bags)
+  using Kernel = void (*)(const float4*, const long long*, const long long*, long long, long long, int, float4*);
+  struct Config { const char* name; Kernel k; int warps, size; };
+  const Config configs[] = {
+      {"flat plain U4", gather<false, 4, 0, 8>, 8, 16}, {"flat plain U16", gather<false, 16, 0, 8>, 8, 16},
+      {"flat plain U4", gather<false, 4, 0, 8>, 8, 32}, {"flat plain U8", gather<false, 8, 0, 8>, 8, 32},
+      {"flat plain U16", gather<false, 16, 0, 8>, 8, 32}, {"flat plain U8", gather<false, 8, 0, 8>, 8, 48},
+      {"flat plain U4", gather<false, 4, 0, 8>, 8, 64}, {"flat plain U8", gather<false, 8, 0, 8>, 8, 64},
+      {"flat cp.async S8", gather<true, 8, 0, 8>, 8, 16}, {"flat cp.async S16", gather<true, 16, 0, 4>, 4, 16},
+      {"flat cp.async S8", gather<true, 8, 0, 8>, 8, 32}, {"flat cp.async S16", gather<true, 16, 0, 4>, 4, 32},
+      {"flat cp.async S8", gather<true, 8, 0, 8>, 8, 48}, {"flat cp.async S8", gather<true, 8, 0, 8>, 8, 64},
+      {"bags plain U4", gather<false, 4, 32, 4>, 4, 32}, {"bags plain U8", gather<false, 8, 32, 4>, 4, 32},
+      {"bags cp.async S8", gather<true, 8, 32, 4>, 4, 32}, {"bags cp.async S16", gather<true, 16, 32, 4>, 4, 32},
+      {"bags plain U4", gather<false, 4, 64, 4>, 4, 64}, {"bags plain U8", gather<false, 8, 64, 4>, 4, 64},
+      {"bags plain U16", gather<false, 16, 64, 4>, 4, 64}, {"bags cp.async S8", gather<true, 8, 64, 4>, 4, 64},
+      {"bags cp.async S16", gather<true, 16, 64, 4>, 4, 64}, {"bags cp.async S32", gather<true, 32, 64, 2>, 2, 64},
+  };
+  for (const Config& c : configs) {
+    const bool flat = c.name[0] == 'f';
+    const int splits = flat ? 1 : (maxlen + c.size - 1) / c.size;
+    const long long blocks = flat ? (long long)sms * c.size / c.warps : (bags * splits + c.warps - 1) / c.warps;
+    char name[80];
+    snprintf(name, sizeof name, flat ? "%s, %d warps/SM" : "%s, chunks of %d, %d warps a block", c.name, c.size,
+             c.warps);
+    report(name, time_us([&] { c.k<<<blocks, c.warps * 32>>>(w4, didx, doffs, bags, n, splits, out); }));
   }
-  for (int wpsm : {16, 32, 48, 64}) {
-    int blocks = sms * wpsm / 8;
-    char name[64];
-    snprintf(name, 64, "flat cp.async S8 %d warps/SM", wpsm);
-    report(name, time_us([&] { flat_cpasync<8, 8><<<blocks, 256>>>(w4, didx, n, out); }));
-    if (wpsm <= 48) {
-      snprintf(name, 64, "flat cp.async S16 %d warps/SM", wpsm);
-      report(name, time_us([&] { flat_cpasync<16, 4><<<blocks * 2, 128>>>(w4, didx, n, out); }));
-    }
-  }
-  float4* partial;
-  CK(cudaMalloc(&partial, (long long)bags * 16 * 32 * 16));
-  for (int C : {32, 64}) {
-    int splits = (maxlen + C - 1) / C;
-    long long groups = bags * splits;
-    char name[64];
-    auto blocks = [&](int warps) { return (int)((groups + warps - 1) / warps); };
-    if (C == 64) {
-      snprintf(name, 64, "bags plain U4 C64 b128");
-      report(name, time_us([&] { bags_plain<4, 64><<<blocks(4), 128>>>(w4, didx, doffs, bags, n, splits, partial, nullptr); }));
-      snprintf(name, 64, "bags plain U8 C64 b128");
-      report(name, time_us([&] { bags_plain<8, 64><<<blocks(4), 128>>>(w4, didx, doffs, bags, n, splits, partial, nullptr); }));
-      snprintf(name, 64, "bags plain U16 C64 b128");
-      report(name, time_us([&] { bags_plain<16, 64><<<blocks(4), 128>>>(w4, didx, doffs, bags, n, splits, partial, nullptr); }));
-      snprintf(name, 64, "bags cp.async S8 C64 b128");
-      report(name, time_us([&] { bags_cpasync<8, 64, 4><<<blocks(4), 128>>>(w4, didx, doffs, bags, n, splits, partial); }));
-      snprintf(name, 64, "bags cp.async S16 C64 b128");
-      report(name, time_us([&] { bags_cpasync<16, 64, 4><<<blocks(4), 128>>>(w4, didx, doffs, bags, n, splits, partial); }));
-      snprintf(name, 64, "bags cp.async S32 C64 b64");
-      report(name, time_us([&] { bags_cpasync<32, 64, 2><<<blocks(2), 64>>>(w4, didx, doffs, bags, n, splits, partial); }));
-    } else {
-      snprintf(name, 64, "bags plain U4 C32 b128");
-      report(name, time_us([&] { bags_plain<4, 32><<<blocks(4), 128>>>(w4, didx, doffs, bags, n, splits, partial, nullptr); }));
-      snprintf(name, 64, "bags plain U8 C32 b128");
-      report(name, time_us([&] { bags_plain<8, 32><<<blocks(4), 128>>>(w4, didx, doffs, bags, n, splits, partial, nullptr); }));
-      snprintf(name, 64, "bags cp.async S8 C32 b128");
-      report(name, time_us([&] { bags_cpasync<8, 32, 4><<<blocks(4), 128>>>(w4, didx, doffs, bags, n, splits, partial); }));
-      snprintf(name, 64, "bags cp.async S16 C32 b128");
-      report(name, time_us([&] { bags_cpasync<16, 32, 4><<<blocks(4), 128>>>(w4, didx, doffs, bags, n, splits, partial); }));
-    }
-  }
-  {  // the ring kernels sum the same rows in the same order as the plain ones: equal bits
-    float *o1, *o2;
-    CK(cudaMalloc(&o1, 1 << 22));
-    CK(cudaMalloc(&o2, 1 << 22));
-    int blocks = sms * 32 / 8;
-    flat_plain<4><<<blocks, 256>>>(w4, didx, n, o1);
-    flat_cpasync<8, 8><<<blocks, 256>>>(w4, didx, n, o2);
-    printf("flat cp.async == plain: %d\n", (int)same(o1, o2, blocks * 256LL));
-    int splits = (maxlen + 63) / 64;
-    long long groups = bags * splits;
-    float4 *p1, *p2;
-    CK(cudaMalloc(&p1, groups * 32 * 16));
-    CK(cudaMalloc(&p2, groups * 32 * 16));
-    CK(cudaMemset(p1, 0, groups * 32 * 16));
-    CK(cudaMemset(p2, 0, groups * 32 * 16));
-    bags_plain<1, 64><<<(groups + 3) / 4, 128>>>(w4, didx, doffs, bags, n, splits, p1, nullptr);
-    bags_cpasync<16, 64, 4><<<(groups + 3) / 4, 128>>>(w4, didx, doffs, bags, n, splits, p2);
-    printf("bags cp.async == plain: %d\n", (int)same(p1, p2, groups * 32));
-  }
+
+  // the ring adds the same rows in the same order as plain loads: equal bits, flat and per chunk
+  float4* other;
+  CK(cudaMalloc(&other, bags * 16 * 32 * 16));
+  const long long words = bags * 16 * 32 * 4;
+  CK(cudaMemset(out, 0, words * 4));
+  CK(cudaMemset(other, 0, words * 4));
+  gather<false, 4, 0, 8><<<sms * 4, 256>>>(w4, didx, doffs, bags, n, 1, out);
+  gather<true, 8, 0, 8><<<sms * 4, 256>>>(w4, didx, doffs, bags, n, 1, other);
+  const bool flat_same = same(&out[0].x, &other[0].x, words);
+  const int splits = (maxlen + 63) / 64;
+  gather<false, 1, 64, 4><<<(bags * splits + 3) / 4, 128>>>(w4, didx, doffs, bags, n, splits, out);
+  gather<true, 16, 64, 4><<<(bags * splits + 3) / 4, 128>>>(w4, didx, doffs, bags, n, splits, other);
+  printf("cp.async ring == plain loads: flat %d, per chunk %d\n", (int)flat_same, (int)same(&out[0].x, &other[0].x, words));
   CK(cudaDeviceSynchronize());
   return 0;
 }
