@@ -354,6 +354,11 @@ def test_finalists_that_fail_their_whole_check_never_win(small, monkeypatch, cap
     assert set(st.user_attrs["rejected"]) == set(by_speed[:3])
     assert report.winner["variant"] == by_speed[3] and export._winner(st)["variant"].name == by_speed[3]
     assert capsys.readouterr().err.count("rejected, its whole build failed its check: wrong result") == 3
+    from tuner import cli_studies
+
+    shown = cli_studies._show(st, 5)
+    assert "finalists rejected by their whole check (3), never exported:" in shown
+    assert f"  {by_speed[0]}: wrong result: forward max" in shown
 
     # a search stopped before its finalists: nothing checked whole to export, so it says what to do
     st.set_user_attr("winner", None)

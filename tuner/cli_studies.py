@@ -44,6 +44,10 @@ def _show(st, k: int) -> str:
                 for r in retimed]
         lines.append("\nre-timed, interleaved (the winner is the first):")
         lines.append(pd.DataFrame(rows).round(2).to_string(index=False))
+    rejected = st.user_attrs.get("rejected") or {}
+    if rejected:  # finalists whose whole build failed the check of every mode (tuner.search.finalists)
+        lines.append(f"\nfinalists rejected by their whole check ({len(rejected)}), never exported:")
+        lines += [f"  {name}: {why[:200]}" for name, why in rejected.items()]
     done = frame[frame["state"] == "COMPLETE"]
     lines.append(f"\nmedian objective of all {len(done)} verified trials: {done['objective_us'].median():.2f} us")
     return "\n".join(lines)
