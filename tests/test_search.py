@@ -366,6 +366,30 @@ def test_finalists_that_fail_their_whole_check_never_win(small, monkeypatch, cap
         export._winner(st)
 
 
+def test_the_likely_finalists_are_built_whole_while_the_last_batch_is_evaluated(small, monkeypatch):
+    from tuner import evaluate
+
+    fam, path = small
+    _failing_whole_checks(monkeypatch, fam, lambda r, name: False)
+    builds = []
+    real = evaluate.SimulatedEvaluator.prepare
+
+    def prepare(self, variants, whole=False):
+        builds.append((whole, sorted(v.name for v in variants)))
+        return real(self, variants, whole)
+
+    monkeypatch.setattr(evaluate.SimulatedEvaluator, "prepare", prepare)
+    report = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path,
+                                            progress=False, seed=1, sampler="grid", top_k=3, batch=4, prune=False))
+    st = study.load(report.study_name)
+    first = [t.user_attrs["variant"] for t in st.get_trials() if t.number < 4]
+    ok = study.top(study.trials_frame(st, fam.space()), 8)
+    early = sorted(ok[ok["variant"].isin(first)]["variant"][:3])
+    assert [b for b in builds if b[0]] == [(True, early), (True, sorted(ok["variant"][:3]))]
+    # the search's own builds came first, in two batches of 4, then the ahead one with the last batch
+    assert [len(b[1]) for b in builds if not b[0]] == [4, 4]
+
+
 def test_no_winner_when_every_finalist_fails_its_whole_check(small, monkeypatch):
     fam, path = small
     rounds = _failing_whole_checks(monkeypatch, fam, lambda r, name: True)

@@ -5,7 +5,9 @@ those timings rather than on the search's single measurement of each.
 A family whose search builds and checks only what its problem runs (`FINALISTS_WHOLE`: an
 EmbeddingBag search has its problem's mode alone) has its finalists built whole, as the export
 builds them, and checked in full before they are timed: one that fails is rejected (kept in the
-study's `rejected`, never the winner) and the next best takes its place."""
+study's `rejected`, never the winner) and the next best takes its place. The best few so far are
+built whole while the last batch is evaluated (`Search._likely_finalists`), so that most of these
+builds are found done."""
 
 from __future__ import annotations
 

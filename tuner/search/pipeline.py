@@ -84,6 +84,7 @@ class Search:
         pending = None  # [(piece of a batch's new trials, future of their builds)]: compiles while the GPU works
         waiting: list = []  # trials whose variant another process is evaluating right now
         others_deadline = None
+        ahead = False  # the likely finalists' whole builds started (`_finalists_ahead`)
         try:
             while True:
                 following = None
@@ -124,6 +125,11 @@ class Search:
                     self._evaluate_pieces(following)
                     following = None
                 if pending is not None:
+                    if following is None and not ahead and getattr(self.family, "FINALISTS_WHOLE", False):
+                        ahead = True  # the last batch: the compiler is idle while the GPU evaluates it
+                        likely = self._likely_finalists()
+                        if likely:
+                            pool.submit(self._prepare, likely, True)
                     self._evaluate_pieces(pending)
                 pending = following
             if waiting:  # still waiting at the deadline: evaluate them here
@@ -160,6 +166,14 @@ class Search:
         self.report.spans.append(("compile", started, time.monotonic()))
         self.report.compiled += sum(1 for b in prepared.values() if b.get("compiled"))
         return prepared
+
+    def _likely_finalists(self) -> list[Variant]:
+        """The best few so far: built whole (`FINALISTS_WHOLE`) while the last batch is evaluated,
+        most of them are the finalists, whose whole builds are then found done."""
+        ok = {name: objective_value(result, self.cfg.objective) for name, (_, result) in self.book.results.items()
+              if result.get("status") == "ok" and "fwd" in result}
+        best = set(sorted(ok, key=ok.get)[:self.cfg.top_k])
+        return [v for v in self.space if v.name in best]
 
     def _evaluate_pieces(self, pieces) -> None:
         for part, built in pieces:
