@@ -353,7 +353,7 @@ def test_finalists_that_fail_their_whole_check_never_win(small, monkeypatch, cap
     assert rounds == [by_speed[:3], by_speed[3:6]]
     assert set(st.user_attrs["rejected"]) == set(by_speed[:3])
     assert report.winner["variant"] == by_speed[3] and export._winner(st)["variant"].name == by_speed[3]
-    assert capsys.readouterr().err.count("rejected, its whole build failed its check: wrong result") == 3
+    assert capsys.readouterr().err.count("rejected by its whole check: wrong result: forward max") == 3
     from tuner import cli_studies
 
     shown = cli_studies._show(st, 5)

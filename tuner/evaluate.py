@@ -176,7 +176,7 @@ class LiveEvaluator(Evaluator):
     def retime(self, variants, prepared, objective, whole=False):
         jobs = [{"so": prepared[v.name]["so"], "entry": prepared[v.name].get("entry"), "name": v.name}
                 for v in variants if prepared[v.name]["so"]]
-        failed = {v.name: {"failed": f"its whole build failed: {prepared[v.name].get('message', '')}"}
+        failed = {v.name: {"failed": f"compile error: {prepared[v.name].get('message', '')}"}
                   for v in variants if not prepared[v.name]["so"]}
         if whole:  # one job each: a finalist that crashes in another mode costs only itself
             for job in list(jobs):

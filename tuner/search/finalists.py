@@ -41,8 +41,8 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
                 continue
             if "failed" in t:
                 rejected[v.name] = t["failed"]
-                print(f"{report.study_name}: finalist {v.name} rejected, its whole build failed its check: "
-                      f"{t['failed'][:300]}", file=sys.stderr)
+                print(f"{report.study_name}: finalist {v.name} rejected by its whole check: {t['failed'][:300]}",
+                      file=sys.stderr)
                 continue
             rows.append({"variant": v.name, "params": space.tuned(v), **t,
                          "objective_us": objective_value(t, cfg.objective)})

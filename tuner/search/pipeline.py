@@ -84,7 +84,7 @@ class Search:
         pending = None  # [(piece of a batch's new trials, future of their builds)]: compiles while the GPU works
         waiting: list = []  # trials whose variant another process is evaluating right now
         others_deadline = None
-        ahead = False  # the likely finalists' whole builds started (`_finalists_ahead`)
+        ahead = False  # the likely finalists' whole builds started (`_likely_finalists`)
         try:
             while True:
                 following = None
