@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <random>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
@@ -93,6 +94,84 @@ __global__ void __launch_bounds__(WARPS * 32) gather(const float4* __restrict__ 
     hi = min(end, lo + C);
   }
   out[g * 32 + lane] = RING ? sum_ring<D>(w, idx, lo, hi, ring[threadIdx.x / 32], lane) : sum_plain<D>(w, idx, lo, hi, lane);
+}
+
+// ---------------------------------------------------------------- whole bags' sums (sum mode)
+// out[bag] whole, as the op's forward gives it, two ways. offs holds bags + 1 entries (the end).
+// The arrival counts go back to zero, as the op's do, so that launches can follow each other.
+
+// The last of a bag's pieces to arrive adds them in order (slot(t): where piece t was written).
+template <typename Slot>
+__device__ __forceinline__ void combine(long long bag, int pieces, Slot slot, const float4* partials,
+                                        unsigned* arrivals, float4* out, int lane) {
+  __threadfence();
+  __syncwarp();
+  unsigned arrived = 0;
+  if (lane == 0) arrived = atomicAdd(arrivals + bag, 1u);
+  if (__shfl_sync(0xffffffffu, arrived, 0) != (unsigned)(pieces - 1)) return;
+  __threadfence();
+  if (lane == 0) arrivals[bag] = 0;
+  float4 total = __ldcg(partials + slot(0) * 32 + lane);
+  for (int t = 1; t < pieces; ++t) add(total, __ldcg(partials + slot(t) * 32 + lane));
+  out[bag * 32 + lane] = total;
+}
+
+// As the `split` variants: a warp per chunk of C entries of one bag, partials combined in order.
+template <int U, int C>
+__global__ void __launch_bounds__(128) per_chunk(const float4* __restrict__ w, const long long* __restrict__ idx,
+                                                 const long long* __restrict__ offs, long long bags, int splits,
+                                                 float4* partials, unsigned* arrivals, float4* out) {
+  const int lane = threadIdx.x % 32;
+  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const long long bag = g / splits, chunk = g % splits;
+  if (bag >= bags) return;
+  const long long start = offs[bag], end = offs[bag + 1];
+  const int chunks = max(1LL, (end - start + C - 1) / C);
+  if (chunk >= chunks) return;
+  const long long lo = start + chunk * C, hi = chunk + 1 == chunks ? end : lo + C;
+  const float4 acc = sum_plain<U>(w, idx, lo, hi, lane);
+  if (chunks == 1) {
+    out[bag * 32 + lane] = acc;
+    return;
+  }
+  partials[g * 32 + lane] = acc;
+  combine(bag, chunks, [&](int t) { return g - chunk + t; }, partials, arrivals, out, lane);
+}
+
+// Flat: warp g takes entries [g * C, g * C + C) whatever the bags (every warp the same work), finds
+// the bag of its first entry by a binary search over the offsets, and sums each bag's segment in
+// turn: a bag inside its chunk is written whole, a piece of a longer one goes to slot 0 (the
+// chunk's first segment) or 1 (its last) and the bag's pieces are combined in chunk order. Empty
+// bags are left to the caller (zeros).
+template <int U, int C>
+__global__ void __launch_bounds__(128) flat_bags(const float4* __restrict__ w, const long long* __restrict__ idx,
+                                                 const long long* __restrict__ offs, long long bags, long long n,
+                                                 float4* partials, unsigned* arrivals, float4* out) {
+  const int lane = threadIdx.x % 32;
+  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const long long lo = g * C;
+  if (lo >= n) return;
+  const long long hi = min(n, lo + C);
+  long long a = 0, z = bags - 1;  // the last bag starting at or before lo
+  while (a < z) {
+    const long long m = (a + z + 1) / 2;
+    if (offs[m] <= lo) a = m; else z = m - 1;
+  }
+  for (long long b = a, j = lo; j < hi; ++b) {
+    const long long bs = offs[b], be = offs[b + 1];
+    if (be <= j) continue;  // an empty bag
+    const long long seg = min(hi, be);
+    const float4 acc = sum_plain<U>(w, idx, j, seg, lane);
+    j = seg;
+    if (bs >= lo && be <= hi) {
+      out[b * 32 + lane] = acc;
+      continue;
+    }
+    partials[(g * 2 + (bs <= lo ? 0 : 1)) * 32 + lane] = acc;
+    const long long first = bs / C;
+    combine(b, (int)((be - 1) / C - first + 1),
+            [&](int t) { return (first + t) * 2 + (t == 0 && bs != first * C ? 1 : 0); }, partials, arrivals, out, lane);
+  }
 }
 
 // ---------------------------------------------------------------- streaming read and copy
@@ -204,6 +283,68 @@ int main() {
     snprintf(name, sizeof name, flat ? "%s, %d warps/SM" : "%s, chunks of %d, %d warps a block", c.name, c.size,
              c.warps);
     report(name, time_us([&] { c.k<<<blocks, c.warps * 32>>>(w4, didx, doffs, bags, n, splits, out); }));
+  }
+
+  // whole bags: the per-chunk kernel (as the `split` variants) and the flat one, both checked
+  // against the sums in double on the host first
+  long long* dends;
+  unsigned* arrivals;
+  float4 *partials, *whole;
+  CK(cudaMalloc(&dends, (bags + 1) * 8));
+  CK(cudaMalloc(&arrivals, bags * 4));
+  CK(cudaMalloc(&partials, (n / 16 + bags * 16) * 32 * 16));
+  CK(cudaMalloc(&whole, bags * 32 * 16));
+  CK(cudaMemset(arrivals, 0, bags * 4));
+  offs.push_back(n);
+  CK(cudaMemcpy(dends, offs.data(), (bags + 1) * 8, cudaMemcpyHostToDevice));
+  auto weight = [](long long i) {
+    unsigned long long h = (unsigned long long)i * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    return (double)(float)((float)(h % 2001) / 1000.f - 1.f);
+  };
+  std::vector<double> want(bags * DIM, 0.0);
+  for (long long b = 0; b < bags; ++b)
+    for (long long j = offs[b]; j < offs[b + 1]; ++j)
+      for (int f = 0; f < DIM; ++f) want[b * DIM + f] += weight(idx[j] * DIM + f);
+  auto check = [&](const char* name) {
+    std::vector<float> got(bags * DIM);
+    CK(cudaMemcpy(got.data(), whole, bags * DIM * 4, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (long long i = 0; i < bags * DIM; ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i])));
+    if (worst > 1e-4) {
+      printf("%s: WRONG, error %.3g\n", name, worst);
+      exit(1);
+    }
+  };
+  using Bags = void (*)(const float4*, const long long*, const long long*, long long, int, float4*, unsigned*, float4*);
+  using Flat = void (*)(const float4*, const long long*, const long long*, long long, long long, float4*, unsigned*, float4*);
+  const struct { const char* name; Bags k; int chunk, unroll; } chunked[] = {
+      {"per chunk + combine", per_chunk<4, 32>, 32, 4}, {"per chunk + combine", per_chunk<8, 32>, 32, 8},
+      {"per chunk + combine", per_chunk<4, 64>, 64, 4}, {"per chunk + combine", per_chunk<8, 64>, 64, 8}};
+  for (const auto& c : chunked) {
+    const int splits = (maxlen + c.chunk - 1) / c.chunk;
+    auto run = [&] { c.k<<<(bags * splits + 3) / 4, 128>>>(w4, didx, dends, bags, splits, partials, arrivals, whole); };
+    run();
+    CK(cudaDeviceSynchronize());
+    check(c.name);
+    char name[80];
+    snprintf(name, sizeof name, "%s, chunks of %d, U%d", c.name, c.chunk, c.unroll);
+    report(name, time_us(run));
+  }
+  const struct { const char* name; Flat k; int chunk, unroll; } flats[] = {
+      {"flat + combine", flat_bags<4, 32>, 32, 4}, {"flat + combine", flat_bags<8, 32>, 32, 8},
+      {"flat + combine", flat_bags<4, 64>, 64, 4}, {"flat + combine", flat_bags<8, 64>, 64, 8},
+      {"flat + combine", flat_bags<8, 128>, 128, 8}};
+  for (const auto& c : flats) {
+    const long long warps = (n + c.chunk - 1) / c.chunk;
+    auto run = [&] { c.k<<<(warps + 3) / 4, 128>>>(w4, didx, dends, bags, n, partials, arrivals, whole); };
+    CK(cudaMemset(whole, 0, bags * 32 * 16));  // empty bags: zeros, written by nobody here
+    run();
+    CK(cudaDeviceSynchronize());
+    check(c.name);
+    char name[80];
+    snprintf(name, sizeof name, "%s, chunks of %d, U%d", c.name, c.chunk, c.unroll);
+    report(name, time_us(run));
   }
 
   // the ring adds the same rows in the same order as plain loads: equal bits, flat and per chunk
