@@ -321,30 +321,29 @@ int main() {
   const struct { const char* name; Bags k; int chunk, unroll; } chunked[] = {
       {"per chunk + combine", per_chunk<4, 32>, 32, 4}, {"per chunk + combine", per_chunk<8, 32>, 32, 8},
       {"per chunk + combine", per_chunk<4, 64>, 64, 4}, {"per chunk + combine", per_chunk<8, 64>, 64, 8}};
-  for (const auto& c : chunked) {
-    const int splits = (maxlen + c.chunk - 1) / c.chunk;
-    auto run = [&] { c.k<<<(bags * splits + 3) / 4, 128>>>(w4, didx, dends, bags, splits, partials, arrivals, whole); };
-    run();
-    CK(cudaDeviceSynchronize());
-    check(c.name);
-    char name[80];
-    snprintf(name, sizeof name, "%s, chunks of %d, U%d", c.name, c.chunk, c.unroll);
-    report(name, time_us(run));
-  }
   const struct { const char* name; Flat k; int chunk, unroll; } flats[] = {
       {"flat + combine", flat_bags<4, 32>, 32, 4}, {"flat + combine", flat_bags<8, 32>, 32, 8},
       {"flat + combine", flat_bags<4, 64>, 64, 4}, {"flat + combine", flat_bags<8, 64>, 64, 8},
       {"flat + combine", flat_bags<8, 128>, 128, 8}};
-  for (const auto& c : flats) {
-    const long long warps = (n + c.chunk - 1) / c.chunk;
-    auto run = [&] { c.k<<<(warps + 3) / 4, 128>>>(w4, didx, dends, bags, n, partials, arrivals, whole); };
-    CK(cudaMemset(whole, 0, bags * 32 * 16));  // empty bags: zeros, written by nobody here
+  // each kernel checked first (empty bags: zeros, which the flat kernel leaves to its caller), then timed
+  auto measure = [&](const char* label, int chunk, int unroll, auto run) {
+    CK(cudaMemset(whole, 0, bags * 32 * 16));
     run();
     CK(cudaDeviceSynchronize());
-    check(c.name);
+    check(label);
     char name[80];
-    snprintf(name, sizeof name, "%s, chunks of %d, U%d", c.name, c.chunk, c.unroll);
+    snprintf(name, sizeof name, "%s, chunks of %d, U%d", label, chunk, unroll);
     report(name, time_us(run));
+  };
+  for (const auto& c : chunked) {
+    const int splits = (maxlen + c.chunk - 1) / c.chunk;
+    measure(c.name, c.chunk, c.unroll, [&] {
+      c.k<<<(bags * splits + 3) / 4, 128>>>(w4, didx, dends, bags, splits, partials, arrivals, whole);
+    });
+  }
+  for (const auto& c : flats) {
+    const long long warps = (n + c.chunk - 1) / c.chunk;
+    measure(c.name, c.chunk, c.unroll, [&] { c.k<<<(warps + 3) / 4, 128>>>(w4, didx, dends, bags, n, partials, arrivals, whole); });
   }
 
   // the ring adds the same rows in the same order as plain loads: equal bits, flat and per chunk
