@@ -52,7 +52,7 @@ def _winner(st) -> dict[str, Any]:
     if best.empty:
         raise TunerError(f"study {st.study_name!r} has no verified trial to export; run `tuner search` first")
     row = best.iloc[0]
-    by_name = {v.name: v for v in space}
+    by_name = space.by_name()
     winner = st.user_attrs.get("winner")
     if winner and winner["variant"] in by_name:
         variant = by_name[winner["variant"]]

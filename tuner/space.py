@@ -90,6 +90,10 @@ class Space:
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
+    def by_name(self) -> dict[str, Variant]:
+        """Every variant by its name (names read back from a study, a log or an export)."""
+        return {v.name: v for v in self}
+
     def __contains__(self, variant: Variant) -> bool:
         params = variant.as_dict()
         if any(params.get(k) != v for k, v in {**self.fixed, **self.flags}.items()):

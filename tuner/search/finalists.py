@@ -26,7 +26,7 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
         return
     whole = bool(getattr(families.get(space.family), "FINALISTS_WHOLE", False))
     rejected: dict[str, str] = dict(study.user_attrs.get("rejected", {}))
-    by_name = {v.name: v for v in space}
+    by_name = space.by_name()
     ranked = [by_name[name] for name in studies.top(frame, len(frame))["variant"] if name in by_name]
     rows: list[dict] = []
     while True:  # until a finalist passes, or none is left (one round without a check: no re-round)

@@ -172,8 +172,8 @@ class Search:
         most of them are the finalists, whose whole builds are then found done."""
         ok = {name: objective_value(result, self.cfg.objective) for name, (_, result) in self.book.results.items()
               if result.get("status") == "ok" and "fwd" in result}
-        best = set(sorted(ok, key=ok.get)[:self.cfg.top_k])
-        return [v for v in self.space if v.name in best]
+        by_name = self.space.by_name()
+        return [by_name[name] for name in sorted(ok, key=ok.get)[:self.cfg.top_k] if name in by_name]
 
     def _evaluate_pieces(self, pieces) -> None:
         for part, built in pieces:

@@ -178,7 +178,7 @@ class Book:
         import optuna
 
         known = {t.user_attrs.get("variant") for t in self.study.get_trials(deepcopy=False)}
-        by_name = {v.name: v for v in self.space}
+        by_name = self.space.by_name()
         gpu = self.gpu_info.get("gpu_name")
         added = 0
         for rec in records.read_some(Path(path), "--import-records"):
