@@ -243,3 +243,41 @@ def test_a_search_compiles_only_the_kernels_its_problem_runs(tuner_home, fresh_c
     assert "embedding_bag_forward_kernel<TUNER_EB_MAX>" in focused
     assert "embedding_bag_forward_kernel<TUNER_EB_SUM>" not in focused
     assert all(f"embedding_bag_forward_kernel<TUNER_EB_{m}>" in render.render(v) for m in ("SUM", "MEAN", "MAX"))
+
+
+def test_a_joined_variant_takes_its_forward_and_its_backward_from_two_variants(tuner_home, fresh_cache):
+    """EmbeddingBag's joined table (templates/embedding_bag/embedding_bag_joined.cu.j2): built alone
+    and in a unit with another joined variant and a plain one; what the op prepares for a
+    forward (split, validates) comes from the forward half, for a backward (sorted, piece) from
+    the backward half. The tables are read from the libraries (no GPU needed to load them)."""
+    import ctypes
+
+    from tuner.families import embedding_bag
+    from tuner.variant import Variant
+
+    by_name = embedding_bag.space("bfloat16").by_name()
+    block = by_name["embedding_bag.bfloat16.int64.kernel.block.8.1.b256.direct.sorted"]
+    split = by_name["embedding_bag.bfloat16.int64.none.subwarp.split32.8.1.b128.shared.sorted"]
+    joined, back = Variant.joined(block, split), Variant.joined(split, block)
+    assert render.render(joined).count("embedding_bag_forward_kernel<TUNER_EB_SUM>") == 2  # both halves, whole
+    with pytest.raises(ValueError, match="two plain variants"):
+        Variant.joined(joined, block)
+
+    class Table(ctypes.Structure):
+        _fields_ = [("abi", ctypes.c_int), ("name", ctypes.c_char_p), ("weight", ctypes.c_char_p),
+                    ("index", ctypes.c_char_p), ("vec", ctypes.c_int), ("validates", ctypes.c_int),
+                    ("sorted", ctypes.c_int), ("piece", ctypes.c_int), ("split", ctypes.c_int)]
+
+    def table(b):
+        fn = getattr(ctypes.CDLL(str(b.so)), b.entry or embedding_bag.ENTRY)
+        fn.restype = ctypes.POINTER(Table)
+        t = fn().contents
+        return t.name.decode(), t.validates, t.sorted, t.split
+
+    alone = build.build([joined], "sm_90", jobs=1, root=tuner_home / "alone")
+    unit = build.build([joined, back, block], "sm_90", jobs=1)
+    assert all(b.ok for b in alone + unit), [b.error for b in alone + unit]
+    assert unit[0].unit_size == 3 and alone[0].unit_size == 1
+    assert table(alone[0]) == table(unit[0]) == (joined.name, 1, 1, 0)  # block's forward validates, no split
+    assert table(unit[1]) == (back.name, 0, 1, 32)
+    assert table(unit[2]) == (block.name, 1, 1, 0)

@@ -283,8 +283,9 @@ def test_bad_indices_and_offsets_are_reported_not_read(kernels):
 
 @pytest.fixture(scope="module")
 def op(shared_home, tmp_path_factory):
-    """tuner.load of an artifact with winners per dtype pair: an atomic one for float32, a sorted one
-    for bfloat16 and one that cuts bags into chunks for float16; the int32 pairs get their parameters."""
+    """tuner.load of an artifact with winners per dtype pair: an atomic one for float32, for bfloat16
+    a block-per-bag forward joined to a sorted backward of another variant (`Variant.joined`), and
+    one that cuts bags into chunks for float16; the int32 pairs get their parameters."""
     import tuner
     from tuner import export, gpus
     from tuner.variant import Variant
@@ -296,7 +297,11 @@ def op(shared_home, tmp_path_factory):
         params = {"weight": weight, "index": "int64", "validation": validation, "mapping": "warp", "split": split,
                   "vec": 4, "unroll": 4, "block_size": 128, "staging": "shared", "backward": backward}
         problem = eb.Problem(weight=weight, mode="mean").__dict__
-        winners.append({"variant": Variant.of(eb.FAMILY, params), "problem": problem})
+        variant = Variant.of(eb.FAMILY, params)
+        if weight == "bfloat16":
+            variant = Variant.joined(variant.replace(mapping="block", vec=8, unroll=1, block_size=256,
+                                                     staging="direct"), variant)
+        winners.append({"variant": variant, "problem": problem})
     out = export.write(tmp_path_factory.mktemp("eb-artifact"), winners, gpus.attached().describe())
     return oploader.load(out, validate="sync")
 

@@ -90,6 +90,29 @@ def test_every_dtype_pair_is_bound():
     assert all(b["tuned_for"] == "" for b in pairs[("bfloat16", "uint8")])
 
 
+def test_a_joined_winner_is_exported_and_bound_for_untuned_pairs_by_halves(tmp_path):
+    """A winner joining one variant's forward to another's backward (EmbeddingBag, bfloat16):
+    its source holds both; an untuned dtype pair binds the nearest point to each half, joined."""
+    from tuner.families import embedding_bag
+    from tuner.variant import Variant
+
+    by_name = embedding_bag.space("bfloat16").by_name()
+    joined = Variant.joined(by_name["embedding_bag.bfloat16.int64.kernel.block.8.1.b256.direct.sorted"],
+                            by_name["embedding_bag.bfloat16.int64.none.subwarp.split32.8.1.b128.shared.sorted"])
+    problem = embedding_bag.Problem(weight="bfloat16").__dict__
+    out = export.write(tmp_path / "eb", [{"variant": joined, "problem": problem}], {"arch": "sm_90"}, binaries=False)
+    entry, = export.read(out)["entries"]
+    assert entry["variant"] == joined.name and entry["params"] == joined.as_dict()
+    source = (out / entry["source"]).read_text()
+    assert source.count("embedding_bag.bfloat16.int64.kernel.block.8.1.b256.direct.sorted") >= 2
+    bound = {(b["params"]["weight"], b["params"]["index"]): b for b in binaries.bound("embedding_bag", [entry])}
+    assert bound[("bfloat16", "int64")]["variant"] == joined.name
+    # each half moved to float32's nearest valid point (8 elements per load is over 16 bytes there)
+    assert bound[("float32", "int64")]["variant"] == ("embedding_bag.float32.int64.kernel.block.1.1.b256.direct."
+                                                      "sorted.bwd.float32.int64.none.subwarp.split32.1.1.b128.shared.sorted")
+    assert bound[("float16", "int32")]["tuned_for"] == "bfloat16/int64"
+
+
 def test_cpu_implementation_equals_the_reference(artifact):
     out, _ = artifact
     op = tuner.load(out)

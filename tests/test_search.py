@@ -401,6 +401,70 @@ def test_no_winner_when_every_finalist_fails_its_whole_check(small, monkeypatch)
     assert set(st.user_attrs["rejected"]) == set(complete) and len(complete) >= 4
 
 
+@pytest.fixture
+def opposed(small, tmp_path, monkeypatch):
+    """The toy family as one whose forward wants many items per thread and whose backward few
+    (as EmbeddingBag's 16-bit forward and sorted backward want different mappings), joinable."""
+    fam, _ = small
+    monkeypatch.setattr(fam, "JOINED_TEMPLATE", "never rendered in a simulation", raising=False)
+    gpu = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
+    path = tmp_path / "opposed.jsonl"
+    for v in fam.space():
+        fwd, bwd = 10.0 / v["items"] + v["block_size"] / 1000, 2.5 * v["items"] + v["block_size"] / 1000
+        records.append(path, {"problem": fam.Problem().key(), "variant": v.name, "gpu": gpu, "status": "ok",
+                              "fwd": {"median_us": fwd, "spread_us": 0.1}, "bwd": {"median_us": bwd, "spread_us": 0.1}})
+    return fam, path
+
+
+def test_the_best_forward_and_backward_are_joined_when_that_is_faster(opposed, capsys):
+    from tuner import cli_studies, export
+    from tuner.variant import Variant
+
+    fam, path = opposed
+    report = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path,
+                                            progress=False, seed=1, sampler="grid", top_k=2))
+    st = study.load(report.study_name)
+    by_name = fam.space().by_name()
+    fwd, bwd = by_name["scale_add.b64.4"], by_name["scale_add.b64.1"]
+    joined = Variant.joined(fwd, bwd)
+    assert joined.name == "scale_add.b64.4.bwd.b64.1" and joined.halves() == (fwd, bwd)
+    # the best two by the sum (2 items per thread), then the best forwards and backwards beside them
+    assert [r["variant"] for r in st.user_attrs["retimed"]][:3] == [joined.name, "scale_add.b64.2", "scale_add.b128.2"]
+    assert report.winner["halves"] == {"forward": fwd.name, "backward": bwd.name}
+    assert report.winner["objective_us"] == pytest.approx(2 * (2.5 + 0.064))
+    assert export._winner(st)["variant"] == joined
+    assert f"joined {joined.name}: 5.13 us vs the winner's 10.13 us" in capsys.readouterr().err
+    assert cli_studies._show(st, 3).split("re-timed, interleaved (the winner is the first):\n")[1].splitlines()[1] \
+        .split()[0] == joined.name
+
+
+def test_a_joined_variant_that_fails_its_check_is_rejected(opposed, monkeypatch):
+    from tuner import evaluate
+
+    fam, path = opposed
+    real = evaluate.SimulatedEvaluator.retime
+
+    def retime(self, variants, prepared, objective, whole=False):
+        out = real(self, variants, prepared, objective)
+        return {n: {"failed": "wrong result: backward sum"} if ".bwd." in n else t for n, t in out.items()}
+
+    monkeypatch.setattr(evaluate.SimulatedEvaluator, "retime", retime)
+    report = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path,
+                                            progress=False, seed=1, sampler="grid", top_k=2))
+    st = study.load(report.study_name)
+    assert report.winner["variant"] == "scale_add.b64.2" and "halves" not in report.winner
+    assert st.user_attrs["rejected"] == {"scale_add.b64.4.bwd.b64.1": "wrong result: backward sum"}
+
+
+def test_no_join_where_one_variant_has_the_best_forward_and_backward(small, monkeypatch):
+    fam, path = small  # forward and backward times alike
+    monkeypatch.setattr(fam, "JOINED_TEMPLATE", "never rendered in a simulation", raising=False)
+    report = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path,
+                                            progress=False, seed=1, sampler="grid", top_k=2))
+    assert ".bwd." not in report.winner["variant"] and "halves" not in report.winner
+    assert ".bwd." not in " ".join(r["variant"] for r in study.load(report.study_name).user_attrs["retimed"])
+
+
 def test_searchers_sharing_a_study_stop_when_the_space_is_measured(small, tuner_home):
     """The second searcher finds every variant taken by the first: it waits for them to finish
     instead of copying them, and both end with the space measured once."""

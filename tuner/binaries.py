@@ -23,7 +23,8 @@ from tuner.variant import Variant
 def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
     """The winners an op binds, in the order the binding gets them: per dtype pair of the family,
     its tuned entries, or for an untuned pair every entry's parameters rendered for it (the
-    nearest valid point), with `tuned_for` naming the pair they were tuned for."""
+    nearest valid point; of a joined variant, each half's), with `tuned_for` naming the pair
+    they were tuned for."""
     fam = families.get(family)
     out = []
     for space in fam.all_spaces():
@@ -33,10 +34,18 @@ def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
         if same:
             continue
         for e in entries:
-            v = space.nearest({d.name: e["params"][d.name] for d in space.dims})
+            v = _nearest(space, Variant.of(family, e["params"]))
             out.append({"problem": e["problem"], "variant": v.name, "params": v.as_dict(),
                         "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))})
     return out
+
+
+def _nearest(space, v: Variant) -> Variant:
+    """The valid point of `space` nearest to v's parameters; of a joined variant, each half's."""
+    halves = v.halves()
+    if halves:
+        return Variant.joined(*(_nearest(space, h) for h in halves))
+    return space.nearest({d.name: v[d.name] for d in space.dims})
 
 
 def build_variants(family: str, winners: list[dict], arch: str, sources: dict[str, str] | None = None,

@@ -38,7 +38,7 @@ from typing import Iterable
 
 from tuner import families, paths, toolkit
 from tuner.errors import BuildError, ToolchainError
-from tuner.render import header_text, render, templates_dir
+from tuner.render import header_text, in_namespace, includes, render, templates_dir
 from tuner.variant import Variant
 
 BASE_FLAGS = (
@@ -247,10 +247,6 @@ def _remove_stale_batches(out_dir: Path) -> None:
 
 MAX_PER_UNIT = 16  # nvcc's fixed cost is ~1.5 s, a variant's own ~0.7 s: 16 per unit pays it ~10%
 
-_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b.*$", re.M)
-_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)", re.M)
-
-
 def namespace(key: str) -> str:
     return f"tuner_variant_{key}"
 
@@ -264,13 +260,10 @@ def unit_source(members: list[tuple[str, str]], entry: str) -> str:
     template therefore gives C linkage to its table function only, and includes
     its headers unconditionally.
     """
-    includes = list(dict.fromkeys(m.strip() for _, src in members for m in _INCLUDE.findall(src)))
-    parts = [f"// {len(members)} variants, each in its own namespace (tuner/build.py)", *includes, ""]
+    parts = [f"// {len(members)} variants, each in its own namespace (tuner/build.py)",
+             *includes([src for _, src in members]), ""]
     for key, src in members:
-        body = _INCLUDE.sub(lambda m: f"// {m.group(0).strip()} (at the top)", src)
-        undef = "".join(f"#undef {name}\n" for name in dict.fromkeys(_DEFINE.findall(src)))
-        parts.append(f"#define {entry} {entry}_{key}\nnamespace {namespace(key)} {{\n{body}\n}}  "
-                     f"// namespace {namespace(key)}\n#undef {entry}\n{undef}")
+        parts.append(f"#define {entry} {entry}_{key}\n{in_namespace(src, namespace(key))}#undef {entry}\n")
     return "\n".join(parts)
 
 

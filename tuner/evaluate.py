@@ -224,10 +224,20 @@ class SimulatedEvaluator(Evaluator):
         self.objective = objective
         self.batch_size = 16
 
+    def _recorded(self, v) -> dict | None:
+        """A variant's record; a joined one's is its forward half's forward and its backward half's backward."""
+        halves = v.halves()
+        if halves is None:
+            return self.table.get(v.name)
+        fwd, bwd = (self.table.get(h.name) or {} for h in halves)
+        if fwd.get("status") != "ok" or bwd.get("status") != "ok" or "bwd" not in bwd:
+            return None
+        return {"status": "ok", "fwd": fwd["fwd"], "bwd": bwd["bwd"]}
+
     def prepare(self, variants, whole=False):
         out = {}
         for v in variants:
-            rec = self.table.get(v.name)
+            rec = self._recorded(v)
             if rec is None:
                 out[v.name] = {"status": "fail", "reason": "not recorded",
                                "message": f"{v.name} is not in the simulation file", "compiled": False}
@@ -253,5 +263,6 @@ class SimulatedEvaluator(Evaluator):
         return {**result, "device": f"simulated/{slot}"}
 
     def retime(self, variants, prepared, objective, whole=False):
-        return {v.name: {k: self.table[v.name][k] for k in ("fwd", "bwd") if k in self.table[v.name]}
-                for v in variants if self.table.get(v.name, {}).get("status") == "ok"}
+        recorded = {v.name: self._recorded(v) or {} for v in variants}
+        return {name: {k: rec[k] for k in ("fwd", "bwd") if k in rec}
+                for name, rec in recorded.items() if rec.get("status") == "ok"}

@@ -54,8 +54,14 @@ def _winner(st) -> dict[str, Any]:
     row = best.iloc[0]
     by_name = space.by_name()
     winner = st.user_attrs.get("winner")
-    if winner and winner["variant"] in by_name:
+    variant = None
+    halves = (winner or {}).get("halves")
+    if halves and halves["forward"] in by_name and halves["backward"] in by_name:
+        # the best forward and best backward joined (tuner.search.finalists): checked and timed as one
+        variant = Variant.joined(by_name[halves["forward"]], by_name[halves["backward"]])
+    elif winner and winner["variant"] in by_name:
         variant = by_name[winner["variant"]]
+    if variant is not None:
         timings = {k: winner[k] for k in ("fwd", "bwd") if k in winner}
         objective = winner["objective_us"]
         retimed = True
@@ -70,12 +76,16 @@ def _winner(st) -> dict[str, Any]:
             timings["bwd"] = {"median_us": row["bwd_us"], "spread_us": row["bwd_spread_us"]}
         objective = float(row["objective_us"])
         retimed = False
-    trial = next(t for t in st.get_trials(deepcopy=False) if t.user_attrs.get("variant") == variant.name
-                 and t.state.name == "COMPLETE")
+    fwd, bwd = variant.halves() or (variant, variant)  # a joined variant's errors: its forward's and its backward's trial
     return {"variant": variant, "problem": problem, "timings": timings, "objective_us": objective,
             "retimed": retimed, "objective": st.user_attrs.get("objective"), "study": st.study_name,
-            "verification": {"loss_error": studies.facts(trial).get("loss_error"),
-                             "grad_error": studies.facts(trial).get("grad_error")}}
+            "verification": {"loss_error": _fact(st, fwd, "loss_error"), "grad_error": _fact(st, bwd, "grad_error")}}
+
+
+def _fact(st, variant: Variant, key: str):
+    trial = next(t for t in st.get_trials(deepcopy=False) if t.user_attrs.get("variant") == variant.name
+                 and t.state.name == "COMPLETE")
+    return studies.facts(trial).get(key)
 
 
 def export(study_names: list[str], out: Path, storage: str | None = None, binaries: bool = True) -> Path:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 from pathlib import Path
 
 import jinja2
@@ -31,14 +33,62 @@ def _environment(family: str) -> jinja2.Environment:
 def render(variant: Variant, focus: dict | None = None) -> str:
     """The variant's CUDA source; a template error names the variant. `focus` (a family's
     `search_focus(problem)`) narrows it to the kernel instances one problem runs: a search
-    compiles only those (the same machine code for them), an export every instance."""
+    compiles only those (the same machine code for them), an export every instance. A joined
+    (`Variant.joined`) is both points' sources and the family's `JOINED_TEMPLATE`, a table that
+    takes the forward of one and the backward of the other."""
     family = families.get(variant.family)
+    parts = variant.halves()
+    if parts:
+        return _render_joined(variant, *parts, focus)
+    return _render(family, variant, family.TEMPLATE, {**family.render_context(variant), **(focus or {})})
+
+
+def _render(family, variant: Variant, template: str, context: dict) -> str:
     try:
-        context = {**family.render_context(variant), **(focus or {})}
-        return _environment(variant.family).get_template(family.TEMPLATE).render(**context)
+        return _environment(variant.family).get_template(template).render(**context)
     except jinja2.TemplateError as exc:
         where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
-        raise BuildError(variant.name, f"template {family.TEMPLATE}{where}: {exc}") from exc
+        raise BuildError(variant.name, f"template {template}{where}: {exc}") from exc
+
+
+_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b.*$", re.M)
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)", re.M)
+
+
+def includes(sources: list[str]) -> list[str]:
+    """The include lines of several sources, once each, for the top of one translation unit (a
+    header included inside a namespace would declare its names there)."""
+    return list(dict.fromkeys(m.strip() for src in sources for m in _INCLUDE.findall(src)))
+
+
+def in_namespace(source: str, namespace: str) -> str:
+    """A source inside `namespace`, its includes left to the top (`includes`) and the macros it
+    defines undefined after it."""
+    body = _INCLUDE.sub(lambda m: f"// {m.group(0).strip()} (at the top)", source)
+    undef = "".join(f"#undef {name}\n" for name in dict.fromkeys(_DEFINE.findall(source)))
+    return f"namespace {namespace} {{\n{body}\n}}  // namespace {namespace}\n{undef}"
+
+
+def _render_joined(joined: Variant, forward: Variant, backward: Variant, focus: dict | None) -> str:
+    """Both sources in namespaces of their own, their table functions renamed in the text (not
+    by #define: a joined variant is built in a unit with other variants like any variant, and the unit
+    renames its own table function by #define), then the family's joined table."""
+    family = families.get(joined.family)
+    template = getattr(family, "JOINED_TEMPLATE", None)
+    if template is None:
+        raise BuildError(joined.name, f"family {joined.family} has no JOINED_TEMPLATE: its variants do not join")
+    tag = hashlib.sha256(joined.name.encode()).hexdigest()[:12]  # unique within any unit
+    texts, names = [], {}
+    for part, variant in (("forward", forward), ("backward", backward)):
+        names[part] = (f"tuner_half_{part}_{tag}", f"{family.ENTRY}_{part}_{tag}")
+        texts.append(re.sub(rf"\b{family.ENTRY}\b", names[part][1], render(variant, focus)))
+    glue = _render(family, joined, template, {"name": joined.name, "entry": family.ENTRY,
+                                              "forward": "::".join(names["forward"]),
+                                              "backward": "::".join(names["backward"])})
+    return "\n".join([f"// {joined.name}: the forward of {forward.name}, the backward of {backward.name}",
+                      *includes(texts + [glue]), "",
+                      *(in_namespace(text, names[part][0]) for text, part in zip(texts, names)),
+                      _INCLUDE.sub("", glue)])
 
 
 def header_text(family_name: str) -> str:

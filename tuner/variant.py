@@ -13,6 +13,10 @@ class Variant:
 
     `name` is stable and readable (the family, then each dimension's value in order, dot-separated);
     the content hash of what gets compiled (see `tuner.build`) names the files.
+
+    A joined variant (`Variant.joined`) runs the forward of one point and the backward of another, where a
+    family's forward and backward want different values of the parameters they share: its params
+    are the forward's, then the backward's prefixed `bwd_`, and its name reads `<forward>.bwd.<backward values>`.
     """
 
     family: str
@@ -21,6 +25,20 @@ class Variant:
     @classmethod
     def of(cls, family: str, params: Mapping[str, Any]) -> "Variant":
         return cls(family, tuple(params.items()))
+
+    @classmethod
+    def joined(cls, forward: "Variant", backward: "Variant") -> "Variant":
+        if forward.family != backward.family or forward.halves() or backward.halves():
+            raise ValueError(f"a joined variant is two plain variants of one family: {forward.name}, {backward.name}")
+        return cls(forward.family, forward.params + tuple((BACKWARD + k, v) for k, v in backward.params))
+
+    def halves(self) -> tuple["Variant", "Variant"] | None:
+        """(forward, backward) of a joined variant, else None."""
+        back = tuple((k[len(BACKWARD):], v) for k, v in self.params if k.startswith(BACKWARD))
+        if not back:
+            return None
+        return Variant(self.family, tuple((k, v) for k, v in self.params if not k.startswith(BACKWARD))), \
+            Variant(self.family, back)
 
     def __getitem__(self, key: str) -> Any:
         for name, value in self.params:
@@ -44,6 +62,9 @@ class Variant:
 
     @property
     def name(self) -> str:
+        halves = self.halves()
+        if halves:
+            return f"{halves[0].name}.bwd.{halves[1].name[len(self.family) + 1:]}"
         parts = [self.family]
         for key, value in self.params:
             if value is not False and value is not None:  # flags show only when set
@@ -61,6 +82,8 @@ class Variant:
         data = json.loads(text)
         return cls.of(data["family"], data["params"])
 
+
+BACKWARD = "bwd_"  # a joined variant's backward parameters
 
 # Short forms that keep names readable; any other value prints as itself.
 _PREFIX = {"boxes_per_thread": "k", "block_size": "b", "fault": "fault_", "split": "split"}
