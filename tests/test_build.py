@@ -259,7 +259,11 @@ def test_a_joined_variant_takes_its_forward_and_its_backward_from_two_variants(t
     block = by_name["embedding_bag.bfloat16.int64.kernel.block.8.1.b256.direct.sorted"]
     split = by_name["embedding_bag.bfloat16.int64.none.subwarp.split32.8.1.b128.shared.sorted"]
     joined, back = Variant.joined(block, split), Variant.joined(split, block)
-    assert render.render(joined).count("embedding_bag_forward_kernel<TUNER_EB_SUM>") == 2  # both halves, whole
+    source = render.render(joined)  # each half without the other half's kernels
+    for mode in ("SUM", "MEAN", "MAX"):
+        assert source.count(f"embedding_bag_forward_kernel<TUNER_EB_{mode}><<<") == 1
+    assert source.count("embedding_bag_segment_backward_kernel<<<") == 1
+    assert source.count("__global__ void embedding_bag_psw_backward_kernel") == 1
     with pytest.raises(ValueError, match="two plain variants"):
         Variant.joined(joined, block)
 

@@ -81,7 +81,8 @@ def _render_joined(joined: Variant, forward: Variant, backward: Variant, focus: 
     texts, names = [], {}
     for part, variant in (("forward", forward), ("backward", backward)):
         names[part] = (f"tuner_half_{part}_{tag}", f"{family.ENTRY}_{part}_{tag}")
-        texts.append(re.sub(rf"\b{family.ENTRY}\b", names[part][1], render(variant, focus)))
+        # `half`: a template may leave out the other half's kernels (compiled for nothing)
+        texts.append(re.sub(rf"\b{family.ENTRY}\b", names[part][1], render(variant, {**(focus or {}), "half": part})))
     glue = _render(family, joined, template, {"name": joined.name, "entry": family.ENTRY,
                                               "forward": "::".join(names["forward"]),
                                               "backward": "::".join(names["backward"])})

@@ -9,12 +9,12 @@ study's `rejected`, never the winner) and the next best takes its place. The bes
 built whole while the last batch is evaluated (`Search._likely_finalists`), so that most of these
 builds are found done.
 
-A family with a `JOINED_TEMPLATE` (forward and backward of different variants in one table) also
-has the few best forwards and best backwards of its trials among the finalists. Where the best
-re-timed forward and backward are two variants whose times add up to clearly less than the
-winner's, they are joined (`Variant.joined`), is built, checked in full and re-timed beside the winner;
-it wins when it is faster there. An EmbeddingBag search of 16-bit weights needs this: its sorted
-backward decides the sum and wants a mapping that makes the forward half as fast as it can be."""
+A family with a `JOINED_TEMPLATE` (a table with the forward of one variant and the backward of
+another) also has, where the search's best forward and best backward are two variants whose times
+add up to clearly less than its best variant's, the two joined (`Variant.joined`) among its
+finalists: built whole, ahead with the others, checked in full and re-timed with them, the
+winner if it is the fastest there. An EmbeddingBag search of 16-bit weights needs this: its
+sorted backward decides the sum and wants a mapping that makes the forward a third slower."""
 
 from __future__ import annotations
 
@@ -26,8 +26,24 @@ from tuner.records import objective_value
 from tuner.search.config import SearchConfig, SearchReport
 from tuner.variant import Variant
 
-HALVES = 2  # the best forwards and the best backwards of the trials that join the finalists (families that join)
-JOIN_GAIN = 0.02  # a joined variant is tried when its halves' times add up to this much less than the winner's
+JOIN_GAIN = 0.02  # the halves' times add up to at least this much less than the best variant's
+
+
+def joins(cfg: SearchConfig, space) -> bool:
+    return cfg.objective == "fwd+bwd" and getattr(families.get(space.family), "JOINED_TEMPLATE", None) is not None
+
+
+def joined(space, measured: dict[str, tuple[float, float]]) -> Variant | None:
+    """The best forward joined to the best backward by the search's measurements (variant name ->
+    (fwd, bwd) µs), where they are two variants whose times add up to JOIN_GAIN less than the best
+    variant's; else None."""
+    if not measured:
+        return None
+    fwd, bwd = (min(measured, key=lambda n: measured[n][i]) for i in (0, 1))
+    if fwd == bwd or measured[fwd][0] + measured[bwd][1] > min(map(sum, measured.values())) * (1 - JOIN_GAIN):
+        return None
+    by_name = space.by_name()
+    return Variant.joined(by_name[fwd], by_name[bwd])
 
 
 def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchReport) -> None:
@@ -35,20 +51,20 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
     frame = studies.trials_frame(study, space)
     if frame.empty or not (frame["state"] == "COMPLETE").any():
         return
-    whole = bool(getattr(families.get(space.family), "FINALISTS_WHOLE", False))
+    join = joins(cfg, space)
+    # a joined variant is a new binary, never checked in the search: it is checked whole
+    whole = join or bool(getattr(families.get(space.family), "FINALISTS_WHOLE", False))
     rejected: dict[str, str] = dict(study.user_attrs.get("rejected", {}))
     by_name = space.by_name()
     done = studies.top(frame, len(frame))
     ranked = [by_name[name] for name in done["variant"] if name in by_name]
-    joins = cfg.objective == "fwd+bwd" and getattr(families.get(space.family), "JOINED_TEMPLATE", None) is not None
-    halves = []  # the best forwards and backwards (each ranked without its other half)
-    if joins:
-        for column in ("fwd_us", "bwd_us"):
-            halves += [by_name[n] for n in done.sort_values(column)["variant"].head(HALVES) if n in by_name]
+    measured = {r.variant: (r.fwd_us, r.bwd_us) for r in done.itertuples()
+                if r.variant in by_name and r.fwd_us == r.fwd_us and r.bwd_us == r.bwd_us}  # not NaN
+    extra = joined(space, measured) if join else None
     rows: list[dict] = []
     while True:  # until a finalist passes, or none is left (one round without a check: no re-round)
         variants = [v for v in ranked if v.name not in rejected][:cfg.top_k]
-        variants += [v for v in dict.fromkeys(halves) if v.name not in rejected and v not in variants]
+        variants += [extra] if extra is not None and extra.name not in rejected else []
         if not variants:
             break
         before = len(rejected)
@@ -60,15 +76,15 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
             if "failed" in t:
                 _reject(v, t["failed"], rejected, report)
                 continue
-            rows.append({"variant": v.name, "params": space.tuned(v), **t,
-                         "objective_us": objective_value(t, cfg.objective)})
+            halves = v.halves()
+            rows.append({"variant": v.name, "params": space.tuned(v) if halves is None else v.as_dict(), **t,
+                         "objective_us": objective_value(t, cfg.objective),
+                         **({"halves": {"forward": halves[0].name, "backward": halves[1].name}} if halves else {})})
         if rows or len(rejected) == before:
             break
-    rows.sort(key=lambda r: r["objective_us"])
-    if rows and joins:
-        rows = _joined(cfg, space, evaluator, prepare, rows, rejected, report)
     if rejected:
         study.set_user_attr("rejected", rejected)
+    rows.sort(key=lambda r: r["objective_us"])
     if rows:
         report.retimed = rows
         report.winner = rows[0]
@@ -79,31 +95,3 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
 def _reject(v: Variant, why: str, rejected: dict[str, str], report: SearchReport) -> None:
     rejected[v.name] = why
     print(f"{report.study_name}: finalist {v.name} rejected by its whole check: {why[:300]}", file=sys.stderr)
-
-
-def _joined(cfg: SearchConfig, space, evaluator, prepare, rows: list[dict], rejected: dict[str, str],
-          report: SearchReport) -> list[dict]:
-    """The re-timed rows, with the best forward joined to the best backward first when it
-    is checked and faster than the winner beside it (the winner's row timed again with it)."""
-    fwd = min(rows, key=lambda r: r["fwd"]["median_us"])
-    bwd = min(rows, key=lambda r: r["bwd"]["median_us"])
-    if fwd is bwd or fwd["fwd"]["median_us"] + bwd["bwd"]["median_us"] > rows[0]["objective_us"] * (1 - JOIN_GAIN):
-        return rows
-    by_name = space.by_name()
-    joined, winner = Variant.joined(by_name[fwd["variant"]], by_name[bwd["variant"]]), by_name[rows[0]["variant"]]
-    # always checked in full: a joined variant is a new binary, never evaluated in the search
-    timings = evaluator.retime([joined, winner], prepare([joined, winner], True), cfg.objective, whole=True)
-    t, mine = timings.get(joined.name), timings.get(winner.name)
-    if t is None or mine is None or "failed" in mine:
-        return rows
-    if "failed" in t:
-        _reject(joined, t["failed"], rejected, report)
-        return rows
-    ours, theirs = objective_value(t, cfg.objective), objective_value(mine, cfg.objective)
-    print(f"{report.study_name}: joined {joined.name}: {ours:.2f} us vs the winner's {theirs:.2f} us timed beside it",
-          file=sys.stderr)
-    if ours >= theirs:
-        return rows
-    row = {"variant": joined.name, "params": joined.as_dict(), **t, "objective_us": ours,
-           "halves": {"forward": fwd["variant"], "backward": bwd["variant"]}}
-    return [row, {**rows[0], **mine, "objective_us": theirs}] + rows[1:]

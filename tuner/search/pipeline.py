@@ -125,7 +125,8 @@ class Search:
                     self._evaluate_pieces(following)
                     following = None
                 if pending is not None:
-                    if following is None and not ahead and getattr(self.family, "FINALISTS_WHOLE", False):
+                    if following is None and not ahead and (getattr(self.family, "FINALISTS_WHOLE", False)
+                                                            or finalists.joins(self.cfg, self.space)):
                         ahead = True  # the last batch: the compiler is idle while the GPU evaluates it
                         likely = self._likely_finalists()
                         if likely:
@@ -168,12 +169,19 @@ class Search:
         return prepared
 
     def _likely_finalists(self) -> list[Variant]:
-        """The best few so far: built whole (`FINALISTS_WHOLE`) while the last batch is evaluated,
-        most of them are the finalists, whose whole builds are then found done."""
-        ok = {name: objective_value(result, self.cfg.objective) for name, (_, result) in self.book.results.items()
+        """The best few so far, and the best forward joined to the best backward where that is
+        the family's way (`finalists.joined`): built whole (`FINALISTS_WHOLE`) while the last batch
+        is evaluated, most of them are the finalists, whose whole builds are then found done."""
+        ok = {name: result for name, (_, result) in self.book.results.items()
               if result.get("status") == "ok" and "fwd" in result}
         by_name = self.space.by_name()
-        return [by_name[name] for name in sorted(ok, key=ok.get)[:self.cfg.top_k] if name in by_name]
+        best = sorted(ok, key=lambda n: objective_value(ok[n], self.cfg.objective))[:self.cfg.top_k]
+        likely = [by_name[name] for name in best if name in by_name]
+        if finalists.joins(self.cfg, self.space):
+            extra = finalists.joined(self.space, {n: (r["fwd"]["median_us"], r["bwd"]["median_us"])
+                                                  for n, r in ok.items() if n in by_name and "bwd" in r})
+            likely += [extra] if extra is not None else []
+        return likely
 
     def _evaluate_pieces(self, pieces) -> None:
         for part, built in pieces:
