@@ -266,6 +266,9 @@ def test_a_joined_variant_takes_its_forward_and_its_backward_from_two_variants(t
     assert source.count("__global__ void embedding_bag_psw_backward_kernel") == 1
     with pytest.raises(ValueError, match="two plain variants"):
         Variant.joined(joined, block)
+    from tuner.families import rms_norm  # its `bwd_blocks` dimension is no joined variant's half
+
+    assert all(v.halves() is None for v in rms_norm.covering_set())
 
     class Table(ctypes.Structure):
         _fields_ = [("abi", ctypes.c_int), ("name", ctypes.c_char_p), ("weight", ctypes.c_char_p),

@@ -67,3 +67,11 @@ def test_families_are_found_by_folder():
     assert (families.templates("giou") / families.get("giou").TEMPLATE).is_file()
     with pytest.raises(SpaceError, match="unknown kernel family 'nope'; known: .*giou"):
         families.get("nope")
+
+
+def test_parameter_names_are_identifiers():
+    from tuner.errors import SpaceError
+    from tuner.space import Dim, Space
+
+    with pytest.raises(SpaceError, match="must be identifiers"):
+        Space("toy", {}, [Dim("backward:vec", (1, 2), "a joined variant's key, not a dimension")])

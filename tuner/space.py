@@ -52,6 +52,9 @@ class Space:
         self.flags = dict(flags or {})
         self.dims = list(dims)
         self.constraints = list(constraints)
+        odd = [n for n in [*self.fixed, *self.flags, *(d.name for d in self.dims)] if not n.isidentifier()]
+        if odd:  # templates read them as variables; a joined variant's backward keys have a colon
+            raise SpaceError(f"{family}: parameter names must be identifiers, not {odd}")
 
     def violations(self, params: Mapping[str, Any]) -> list[str]:
         """Reasons `params` is not a point of this space (empty when it is)."""

@@ -16,7 +16,7 @@ class Variant:
 
     A joined variant (`Variant.joined`) runs the forward of one point and the backward of another, where a
     family's forward and backward want different values of the parameters they share: its params
-    are the forward's, then the backward's prefixed `bwd_`, and its name reads `<forward>.bwd.<backward values>`.
+    are the forward's, then the backward's prefixed `backward:`, and its name reads `<forward>.bwd.<backward values>`.
     """
 
     family: str
@@ -83,7 +83,7 @@ class Variant:
         return cls.of(data["family"], data["params"])
 
 
-BACKWARD = "bwd_"  # a joined variant's backward parameters
+BACKWARD = "backward:"  # the prefix of a joined variant's backward parameters (no dimension name has a colon)
 
 # Short forms that keep names readable; any other value prints as itself.
 _PREFIX = {"boxes_per_thread": "k", "block_size": "b", "fault": "fault_", "split": "split"}
