@@ -34,12 +34,12 @@ def render(variant: Variant, focus: dict | None = None) -> str:
     """The variant's CUDA source; a template error names the variant. `focus` (a family's
     `search_focus(problem)`) narrows it to the kernel instances one problem runs: a search
     compiles only those (the same machine code for them), an export every instance. A joined
-    (`Variant.joined`) is both points' sources and the family's `JOINED_TEMPLATE`, a table that
+    variant (`Variant.joined`) is both points' sources and the family's `JOINED_TEMPLATE`, a table that
     takes the forward of one and the backward of the other."""
     family = families.get(variant.family)
-    parts = variant.halves()
-    if parts:
-        return _render_joined(variant, *parts, focus)
+    halves = variant.halves()
+    if halves:
+        return _render_joined(variant, *halves, focus)
     return _render(family, variant, family.TEMPLATE, {**family.render_context(variant), **(focus or {})})
 
 
@@ -71,8 +71,8 @@ def in_namespace(source: str, namespace: str) -> str:
 
 def _render_joined(joined: Variant, forward: Variant, backward: Variant, focus: dict | None) -> str:
     """Both sources in namespaces of their own, their table functions renamed in the text (not
-    by #define: a joined variant is built in a unit with other variants like any variant, and the unit
-    renames its own table function by #define), then the family's joined table."""
+    by #define: a joined variant is built in a unit with other variants like any other, and the
+    unit renames its own table function by #define), then the family's joined table."""
     family = families.get(joined.family)
     template = getattr(family, "JOINED_TEMPLATE", None)
     if template is None:
