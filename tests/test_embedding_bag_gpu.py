@@ -170,6 +170,51 @@ def test_chunked_bags_report_bad_input_in_any_chunk(kernels):
         assert k.take_errors() == 0 and not out.isnan().any(), v.name
 
 
+def _sliced():
+    """Variants whose groups have more lanes than a row needs, so that they gather as slices: 16-bit
+    rows of 128 with 16-byte loads (a warp: 2 slices; a block of 256: 16), float32 rows of 64 with
+    8 lanes of a subwarp and 4 elements each (1 slice, the control) and of a warp (2)."""
+    out = []
+    for w, vec in (("float16", 8), ("bfloat16", 8), ("float32", 4)):
+        for mapping, split, block in (("warp", None, 128), ("warp", 64, 64), ("subwarp", 32, 128), ("block", None, 256)):
+            for staging in ("direct", "shared"):
+                out.append(eb.space(w, "int64").variant(
+                    validation="inline", mapping=mapping, split=split, vec=vec, unroll=2 if staging == "shared" else 4,
+                    block_size=block, staging=staging, backward="sorted"))
+    return out
+
+
+def test_slices_keep_entry_order_in_ties_and_sum_exactly(shared_home):
+    """Weights of five integer values (ties everywhere, sums exact in float32) on bags of every
+    length: each sliced variant gives the reference's sums, means and counts, and for max the row
+    of the first maximum in entry order, which a slice combined out of order would not."""
+    import torch
+
+    from tuner import build, gpus
+    from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
+
+    built = build.build(_sliced(), gpus.attached().arch)
+    assert all(b.ok for b in built), [b.error for b in built if not b.ok][:1]
+    for b in built:
+        v, k = b.variant, EmbeddingBagKernel(b.so, b.variant.name, b.entry)
+        dim = 64 if v["weight"] == "float32" else 128
+        p = eb.Problem(rows=500, dim=dim, bags=32, bag_size=300, weight=v["weight"], index=v["index"])
+        w, idx, offs, _ = _long_bags(p, seed=9)
+        w = torch.randint(-2, 3, w.shape, generator=torch.Generator().manual_seed(9)).to(w.dtype).cuda()
+        for mode in eb.MODES:
+            out, maxi, count = k.forward(w, idx, offs, mode)
+            want, want_rows = eb.reference(w, idx, offs, mode)
+            if mode == "mean":  # a float32 quotient, rounded again to 16 bits: within a rounding
+                assert _close(out, want, v["weight"])[0], (v.name, mode)
+                sizes = offs.diff(append=offs.new_tensor([idx.numel()]))
+                assert torch.equal(count.long(), sizes.long()), v.name
+            else:
+                assert torch.equal(out, want.to(out.dtype)), (v.name, mode)
+            if mode == "max":
+                assert torch.equal(maxi, want_rows.long()), v.name
+        assert k.take_errors() == 0, v.name
+
+
 def test_atomic_backward_merges_a_hot_id(kernels):
     """One id in nearly every entry (windows of 32 equal ids, and mixed ones): the merged atomics
     add the same gradient as the reference."""
@@ -480,3 +525,26 @@ def test_a_search_builds_its_mode_and_checks_its_finalists_whole(shared_home):
                                             top_k=3))
     assert report.evaluated >= 6 and report.winner and len(report.retimed) == 3
     assert "rejected" not in study.load(report.study_name).user_attrs
+
+
+def test_bench_rows_hold_both_floors_beside_the_tuned_op_and_torch(shared_home, tmp_path):
+    """`tuner bench --family embedding_bag` on a small configuration: both floors, then the tuned op
+    and torch, each checked against the other first; the measured read is no faster than HBM3's
+    peak (3.35 TB/s) allows, and the bandwidth floor is the gathered bytes at 3.0 TB/s."""
+    from tuner import export, gpus
+    from tuner.families.embedding_bag import bench
+    from tuner.variant import Variant
+
+    params = {"weight": "float32", "index": "int64", "validation": "hoisted", "mapping": "warp", "split": 64,
+              "vec": 4, "unroll": 4, "block_size": 128, "staging": "shared", "backward": "atomic"}
+    out = export.write(tmp_path / "artifact", [{"variant": Variant.of(eb.FAMILY, params),
+                                                "problem": eb.Problem().__dict__}], gpus.attached().describe())
+    p = eb.Problem(rows=200_000, dim=128, bags=512, bag_size=150)
+    rows = bench.run(out, configs=[p])
+    assert [r["impl"] for r in rows] == ["floor: gathered rows at 3.0 TB/s", "floor: a read of as many bytes",
+                                         bench.TUNED, bench.TORCH]
+    ids = eb.make_inputs(p, seed=0)[1].numel()
+    moved = ids * p.dim * 4
+    assert rows[0]["fwd_kernel_us"] == pytest.approx(moved / 3.0e6)
+    assert moved / 3.35e6 < rows[1]["fwd_kernel_us"] < 100 * moved / 3.0e6
+    assert all(r["fwd_kernel_us"] > 0 and r["fwd_bwd_kernel_us"] > 0 for r in rows[2:])
