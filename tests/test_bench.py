@@ -19,6 +19,21 @@ def test_eager_implementations_match_the_reference(pred, target):
         assert giou.check("loss", got, want, 1e-4)[0]
 
 
+def test_a_floor_of_gpu_time_alone_is_compared_in_gpu_time(tmp_path):
+    """A floor with no wall time (bytes over bandwidth, a read timed by the profiler) gets a
+    column of GPU-time ratios; the wall-time ratios stay as they were."""
+    config = {"weight": "float32", "bag_size": 150}
+    rows = [{"impl": "floor: gathered rows at 3.0 TB/s", **config, "fwd_kernel_us": 50.0},
+            {"impl": "tuned op", **config, "fwd_wall_us": 80.0, "fwd_kernel_us": 60.0, "fwd_bwd_wall_us": 900.0,
+             "fwd_bwd_kernel_us": 700.0},
+            {"impl": "anchor: torch", **config, "fwd_wall_us": 160.0, "fwd_kernel_us": 120.0}]
+    md = bench.markdown(rows)
+    assert ("| fwd wall / tuned | fwd+bwd wall / tuned | fwd kernel / gathered rows at 3.0 TB/s | "
+            "fwd wall / torch |") in md
+    assert "| tuned op | 80.0 | 60.0 | 900.0 | 700.0 | 1.00x | 1.00x | 1.20x | 0.50x |" in md
+    assert "| anchor: torch | 160.0 | 120.0 | - | - | 2.00x | - | 2.40x | 1.00x |" in md
+
+
 def test_report_files(tmp_path):
     rows = []
     for impl, f, fb in [("tuned op", 5.0, 12.0), ("padded eager", 300.0, 2000.0),

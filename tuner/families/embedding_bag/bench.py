@@ -3,7 +3,12 @@
 distribution, smaller bags, its wide-row shape, and 16-bit weights; forward alone (no grad)
 and forward + backward (the dense gradient of weight, as torch gives with sparse=False, taken
 with torch.autograd.grad so that no .grad accumulation is timed). Each pair is checked against
-the other, forward and gradient, before it is timed."""
+the other, forward and gradient, before it is timed.
+
+Two floors for the forward's GPU time, both of the bytes of the gathered rows (ids x dim x element
+size): moved once at the copy bandwidth (3.0 TB/s, ANCHORS.md), and a read of as many contiguous
+bytes measured in the same run by the same profiler (torch's sum of a buffer that size: a
+streaming read, which a gather of random rows does not beat)."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner.bench import _fmt, kernel_us, wall_us, write
+from tuner.bench import HBM_TBS, _fmt, kernel_us, wall_us, write
 from tuner.families import embedding_bag as eb
 
 PR = eb.Problem()
@@ -33,6 +38,17 @@ TUNED = "tuned op"
 
 def _relative(got, want) -> float:
     return float((got.float() - want.float()).abs().max()) / max(float(want.float().abs().max()), 1e-3)
+
+
+def floors(elements: int, dtype) -> list[dict]:
+    """The forward's floors for `elements` gathered elements of `dtype`: at HBM_TBS, and a read of
+    a buffer of as many (random values, summed in float32) timed by the profiler."""
+    moved = elements * torch.empty((), dtype=dtype).element_size()
+    data = torch.randn(elements, device="cuda").to(dtype)
+    read = kernel_us(lambda: data.sum(dtype=torch.float32))
+    del data
+    return [{"impl": f"floor: gathered rows at {HBM_TBS} TB/s", "fwd_kernel_us": moved / (HBM_TBS * 1e6)},
+            {"impl": "floor: a read of as many bytes", "fwd_kernel_us": read}]
 
 
 def run(directory: Path, out: Path | None = None, configs=CONFIGS) -> list[dict]:
@@ -72,6 +88,9 @@ def run(directory: Path, out: Path | None = None, configs=CONFIGS) -> list[dict]
         fwd_bwd = wall_us({name: (both(fn), None) for name, fn in impls.items()})
         config = {"weight": p.weight, "index": p.index, "rows": p.rows, "dim": p.dim, "mode": p.mode,
                   "ids": p.distribution, "bag_size": p.bag_size}
+        for row in floors(idx.numel() * p.dim, w.dtype):
+            rows.append({"impl": row["impl"], **config, "fwd_kernel_us": row["fwd_kernel_us"]})
+            print(_fmt(rows[-1]), flush=True)
         for name, fn in impls.items():
             row = {"impl": name, **config, "fwd_wall_us": fwd[name], "fwd_kernel_us": kernel_us(forward(fn)),
                    "fwd_bwd_wall_us": fwd_bwd[name], "fwd_bwd_kernel_us": kernel_us(both(fn))}

@@ -14,11 +14,10 @@ import torch.nn.functional as F
 
 import tuner
 from tuner.accuracy import check
-from tuner.bench import _fmt, side_by_side, write
+from tuner.bench import HBM_TBS, _fmt, side_by_side, write
 from tuner.families import rms_norm
 from tuner.families.rms_norm.evaluate import TOL
 
-HBM_TBS = 3.0
 EPS = rms_norm.DEFAULT_EPS
 
 
