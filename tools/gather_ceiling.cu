@@ -8,7 +8,8 @@
 // flat gather (the ids split evenly over the warps, no bags: perfect balance) with plain loads
 // or a cp.async ring of rows in shared memory (no registers held by rows in flight); and the
 // same per bag chunk (a warp per 32 or 64 entries, as the `split` variants, without the pass
-// that adds the chunks' partials). The ring kernels must give the plain ones' exact bits.
+// that adds the chunks' partials). The ring kernels must give the plain ones' exact bits. And for
+// 16-bit weights (rows of 256 or 128 bytes): a streaming read of as many bytes and flat gathers.
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
@@ -94,6 +95,27 @@ __global__ void __launch_bounds__(WARPS * 32) gather(const float4* __restrict__ 
     hi = min(end, lo + C);
   }
   out[g * 32 + lane] = RING ? sum_ring<D>(w, idx, lo, hi, ring[threadIdx.x / 32], lane) : sum_plain<D>(w, idx, lo, hi, lane);
+}
+
+// Narrower rows (16-bit weights): rows of Q float4s (Q = 16: 128 x 16-bit, 256 B; Q = 8: 128 B),
+// Q lanes per row, so that a warp gathers 32 / Q rows at once; ids split evenly (flat), U rows in
+// flight per lane. Is the gather bound by bytes or by rows? (The same ids, the same weight buffer.)
+template <int Q, int U>
+__global__ void flat_rows(const float4* __restrict__ w, const long long* __restrict__ idx, long long n, float4* out) {
+  constexpr int R = 32 / Q;
+  const int lane = threadIdx.x % 32, sub = lane / Q, col = lane % Q;
+  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
+  const long long lo = min(n, g * per), hi = min(n, lo + per);
+  float4 acc = make_float4(0, 0, 0, 0);
+  for (long long j = lo + sub; j < hi; j += R * U) {
+    float4 x[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) x[u] = j + u * R < hi ? w[idx[j + u * R] * Q + col] : make_float4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) add(acc, x[u]);
+  }
+  out[g * 32 + lane] = acc;
 }
 
 // ---------------------------------------------------------------- whole bags' sums (sum mode)
@@ -257,6 +279,22 @@ int main() {
 
   report("stream read (same bytes)", time_us([&] { read_all<<<sms * 16, 256>>>(w4, n4, &out[0].x); }));
   report("stream copy (same bytes; TB/s of the read)", time_us([&] { copy_all<<<sms * 16, 256>>>(w4, dst, n4); }));
+
+  // 16-bit rows: a streaming read of as many bytes, and flat gathers at 16-64 warps per SM
+  const struct { int q; void (*k[2])(const float4*, const long long*, long long, float4*); } narrow[] = {
+      {16, {flat_rows<16, 1>, flat_rows<16, 4>}}, {8, {flat_rows<8, 1>, flat_rows<8, 4>}}};
+  for (const auto& r : narrow) {
+    const double bytes = n * r.q * 16.0;
+    auto line = [&](const char* name, float us) { printf("%-50s %8.1f us  %5.2f TB/s\n", name, us, bytes / 1e6 / us); };
+    char name[80];
+    snprintf(name, sizeof name, "rows of %d B: stream read (same bytes)", r.q * 16);
+    line(name, time_us([&] { read_all<<<sms * 16, 256>>>(w4, n * r.q, &out[0].x); }));
+    for (int u = 0; u < 2; ++u)
+      for (int wps : {16, 32, 64}) {
+        snprintf(name, sizeof name, "rows of %d B: flat U%d, %d warps/SM", r.q * 16, u ? 4 : 1, wps);
+        line(name, time_us([&] { r.k[u]<<<sms * wps / 8, 256>>>(w4, didx, n, out); }));
+      }
+  }
 
   // name, kernel, warps per block, and warps per SM (flat) or entries per chunk (bags)
   using Kernel = void (*)(const float4*, const long long*, const long long*, long long, long long, int, float4*);

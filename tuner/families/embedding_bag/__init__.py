@@ -41,7 +41,9 @@ DIMS = (
     Dim("validation", ("none", "inline", "hoisted", "kernel"),
         "indices out of range: clamped only / checked in the gather loop / checked in a loop before "
         "it (no early exit, as the PR) / checked by a separate kernel first"),
-    Dim("mapping", ("warp", "subwarp", "block"), "threads per bag: a warp, 8 lanes, or a whole block"),
+    Dim("mapping", ("warp", "subwarp", "block"),
+        "threads per bag: a warp, 8 lanes, or a whole block (with more lanes than a row needs, as slices that "
+        "gather contiguous parts of the bag's entries, added in slice order)"),
     Dim("split", (None, 32, 64),
         "bags whole, one per group; or cut into chunks of 32 or 64 entries, each gathered by a group of its "
         "own (spread over the GPU, so that the longest bags do not set the time), the chunks' partials added "
