@@ -8,8 +8,10 @@
 // flat gather (the ids split evenly over the warps, no bags: perfect balance) with plain loads
 // or a cp.async ring of rows in shared memory (no registers held by rows in flight); and the
 // same per bag chunk (a warp per 32 or 64 entries, as the `split` variants, without the pass
-// that adds the chunks' partials). The ring kernels must give the plain ones' exact bits. And for
-// 16-bit weights (rows of 256 or 128 bytes): a streaming read of as many bytes and flat gathers.
+// that adds the chunks' partials). The ring kernels must give the plain ones' exact bits. Then whole
+// bags, checked against double sums: per chunk and flat with an ordered combining pass, and a block
+// per bag as slices, its bags in order or longest first. And for 16-bit weights (rows of 256 or
+// 128 bytes): a streaming read of as many bytes and flat gathers.
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
@@ -158,6 +160,25 @@ __global__ void __launch_bounds__(128) per_chunk(const float4* __restrict__ w, c
   }
   partials[g * 32 + lane] = acc;
   combine(bag, chunks, [&](int t) { return g - chunk + t; }, partials, arrivals, out, lane);
+}
+
+// A block of S warps per bag, as the sliced `block` variants: warp s sums the s-th contiguous part
+// of the bag, the parts added in order through shared memory. Block i takes bag order[i]: the
+// bags as given, or longest first (how much of the tail the order of the bags decides).
+template <int U, int S>
+__global__ void __launch_bounds__(S * 32) sliced_block(const float4* __restrict__ w, const long long* __restrict__ idx,
+                                                       const long long* __restrict__ offs, const int* __restrict__ order,
+                                                       float4* out) {
+  __shared__ float4 part[S][32];
+  const int lane = threadIdx.x % 32, s = threadIdx.x / 32;
+  const long long bag = order[blockIdx.x], start = offs[bag], end = offs[bag + 1];
+  const long long each = (end - start + S - 1) / S, lo = min(end, start + s * each), hi = min(end, lo + each);
+  part[s][lane] = sum_plain<U>(w, idx, lo, hi, lane);
+  __syncthreads();
+  if (s != 0) return;
+  float4 total = part[0][lane];
+  for (int t = 1; t < S; ++t) add(total, part[t][lane]);
+  out[bag * 32 + lane] = total;
 }
 
 // Flat: warp g takes entries [g * C, g * C + C) whatever the bags (every warp the same work), finds
@@ -369,8 +390,11 @@ int main() {
     run();
     CK(cudaDeviceSynchronize());
     check(label);
-    char name[80];
-    snprintf(name, sizeof name, "%s, chunks of %d, U%d", label, chunk, unroll);
+    char name[128];
+    if (chunk)
+      snprintf(name, sizeof name, "%s, chunks of %d, U%d", label, chunk, unroll);
+    else
+      snprintf(name, sizeof name, "%s, U%d", label, unroll);
     report(name, time_us(run));
   };
   for (const auto& c : chunked) {
@@ -383,6 +407,27 @@ int main() {
     const long long warps = (n + c.chunk - 1) / c.chunk;
     measure(c.name, c.chunk, c.unroll, [&] { c.k<<<(warps + 3) / 4, 128>>>(w4, didx, dends, bags, n, partials, arrivals, whole); });
   }
+
+  // a block per bag as slices, the bags in their order and longest first (the order sorted here,
+  // on the host: an upper bound on what ordering the bags could gain)
+  std::vector<int> given(bags), longest(bags);
+  for (int b = 0; b < (int)bags; ++b) given[b] = longest[b] = b;
+  std::stable_sort(longest.begin(), longest.end(),
+                   [&](int a, int b) { return offs[a + 1] - offs[a] > offs[b + 1] - offs[b]; });
+  int *dgiven, *dlongest;
+  CK(cudaMalloc(&dgiven, bags * 4));
+  CK(cudaMalloc(&dlongest, bags * 4));
+  CK(cudaMemcpy(dgiven, given.data(), bags * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dlongest, longest.data(), bags * 4, cudaMemcpyHostToDevice));
+  using Sliced = void (*)(const float4*, const long long*, const long long*, const int*, float4*);
+  const struct { Sliced k; int warps, unroll; } sliced[] = {
+      {sliced_block<4, 2>, 2, 4}, {sliced_block<8, 2>, 2, 8}, {sliced_block<4, 4>, 4, 4}, {sliced_block<4, 8>, 8, 4}};
+  for (const auto& c : sliced)
+    for (const int* order : {dgiven, dlongest}) {
+      char label[80];
+      snprintf(label, sizeof label, "block of %d sliced warps, %s", c.warps, order == dgiven ? "bags in order" : "longest first");
+      measure(label, 0, c.unroll, [&] { c.k<<<bags, c.warps * 32>>>(w4, didx, dends, order, whole); });
+    }
 
   // the ring adds the same rows in the same order as plain loads: equal bits, flat and per chunk
   float4* other;
