@@ -10,7 +10,8 @@
 // same per bag chunk (a warp per 32 or 64 entries, as the `split` variants, without the pass
 // that adds the chunks' partials). The ring kernels must give the plain ones' exact bits. Then whole
 // bags, checked against double sums: per chunk and flat with an ordered combining pass, and a block
-// per bag as slices, its bags in order or longest first. And for 16-bit weights (rows of 256 or
+// per bag as slices, its bags in order or longest first (sorted on the host, or ordered by a kernel
+// on the GPU before the gather). And for 16-bit weights (rows of 256 or
 // 128 bytes): a streaming read of as many bytes and flat gathers.
 #include <cuda_runtime.h>
 #include <cstdio>
@@ -179,6 +180,28 @@ __global__ void __launch_bounds__(S * 32) sliced_block(const float4* __restrict_
   float4 total = part[0][lane];
   for (int t = 1; t < S; ++t) add(total, part[t][lane]);
   out[bag * 32 + lane] = total;
+}
+
+// The bags longest first, on the GPU (as an op would have to): one block counts the bags per length
+// bucket (8 entries wide, the last one open) and places each bag after the longer buckets' bags;
+// within a bucket the order is whatever the atomics give (it decides only which block runs when).
+__global__ void order_longest(const long long* __restrict__ offs, long long bags, int* __restrict__ order) {
+  constexpr int B = 64;
+  __shared__ int count[B];
+  const int t = threadIdx.x;
+  auto bucket = [&](long long b) { return (int)min((long long)B - 1, (offs[b + 1] - offs[b]) / 8); };
+  if (t < B) count[t] = 0;
+  __syncthreads();
+  for (long long b = t; b < bags; b += blockDim.x) atomicAdd(&count[bucket(b)], 1);
+  __syncthreads();
+  if (t == 0)
+    for (int k = B - 1, s = 0; k >= 0; --k) {
+      const int c = count[k];
+      count[k] = s;
+      s += c;
+    }
+  __syncthreads();
+  for (long long b = t; b < bags; b += blockDim.x) order[atomicAdd(&count[bucket(b)], 1)] = (int)b;
 }
 
 // Flat: warp g takes entries [g * C, g * C + C) whatever the bags (every warp the same work), finds
@@ -428,6 +451,15 @@ int main() {
       snprintf(label, sizeof label, "block of %d sliced warps, %s", c.warps, order == dgiven ? "bags in order" : "longest first");
       measure(label, 0, c.unroll, [&] { c.k<<<bags, c.warps * 32>>>(w4, didx, dends, order, whole); });
     }
+
+  // the same longest first with the order made on the GPU, both kernels timed
+  int* dorder;
+  CK(cudaMalloc(&dorder, bags * 4));
+  measure("block of 8 sliced warps, longest first ordered on the GPU (two kernels)", 0, 4, [&] {
+    order_longest<<<1, 1024>>>(dends, bags, dorder);
+    sliced_block<4, 8><<<bags, 256>>>(w4, didx, dends, dorder, whole);
+  });
+  report("the ordering kernel alone", time_us([&] { order_longest<<<1, 1024>>>(dends, bags, dorder); }));
 
   // the ring adds the same rows in the same order as plain loads: equal bits, flat and per chunk
   float4* other;
