@@ -32,6 +32,29 @@ def test_split_goes_with_warps_and_subwarps_and_keeps_the_names_of_whole_bags():
         s.variant(split=64, **{**tuned, "mapping": "block"})
 
 
+def test_longest_first_orders_whole_bags_and_keeps_the_names_of_bags_in_order():
+    from tuner import binaries
+    from tuner.build import render
+    from tuner.variant import Variant
+
+    s = eb.space("float32", "int64")
+    assert {v["order"] for v in s} == {None, "longest"}
+    assert all(v["split"] is None for v in s if v["order"] == "longest")
+    base = dict(validation="none", mapping="block", split=None, vec=4, unroll=4, block_size=64, staging="shared",
+                backward="atomic")
+    given, longest = s.variant(**base), s.variant(order="longest", **base)
+    assert given.name == "embedding_bag.float32.int64.none.block.4.4.b64.shared.atomic"
+    assert longest.name == "embedding_bag.float32.int64.none.block.longest.4.4.b64.shared.atomic"
+    with pytest.raises(Exception, match="longest first orders whole bags"):
+        s.variant(order="longest", **{**base, "mapping": "warp", "split": 32})
+    assert "length_passes" not in render(given)
+    assert f"constexpr int LENGTH_CLASSES = {eb.LENGTH_CLASSES};" in render(longest)
+    # parameters recorded before the dimension existed: bags in order, rendered and bound as such
+    old = Variant.of(eb.FAMILY, {k: v for k, v in given.as_dict().items() if k != "order"})
+    assert render(old) == render(given)
+    assert binaries._nearest(eb.space("float16", "int64"), old)["order"] is None
+
+
 def test_split_variants_render_their_chunks():
     from tuner.build import render
 

@@ -45,7 +45,10 @@ def _nearest(space, v: Variant) -> Variant:
     halves = v.halves()
     if halves:
         return Variant.joined(*(_nearest(space, h) for h in halves))
-    return space.nearest({d.name: v[d.name] for d in space.dims})
+    # a dimension that may be None and is missing from v's parameters was added after v was tuned
+    params = v.as_dict()
+    return space.nearest({d.name: params[d.name] if d.name in params or None not in d.values else None
+                          for d in space.dims})
 
 
 def build_variants(family: str, winners: list[dict], arch: str, sources: dict[str, str] | None = None,

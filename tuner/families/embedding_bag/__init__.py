@@ -48,6 +48,10 @@ DIMS = (
         "bags whole, one per group; or cut into chunks of 32 or 64 entries, each gathered by a group of its "
         "own (spread over the GPU, so that the longest bags do not set the time), the chunks' partials added "
         "in chunk order (deterministic) by the group that finishes its bag last"),
+    Dim("order", (None, "longest"),
+        "bags gathered in their order, or the longest first: the grid passes over the bags once per length "
+        "class and each pass keeps one class, longest first, so the longest bags are not left for the end of "
+        "the wave (one kernel, nothing sorted)"),
     Dim("vec", (1, 2, 4, 8), "feature elements per load"),
     Dim("unroll", (1, 2, 4, 8), "rows in flight per thread (unroll of the index loop)"),
     Dim("block_size", (64, 128, 256, 512), "threads per block"),
@@ -57,6 +61,7 @@ DIMS = (
         "gradient of weight: float atomics per gathered row, or a sorted, deterministic segment reduction"),
 )
 PIECE = 64  # sorted entries per partial sum in the sorted backward
+LENGTH_CLASSES = 4  # passes of a longest-first grid: bags by length in classes of half the mean
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -69,6 +74,8 @@ def _constraints(weight: str) -> tuple[Constraint, ...]:
                    lambda p: p["mapping"] != "block" or p["block_size"] <= 256),
         Constraint("chunks of a bag go to warps or subwarps (a block per bag already splits its bag over its warps)",
                    lambda p: p["split"] is None or p["mapping"] != "block"),
+        Constraint("longest first orders whole bags (chunks of split bags are spread over the GPU already)",
+                   lambda p: p["order"] is None or p["split"] is None),
         Constraint("atomic scatter-add is for float32 weights: 16-bit atomics lose the sum of a frequent id",
                    lambda p: p["backward"] != "atomic" or weight == "float32"),
     )
@@ -94,8 +101,8 @@ _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16",
 
 
 def render_context(variant: Variant) -> dict[str, Any]:
-    ctx = variant.as_dict()
-    ctx.update(name=variant.name, weight_ctype=_CTYPE[ctx["weight"]], index_ctype=_CTYPE[ctx["index"]],
+    ctx = {"order": None, **variant.as_dict()}  # parameters recorded before `order` existed: in order
+    ctx.update(name=variant.name, length_classes=LENGTH_CLASSES, weight_ctype=_CTYPE[ctx["weight"]], index_ctype=_CTYPE[ctx["index"]],
                group={"warp": 32, "subwarp": 8, "block": ctx["block_size"]}[ctx["mapping"]], piece=PIECE)
     return ctx
 
