@@ -62,6 +62,7 @@ DIMS = (
 )
 PIECE = 64  # sorted entries per partial sum in the sorted backward
 LENGTH_CLASSES = 4  # passes of a longest-first grid: bags by length in classes of half the mean
+LONG_BAGS = 64  # ... when the mean bag has at least this many entries (else one pass)
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -102,7 +103,8 @@ _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16",
 
 def render_context(variant: Variant) -> dict[str, Any]:
     ctx = {"order": None, **variant.as_dict()}  # parameters recorded before `order` existed: in order
-    ctx.update(name=variant.name, length_classes=LENGTH_CLASSES, weight_ctype=_CTYPE[ctx["weight"]], index_ctype=_CTYPE[ctx["index"]],
+    ctx.update(name=variant.name, length_classes=LENGTH_CLASSES, long_bags=LONG_BAGS,
+               weight_ctype=_CTYPE[ctx["weight"]], index_ctype=_CTYPE[ctx["index"]],
                group={"warp": 32, "subwarp": 8, "block": ctx["block_size"]}[ctx["mapping"]], piece=PIECE)
     return ctx
 
