@@ -533,7 +533,9 @@ def test_a_search_builds_its_mode_and_checks_its_finalists_whole(shared_home):
 
     report = search.run(search.SearchConfig(gpu="auto", problem=problem, trials=12, progress=False, seed=0,
                                             top_k=3))
-    assert report.evaluated >= 6 and report.winner and len(report.retimed) == 3
+    # the top 3, and the best forward joined to the best backward where the search's times call for it
+    single = [r for r in report.retimed if "halves" not in r]
+    assert report.evaluated >= 6 and report.winner and len(single) == 3 and len(report.retimed) - len(single) <= 1
     assert "rejected" not in study.load(report.study_name).user_attrs
 
 
