@@ -182,6 +182,26 @@ __global__ void __launch_bounds__(S * 32) sliced_block(const float4* __restrict_
   out[bag * 32 + lane] = total;
 }
 
+// Longest first by dispatch order, in one kernel and with no ordering: the grid has K passes over
+// the bags, and pass p keeps only the bags of length class K - 1 - p (classes of `width` entries,
+// the last one open), so the long bags' blocks are dispatched first and the others exit at once.
+template <int U, int S, int K>
+__global__ void __launch_bounds__(S * 32) sliced_block_classes(const float4* __restrict__ w, const long long* __restrict__ idx,
+                                                               const long long* __restrict__ offs, long long bags,
+                                                               long long width, float4* out) {
+  __shared__ float4 part[S][32];
+  const int lane = threadIdx.x % 32, s = threadIdx.x / 32;
+  const long long pass = blockIdx.x / bags, bag = blockIdx.x % bags, start = offs[bag], end = offs[bag + 1];
+  if (min((long long)K - 1, (end - start) / width) != K - 1 - pass) return;  // the whole block
+  const long long each = (end - start + S - 1) / S, lo = min(end, start + s * each), hi = min(end, lo + each);
+  part[s][lane] = sum_plain<U>(w, idx, lo, hi, lane);
+  __syncthreads();
+  if (s != 0) return;
+  float4 total = part[0][lane];
+  for (int t = 1; t < S; ++t) add(total, part[t][lane]);
+  out[bag * 32 + lane] = total;
+}
+
 // The bags longest first, on the GPU (as an op would have to): one block counts the bags per length
 // bucket (8 entries wide, the last one open) and places each bag after the longer buckets' bags;
 // within a bucket the order is whatever the atomics give (it decides only which block runs when).
@@ -460,6 +480,19 @@ int main() {
     sliced_block<4, 8><<<bags, 256>>>(w4, didx, dends, dorder, whole);
   });
   report("the ordering kernel alone", time_us([&] { order_longest<<<1, 1024>>>(dends, bags, dorder); }));
+  // longest first by dispatch order: K passes of the grid over the bags, each keeping one length
+  // class (2 x the mean length split into K classes, the last one open), one kernel
+  const long long mean = (n + bags - 1) / bags;
+  using Classes = void (*)(const float4*, const long long*, const long long*, long long, long long, float4*);
+  const struct { Classes k; int warps, passes; } classes[] = {
+      {sliced_block_classes<4, 8, 2>, 8, 2}, {sliced_block_classes<4, 8, 4>, 8, 4}, {sliced_block_classes<4, 8, 8>, 8, 8},
+      {sliced_block_classes<4, 4, 2>, 4, 2}, {sliced_block_classes<4, 4, 4>, 4, 4}};
+  for (const auto& c : classes) {
+    char label[80];
+    snprintf(label, sizeof label, "block of %d sliced warps, %d length classes, longest first", c.warps, c.passes);
+    const long long width = std::max(1LL, 2 * mean / c.passes);
+    measure(label, 0, 4, [&] { c.k<<<bags * c.passes, c.warps * 32>>>(w4, didx, dends, bags, width, whole); });
+  }
 
   // the ring adds the same rows in the same order as plain loads: equal bits, flat and per chunk
   float4* other;
