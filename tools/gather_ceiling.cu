@@ -163,16 +163,13 @@ __global__ void __launch_bounds__(128) per_chunk(const float4* __restrict__ w, c
   combine(bag, chunks, [&](int t) { return g - chunk + t; }, partials, arrivals, out, lane);
 }
 
-// A block of S warps per bag, as the sliced `block` variants: warp s sums the s-th contiguous part
-// of the bag, the parts added in order through shared memory. Block i takes bag order[i]: the
-// bags as given, or longest first (how much of the tail the order of the bags decides).
+// Bag `bag` summed by a block of S warps, as the sliced `block` variants: warp s sums the s-th
+// contiguous part of the bag, the parts added in order through shared memory.
 template <int U, int S>
-__global__ void __launch_bounds__(S * 32) sliced_block(const float4* __restrict__ w, const long long* __restrict__ idx,
-                                                       const long long* __restrict__ offs, const int* __restrict__ order,
-                                                       float4* out) {
+__device__ void sum_sliced(const float4* __restrict__ w, const long long* __restrict__ idx, long long start,
+                           long long end, long long bag, float4* out) {
   __shared__ float4 part[S][32];
   const int lane = threadIdx.x % 32, s = threadIdx.x / 32;
-  const long long bag = order[blockIdx.x], start = offs[bag], end = offs[bag + 1];
   const long long each = (end - start + S - 1) / S, lo = min(end, start + s * each), hi = min(end, lo + each);
   part[s][lane] = sum_plain<U>(w, idx, lo, hi, lane);
   __syncthreads();
@@ -182,6 +179,16 @@ __global__ void __launch_bounds__(S * 32) sliced_block(const float4* __restrict_
   out[bag * 32 + lane] = total;
 }
 
+// Block i takes bag order[i]: the bags as given, or longest first (how much of the tail the order
+// of the bags decides).
+template <int U, int S>
+__global__ void __launch_bounds__(S * 32) sliced_block(const float4* __restrict__ w, const long long* __restrict__ idx,
+                                                       const long long* __restrict__ offs, const int* __restrict__ order,
+                                                       float4* out) {
+  const long long bag = order[blockIdx.x];
+  sum_sliced<U, S>(w, idx, offs[bag], offs[bag + 1], bag, out);
+}
+
 // Longest first by dispatch order, in one kernel and with no ordering: the grid has K passes over
 // the bags, and pass p keeps only the bags of length class K - 1 - p (classes of `width` entries,
 // the last one open), so the long bags' blocks are dispatched first and the others exit at once.
@@ -189,17 +196,9 @@ template <int U, int S, int K>
 __global__ void __launch_bounds__(S * 32) sliced_block_classes(const float4* __restrict__ w, const long long* __restrict__ idx,
                                                                const long long* __restrict__ offs, long long bags,
                                                                long long width, float4* out) {
-  __shared__ float4 part[S][32];
-  const int lane = threadIdx.x % 32, s = threadIdx.x / 32;
   const long long pass = blockIdx.x / bags, bag = blockIdx.x % bags, start = offs[bag], end = offs[bag + 1];
   if (min((long long)K - 1, (end - start) / width) != K - 1 - pass) return;  // the whole block
-  const long long each = (end - start + S - 1) / S, lo = min(end, start + s * each), hi = min(end, lo + each);
-  part[s][lane] = sum_plain<U>(w, idx, lo, hi, lane);
-  __syncthreads();
-  if (s != 0) return;
-  float4 total = part[0][lane];
-  for (int t = 1; t < S; ++t) add(total, part[t][lane]);
-  out[bag * 32 + lane] = total;
+  sum_sliced<U, S>(w, idx, start, end, bag, out);
 }
 
 // The bags longest first, on the GPU (as an op would have to): one block counts the bags per length
