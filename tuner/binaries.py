@@ -45,10 +45,8 @@ def _nearest(space, v: Variant) -> Variant:
     halves = v.halves()
     if halves:
         return Variant.joined(*(_nearest(space, h) for h in halves))
-    # a dimension that may be None and is missing from v's parameters was added after v was tuned
-    params = v.as_dict()
-    return space.nearest({d.name: params[d.name] if d.name in params or None not in d.values else None
-                          for d in space.dims})
+    params = v.as_dict()  # without a dimension added since v was tuned, if that may be None
+    return space.nearest({d.name: params[d.name] for d in space.dims if d.name in params})
 
 
 def build_variants(family: str, winners: list[dict], arch: str, sources: dict[str, str] | None = None,

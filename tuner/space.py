@@ -72,11 +72,14 @@ class Space:
         """The variant for tuned parameter values, checked against dims and constraints. A dimension
         with None among its values (a choice that is off unless set, absent from names) may be left
         out: it is None, as for variants named before the dimension existed."""
-        params = {**{d.name: None for d in self.dims if None in d.values}, **params}
+        params = self._with_defaults(params)
         wrong = self.violations(params)
         if wrong:
             raise SpaceError(f"not a valid {self.family} variant: " + "; ".join(wrong))
         return self._variant(params)
+
+    def _with_defaults(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {**{d.name: None for d in self.dims if None in d.values}, **params}
 
     def _variant(self, params: Mapping[str, Any]) -> Variant:
         # Order: problem (fixed), tuned dims, then flags; the name follows it.
@@ -105,7 +108,9 @@ class Space:
 
     def nearest(self, params: Mapping[str, Any]) -> Variant:
         """The variant for `params`, or the valid one that differs from them in the fewest
-        dimensions (a sampler may propose a point that a constraint excludes)."""
+        dimensions (a sampler may propose a point that a constraint excludes). A dimension with
+        None among its values may be left out, as in `variant`."""
+        params = self._with_defaults(params)
         if not self.violations(params):
             return self._variant(params)
         best, best_diff = None, None

@@ -33,7 +33,7 @@ def joins(cfg: SearchConfig, space) -> bool:
     return cfg.objective == "fwd+bwd" and getattr(families.get(space.family), "JOINED_TEMPLATE", None) is not None
 
 
-def joined(space, measured: dict[str, tuple[float, float]]) -> Variant | None:
+def joined(by_name: dict[str, Variant], measured: dict[str, tuple[float, float]]) -> Variant | None:
     """The best forward joined to the best backward by the search's measurements (variant name ->
     (fwd, bwd) µs), where they are two variants whose times add up to JOIN_GAIN less than the best
     variant's; else None."""
@@ -42,7 +42,6 @@ def joined(space, measured: dict[str, tuple[float, float]]) -> Variant | None:
     fwd, bwd = (min(measured, key=lambda n: measured[n][i]) for i in (0, 1))
     if fwd == bwd or measured[fwd][0] + measured[bwd][1] > min(map(sum, measured.values())) * (1 - JOIN_GAIN):
         return None
-    by_name = space.by_name()
     return Variant.joined(by_name[fwd], by_name[bwd])
 
 
@@ -60,7 +59,7 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
     ranked = [by_name[name] for name in done["variant"] if name in by_name]
     measured = {r.variant: (r.fwd_us, r.bwd_us) for r in done.itertuples()
                 if r.variant in by_name and r.fwd_us == r.fwd_us and r.bwd_us == r.bwd_us}  # not NaN
-    extra = joined(space, measured) if join else None
+    extra = joined(by_name, measured) if join else None
     rows: list[dict] = []
     while True:  # until a finalist passes, or none is left (one round without a check: no re-round)
         variants = [v for v in ranked if v.name not in rejected][:cfg.top_k]

@@ -178,7 +178,7 @@ class Search:
         best = sorted(ok, key=lambda n: objective_value(ok[n], self.cfg.objective))[:self.cfg.top_k]
         likely = [by_name[name] for name in best if name in by_name]
         if finalists.joins(self.cfg, self.space):
-            extra = finalists.joined(self.space, {n: (r["fwd"]["median_us"], r["bwd"]["median_us"])
+            extra = finalists.joined(by_name, {n: (r["fwd"]["median_us"], r["bwd"]["median_us"])
                                                   for n, r in ok.items() if n in by_name and "bwd" in r})
             likely += [extra] if extra is not None else []
         return likely
