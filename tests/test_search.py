@@ -14,6 +14,7 @@ import pytest
 from tuner import errors, journal, records, search, study
 from tuner.errors import GpuError
 from tuner.families import giou
+from tuner.search import asking
 
 import simdata
 
@@ -465,6 +466,70 @@ def test_a_joined_variant_that_fails_its_check_is_rejected(opposed, monkeypatch)
     st = study.load(report.study_name)
     assert report.winner["variant"] == "scale_add.b64.2" and "halves" not in report.winner
     assert st.user_attrs["rejected"] == {"scale_add.b64.4.bwd.b64.1": "wrong result: backward sum"}
+
+
+def test_a_joining_search_prunes_only_a_variant_behind_in_both_halves(small, tmp_path, monkeypatch):
+    """Four items per thread: the best forward, but a backward that puts the variant's sum at 2x
+    the best sum. The pruner of a search without joins drops it; a joining search must time it,
+    since its forward is the joined winner's."""
+    fam, _ = small
+    monkeypatch.setattr(fam, "JOINED_TEMPLATE", "never rendered in a simulation", raising=False)
+    gpu = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
+    path = tmp_path / "far_apart.jsonl"
+    for v in fam.space():
+        fwd, bwd = 20.0 / v["items"] + v["block_size"] / 1000, 2.0 * v["items"] ** 2 + v["block_size"] / 1000
+        records.append(path, {"problem": fam.Problem().key(), "variant": v.name, "gpu": gpu, "status": "ok",
+                              "fwd": {"median_us": fwd, "spread_us": 0.1}, "bwd": {"median_us": bwd, "spread_us": 0.1}})
+    # 2 items (18 µs) first, so that the pruner has a best to compare the others with
+    order = sorted(fam.space(), key=lambda v: (v["items"] != 2, v.name))
+    monkeypatch.setattr(asking, "shuffled", lambda space, seed: list(order))
+    report = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path,
+                                            progress=False, seed=1, sampler="grid", top_k=2, batch=2))
+    st = study.load(report.study_name)
+    pruned = {t.user_attrs["variant"] for t in st.get_trials() if t.state.name == "PRUNED"}
+    assert pruned == set() and report.pruned == 0
+    assert report.winner["halves"] == {"forward": "scale_add.b64.4", "backward": "scale_add.b64.1"}
+    # the same search without joins prunes the variants of 4 items (sums of 37 µs, over 1.5 x 18)
+    monkeypatch.delattr(fam, "JOINED_TEMPLATE")
+    plain = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path,
+                                           progress=False, seed=1, sampler="grid", top_k=2, batch=2,
+                                           study="without-joins"))
+    st = study.load(plain.study_name)
+    assert {t.user_attrs["variant"] for t in st.get_trials() if t.state.name == "PRUNED"} == {
+        "scale_add.b64.4", "scale_add.b128.4"}
+
+
+def test_a_joining_ranked_batch_takes_the_best_forwards_and_the_best_backwards(small, monkeypatch):
+    """The model ranks the unseen variants by forward time for part of a batch and by backward time
+    for the rest, in proportion to the best forward's and backward's times; by the sum it would
+    take 2 items per thread, which neither half wants."""
+    import types
+
+    fam, _ = small
+    monkeypatch.setattr(fam, "JOINED_TEMPLATE", "never rendered in a simulation", raising=False)
+    monkeypatch.setattr(asking, "MIN_OUTCOMES", 2)
+    space = fam.space()
+    timed = {"scale_add.b64.1", "scale_add.b64.2", "scale_add.b64.4", "scale_add.b128.2"}
+
+    slower = {"bwd": 1.0}  # the backward's times scaled by this
+
+    def outcomes(objective=None):
+        times = {v.name: (20.0 / v["items"] + v["block_size"] / 1000,
+                          slower["bwd"] * (4.0 * v["items"] + v["block_size"] / 1000)) for v in space if v.name in timed}
+        pick = {"fwd": lambda t: t[0], "bwd": lambda t: t[1]}.get(objective, sum)
+        return {name: pick(t) for name, t in times.items()}
+
+    book = types.SimpleNamespace(dists=asking.distributions(space), seen=set(timed), outcomes=outcomes)
+    cfg = search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, seed=1, progress=False)
+    asker = asking.Asker(cfg, book, space, None, "scale_add")
+    assert asker.halves
+    # best forward 5.06 µs, best backward 4.06: one of each, the unseen b128.4, then a b128.1 or b256.1
+    assert [v["items"] for v in asker._picks(2)] == [4, 1]
+    slower["bwd"] = 3.0  # a backward of 12.2 µs: a quarter of 4 picks by forward time, the rest by backward
+    picks = asker._picks(4)
+    assert [v["items"] for v in picks][:3] == [4, 1, 1] and len(picks) == 4
+    slower["bwd"], asker.halves = 1.0, False  # by the sum: 2 items, the one unseen variant of them
+    assert [v.name for v in asker._picks(1)] == ["scale_add.b256.2"]
 
 
 def test_no_join_where_one_variant_has_the_best_forward_and_backward(small, monkeypatch):

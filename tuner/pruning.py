@@ -6,6 +6,8 @@ trial's intermediate value and asks the study's pruner (`trial.should_prune()`).
 A pruned trial is told PRUNED with the probe's time: it never wins, and the
 sampler still learns that its region is slow. Variants that go on get the full
 timing budget, and the winner is re-timed with more repetitions anyway.
+A search that joins halves (`search.finalists.joins`) decides without the pruner: it prunes only
+a probe behind in both halves (`Book.behind_in_both`).
 """
 
 from __future__ import annotations

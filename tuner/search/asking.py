@@ -5,7 +5,12 @@ Queued trials (retries, planted faults) go first, through Optuna's ask. Then, by
 - ranked (the default): the first batch is the family's best variants in other studies of
   the storage (another GPU, dtype pair or shape; a warm start) filled up with variants that
   cover every value and pair of values about equally (`Ranker.spread`);
-  every later batch is the unseen variants the model ranks best (`ranking.Ranker`);
+  every later batch is the unseen variants the model ranks best (`ranking.Ranker`). In a search
+  that joins the best forward to the best backward (`finalists.joins`), a batch is the variants
+  ranked best by their forward time and those ranked best by their backward time, in proportion
+  to the best forward's and the best backward's share of their sum (where the joined variant's
+  time can gain): ranked by one variant's sum, the larger half decides, and the other half's
+  best may never be tried;
 - random and grid: unseen variants in a shuffled order (grid: until the space is done);
 - tpe: Optuna's TPESampler, asked one trial at a time (it may propose a variant again).
 Ranked, random and grid claim each variant in one write (`study.claim`). Once every variant of
@@ -20,6 +25,7 @@ from typing import Any
 
 from tuner import searchers
 from tuner import study as studies
+from tuner.search import finalists
 from tuner.search.config import SearchConfig
 from tuner.search.ranking import Ranker
 from tuner.search.recording import Book, set_user_attrs
@@ -64,6 +70,7 @@ class Asker:
         # the variants still to try, the next one last (popped); tpe proposes its own
         self.queue = shuffled(space, cfg.seed)[::-1] if cfg.sampler != "tpe" else None
         self.ranker = Ranker(space, cfg.seed) if cfg.sampler == "ranked" else None
+        self.halves = finalists.joins(cfg, space)  # ranked: picks by forward and by backward time
         self.warm: list[str] = []  # ranked: other studies' best, tried first
         self.learns = self.ranker is not None  # its picks depend on the outcomes so far
         self.first_batch = FIRST_BATCH
@@ -129,8 +136,15 @@ class Asker:
         if self.ranker is None or (not outcomes and not self.warm) or len(outcomes) < MIN_OUTCOMES:
             return self._first(n)
         by_name = {v.name: v for v in self.queue}
-        names = self.ranker.pick(n, outcomes, list(by_name))
-        return [by_name[name] for name in names]
+        if not self.halves:
+            return [by_name[name] for name in self.ranker.pick(n, outcomes, list(by_name))]
+        fwd_times, bwd_times = self.book.outcomes("fwd"), self.book.outcomes("bwd")
+        best = [min((t for t in times.values() if t), default=0.0) for times in (fwd_times, bwd_times)]
+        share = best[0] / sum(best) if sum(best) > 0 else 0.5
+        fwd = self.ranker.pick(min(n - 1, max(1, round(n * share))) if n > 1 else n, fwd_times, list(by_name))
+        taken = set(fwd)
+        bwd = self.ranker.pick(n - len(fwd), bwd_times, [name for name in by_name if name not in taken])
+        return [by_name[name] for name in fwd + bwd]
 
     def _first(self, n: int) -> list[Variant]:
         """Warm-start variants (up to WARM_SHARE of n), then for ranked variants that spread

@@ -49,6 +49,7 @@ class Search:
                          lambda: evaluator.gpu_info, self.report)
         self.book.record_identity(self.family.FAMILY, evaluator.gpu_name)
         self.asker = asking.Asker(cfg, self.book, self.space, self.storage, self.family.FAMILY)
+        self.joins = finalists.joins(cfg, self.space)  # the halves count apart (pruning, ranked picks)
         self._heartbeat = searchers.Heartbeat(self.study, self.storage)
         self._lock = threading.Lock()
         self._slots: queue.Queue[int] = queue.Queue()
@@ -238,14 +239,19 @@ class Search:
 
     def _probe(self, trial, partial: dict) -> bool:
         """The first repetitions' objective as the trial's intermediate value; go on unless the
-        study's pruner says prune (or another searcher failed the trial meanwhile: `tell` drops it)."""
+        study's pruner says prune (or another searcher failed the trial meanwhile: `tell` drops it).
+        A search that joins halves prunes only a variant behind in both halves: one with the best
+        forward and a slow backward is the forward a joined variant takes."""
         import optuna
 
         try:
             trial.report(objective_value(partial, self.cfg.objective), partial["fwd"].get("reps", 0))
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
-        self.book.probed.add(trial.number)
+        with self._lock:
+            self.book.probed.add(trial.number)
+            if self.joins:
+                return not self.book.behind_in_both(partial, self.cfg.prune)
         return not trial.should_prune()
 
 

@@ -162,13 +162,24 @@ class Book:
                 new.append((trial, variant))
         return new, waiting
 
-    def outcomes(self) -> dict[str, float | None]:
-        """Each finished variant's objective (a pruned one's probe), None for a failure."""
+    def outcomes(self, objective: str | None = None) -> dict[str, float | None]:
+        """Each finished variant's objective (a pruned one's probe), None for a failure; with
+        `objective` ("fwd", "bwd"), that time instead of the search's."""
         out: dict[str, float | None] = {}
         for name, (_, result) in self.results.items():
             ok = result.get("status") in ("ok", "pruned") and "fwd" in result
-            out[name] = objective_value(result, self.cfg.objective) if ok else None
+            out[name] = objective_value(result, objective or self.cfg.objective) if ok else None
         return out
+
+    def behind_in_both(self, partial: dict, factor: float) -> bool:
+        """A probe over `factor` x the best finished forward and over it x the best backward: a
+        variant no join could use either half of (a half no finished variant has yet: not behind)."""
+        done = [r for _, r in self.results.values() if r.get("status") == "ok"]
+        for half in ("fwd", "bwd"):
+            best = min((objective_value(r, half) for r in done), default=0.0)
+            if not best > 0 or objective_value(partial, half) <= factor * best:
+                return False
+        return True
 
     # ------------------------------------------------------------ adding
 
