@@ -12,7 +12,10 @@
 // bags, checked against double sums: per chunk and flat with an ordered combining pass, and a block
 // per bag as slices, its bags in order or longest first (sorted on the host, or ordered by a kernel
 // on the GPU before the gather). And for 16-bit weights (rows of 256 or
-// 128 bytes): a streaming read of as many bytes and flat gathers.
+// 128 bytes): a streaming read of as many bytes and flat gathers. And the flat gather and the
+// length classes with cache hints on the rows' loads (the L2 fetching 128 or 256 bytes around a
+// miss, rows marked first to evict), and the flat gather through the bulk-copy engine (whole rows
+// into a ring in shared memory, one cp.async.bulk each, completing on an mbarrier).
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
@@ -37,17 +40,41 @@ __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"
 template <int N>
 __device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+// A row's 16 bytes with a cache hint: H = 0 plain (the compiler's non-coherent load), 1 and 2 ask
+// the L2 to fetch 128 or 256 bytes around the miss, 3 the same 256 and no L1 allocation, 4 marks
+// the lines first to evict from the L2 (rows read once should not push out the ids).
+template <int H>
+__device__ __forceinline__ float4 load(const float4* p) {
+  if constexpr (H == 0) {
+    return *p;
+  } else {
+  float4 v;
+  if constexpr (H == 1)
+    asm volatile("ld.global.nc.L2::128B.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  if constexpr (H == 2)
+    asm volatile("ld.global.nc.L2::256B.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  if constexpr (H == 3)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.f32 {%0,%1,%2,%3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  if constexpr (H == 4)
+    asm volatile("{\n .reg .b64 pol;\n createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
+                 " ld.global.nc.L1::no_allocate.L2::cache_hint.v4.f32 {%0,%1,%2,%3}, [%4], pol;\n}"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+  }
+}
+
 // Rows idx[lo..hi) summed by a warp (lane: 16 bytes of each row), D rows in flight: plain loads
 // unrolled D times, or a ring of D rows in shared memory filled by cp.async (each lane reads back
 // only its own 16 bytes, so no barrier). Both add the rows in the same order: equal bits.
-template <int D>
+template <int D, int H = 0>
 __device__ float4 sum_plain(const float4* __restrict__ w, const long long* __restrict__ idx, long long lo, long long hi,
                             int lane) {
   float4 acc = make_float4(0, 0, 0, 0);
   for (long long j = lo; j < hi; j += D) {
     float4 x[D];
 #pragma unroll
-    for (int u = 0; u < D; ++u) x[u] = j + u < hi ? w[idx[j + u] * (DIM / 4) + lane] : make_float4(0, 0, 0, 0);
+    for (int u = 0; u < D; ++u) x[u] = j + u < hi ? load<H>(w + idx[j + u] * (DIM / 4) + lane) : make_float4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < D; ++u) add(acc, x[u]);
   }
@@ -98,6 +125,63 @@ __global__ void __launch_bounds__(WARPS * 32) gather(const float4* __restrict__ 
     hi = min(end, lo + C);
   }
   out[g * 32 + lane] = RING ? sum_ring<D>(w, idx, lo, hi, ring[threadIdx.x / 32], lane) : sum_plain<D>(w, idx, lo, hi, lane);
+}
+
+// The flat gather with load hint H (see load), U rows in flight per lane.
+template <int U, int H>
+__global__ void __launch_bounds__(256) flat_hint(const float4* __restrict__ w, const long long* __restrict__ idx,
+                                                 long long n, float4* __restrict__ out) {
+  const int lane = threadIdx.x % 32;
+  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
+  const long long lo = min(n, g * per), hi = min(n, lo + per);
+  out[g * 32 + lane] = sum_plain<U, H>(w, idx, lo, hi, lane);
+}
+
+// The flat gather through the bulk-copy engine: each warp keeps a ring of D whole rows (512 bytes)
+// in shared memory; lane 0 asks for a row with one cp.async.bulk that completes on the slot's
+// mbarrier, and every lane adds its 16 bytes of the slot once the barrier's phase flips. The rows
+// are added in the same order as sum_plain's (equal bits).
+__device__ __forceinline__ unsigned smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+template <int D>
+__global__ void __launch_bounds__(256) flat_bulk(const float4* __restrict__ w, const long long* __restrict__ idx,
+                                                 long long n, float4* __restrict__ out) {
+  __shared__ alignas(128) float4 ring[8][D][32];
+  __shared__ alignas(8) unsigned long long bar[8][D];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
+  const long long lo = min(n, g * per), hi = min(n, lo + per);
+  if (lane == 0)
+    for (int s = 0; s < D; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem(&bar[warp][s])));
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncwarp();
+  auto issue = [&](int s, long long j) {
+    if (lane != 0) return;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 512;" ::"r"(smem(&bar[warp][s])) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 512, [%2];"
+                 ::"r"(smem(&ring[warp][s][0])), "l"(w + idx[j] * (DIM / 4)), "r"(smem(&bar[warp][s])) : "memory");
+  };
+  auto wait = [&](int s, unsigned parity) {
+    asm volatile("{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 " @!p bra WAIT;\n}" ::"r"(smem(&bar[warp][s])), "r"(parity) : "memory");
+  };
+  for (int s = 0; s < D; ++s)
+    if (lo + s < hi) issue(s, lo + s);
+  float4 acc = make_float4(0, 0, 0, 0);
+  unsigned parity = 0;
+  for (long long j = lo; j < hi; j += D, parity ^= 1) {
+#pragma unroll
+    for (int s = 0; s < D; ++s) {
+      if (j + s >= hi) break;
+      wait(s, parity);
+      add(acc, ring[warp][s][lane]);
+      __syncwarp();
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      if (j + s + D < hi) issue(s, j + s + D);
+    }
+  }
+  out[g * 32 + lane] = acc;
 }
 
 // Narrower rows (16-bit weights): rows of Q float4s (Q = 16: 128 x 16-bit, 256 B; Q = 8: 128 B),
@@ -165,13 +249,13 @@ __global__ void __launch_bounds__(128) per_chunk(const float4* __restrict__ w, c
 
 // Bag `bag` summed by a block of S warps, as the sliced `block` variants: warp s sums the s-th
 // contiguous part of the bag, the parts added in order through shared memory.
-template <int U, int S>
+template <int U, int S, int H = 0>
 __device__ void sum_sliced(const float4* __restrict__ w, const long long* __restrict__ idx, long long start,
                            long long end, long long bag, float4* out) {
   __shared__ float4 part[S][32];
   const int lane = threadIdx.x % 32, s = threadIdx.x / 32;
   const long long each = (end - start + S - 1) / S, lo = min(end, start + s * each), hi = min(end, lo + each);
-  part[s][lane] = sum_plain<U>(w, idx, lo, hi, lane);
+  part[s][lane] = sum_plain<U, H>(w, idx, lo, hi, lane);
   __syncthreads();
   if (s != 0) return;
   float4 total = part[0][lane];
@@ -192,13 +276,13 @@ __global__ void __launch_bounds__(S * 32) sliced_block(const float4* __restrict_
 // Longest first by dispatch order, in one kernel and with no ordering: the grid has K passes over
 // the bags, and pass p keeps only the bags of length class K - 1 - p (classes of `width` entries,
 // the last one open), so the long bags' blocks are dispatched first and the others exit at once.
-template <int U, int S, int K>
+template <int U, int S, int K, int H = 0>
 __global__ void __launch_bounds__(S * 32) sliced_block_classes(const float4* __restrict__ w, const long long* __restrict__ idx,
                                                                const long long* __restrict__ offs, long long bags,
                                                                long long width, float4* out) {
   const long long pass = blockIdx.x / bags, bag = blockIdx.x % bags, start = offs[bag], end = offs[bag + 1];
   if (min((long long)K - 1, (end - start) / width) != K - 1 - pass) return;  // the whole block
-  sum_sliced<U, S>(w, idx, start, end, bag, out);
+  sum_sliced<U, S, H>(w, idx, start, end, bag, out);
 }
 
 // The bags longest first, on the GPU (as an op would have to): one block counts the bags per length
@@ -386,6 +470,35 @@ int main() {
     report(name, time_us([&] { c.k<<<blocks, c.warps * 32>>>(w4, didx, doffs, bags, n, splits, out); }));
   }
 
+  // load hints and the bulk-copy engine, flat (perfect balance); each checked to give the plain
+  // gather's bits first
+  {
+    using Flat1 = void (*)(const float4*, const long long*, long long, float4*);
+    const long long words = (long long)sms * 64 * 32 * 4;
+    float4* ref;
+    CK(cudaMalloc(&ref, words * 4));
+    const struct { const char* name; Flat1 k; int wps; } hinted[] = {
+        {"flat U8, plain", flat_hint<8, 0>, 32}, {"flat U8, L2::128B", flat_hint<8, 1>, 32},
+        {"flat U8, L2::256B", flat_hint<8, 2>, 32}, {"flat U8, no L1, L2::256B", flat_hint<8, 3>, 32},
+        {"flat U8, no L1, L2 evict first", flat_hint<8, 4>, 32}, {"flat U4, plain", flat_hint<4, 0>, 64},
+        {"flat U4, L2::256B", flat_hint<4, 2>, 64}, {"flat U16, L2::256B", flat_hint<16, 2>, 16},
+        {"flat bulk copies, ring of 4 rows", flat_bulk<4>, 32}, {"flat bulk copies, ring of 8 rows", flat_bulk<8>, 16},
+        {"flat bulk copies, ring of 8 rows", flat_bulk<8>, 24}, {"flat bulk copies, ring of 8 rows", flat_bulk<8>, 32},
+    };
+    for (const auto& c : hinted) {
+      const long long blocks = (long long)sms * c.wps / 8;
+      CK(cudaMemset(out, 0, words * 4));
+      CK(cudaMemset(ref, 0, words * 4));
+      flat_hint<1, 0><<<blocks, 256>>>(w4, didx, n, ref);
+      c.k<<<blocks, 256>>>(w4, didx, n, out);
+      CK(cudaDeviceSynchronize());
+      char name[96];
+      snprintf(name, sizeof name, "%s, %d warps/SM%s", c.name, c.wps, same(&out[0].x, &ref[0].x, words) ? "" : " (BITS DIFFER)");
+      report(name, time_us([&] { c.k<<<blocks, 256>>>(w4, didx, n, out); }));
+    }
+    CK(cudaFree(ref));
+  }
+
   // whole bags: the per-chunk kernel (as the `split` variants) and the flat one, both checked
   // against the sums in double on the host first
   long long* dends;
@@ -483,12 +596,14 @@ int main() {
   // class (2 x the mean length split into K classes, the last one open), one kernel
   const long long mean = (n + bags - 1) / bags;
   using Classes = void (*)(const float4*, const long long*, const long long*, long long, long long, float4*);
-  const struct { Classes k; int warps, passes; } classes[] = {
+  const struct { Classes k; int warps, passes; const char* hint = ""; } classes[] = {
       {sliced_block_classes<4, 8, 2>, 8, 2}, {sliced_block_classes<4, 8, 4>, 8, 4}, {sliced_block_classes<4, 8, 8>, 8, 8},
-      {sliced_block_classes<4, 4, 2>, 4, 2}, {sliced_block_classes<4, 4, 4>, 4, 4}};
+      {sliced_block_classes<4, 4, 2>, 4, 2}, {sliced_block_classes<4, 4, 4>, 4, 4},
+      {sliced_block_classes<4, 8, 4, 2>, 8, 4, ", L2::256B"}, {sliced_block_classes<4, 4, 4, 2>, 4, 4, ", L2::256B"},
+      {sliced_block_classes<4, 8, 4, 4>, 8, 4, ", L2 evict first"}};
   for (const auto& c : classes) {
-    char label[80];
-    snprintf(label, sizeof label, "block of %d sliced warps, %d length classes, longest first", c.warps, c.passes);
+    char label[96];
+    snprintf(label, sizeof label, "block of %d sliced warps, %d length classes, longest first%s", c.warps, c.passes, c.hint);
     const long long width = std::max(1LL, 2 * mean / c.passes);
     measure(label, 0, 4, [&] { c.k<<<bags * c.passes, c.warps * 32>>>(w4, didx, dends, bags, width, whole); });
   }
