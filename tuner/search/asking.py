@@ -141,7 +141,8 @@ class Asker:
         fwd_times, bwd_times = self.book.outcomes("fwd"), self.book.outcomes("bwd")
         best = [min((t for t in times.values() if t), default=0.0) for times in (fwd_times, bwd_times)]
         share = best[0] / sum(best) if sum(best) > 0 else 0.5
-        fwd = self.ranker.pick(min(n - 1, max(1, round(n * share))) if n > 1 else n, fwd_times, list(by_name))
+        by_fwd = n if n == 1 else min(n - 1, max(1, round(n * share)))  # at least one pick each
+        fwd = self.ranker.pick(by_fwd, fwd_times, list(by_name))
         taken = set(fwd)
         bwd = self.ranker.pick(n - len(fwd), bwd_times, [name for name in by_name if name not in taken])
         return [by_name[name] for name in fwd + bwd]
