@@ -16,6 +16,16 @@
 // length classes with cache hints on the rows' loads (the L2 fetching 128 or 256 bytes around a
 // miss, rows marked first to evict), and the flat gather through the bulk-copy engine (whole rows
 // into a ring in shared memory, one cp.async.bulk each, completing on an mbarrier).
+//
+// Where the gather's time over the read goes comes first (alone with WHERE_ONLY=1 in the
+// environment): streaming reads with more loads in flight; the flat gather over other ids (distinct
+// rows, sorted rows, a smaller span of the table for the TLBs, runs of consecutive rows for the DRAM
+// pages, rows 0..n-1 in order); the ids a lane each with the next 32 loaded ahead; and the flat
+// split with no ids at all (a range of rows a warp). On the H100 (three runs): the read 56.3-57.7 us;
+// a range of rows a warp with no ids 60.6-61.5; the same with ids, rows in order, 61.1-62.6; random
+// rows 62.5-64.7 with the ids loaded ahead (66-67 without), whatever the span or the run length.
+// A random gather sits at 1.10-1.13x the read however it is written; 16-bit rows gain nothing
+// from loading the ids ahead.
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
@@ -138,6 +148,55 @@ __global__ void __launch_bounds__(256) flat_hint(const float4* __restrict__ w, c
   out[g * 32 + lane] = sum_plain<U, H>(w, idx, lo, hi, lane);
 }
 
+// The flat gather's split with no ids: warp g reads rows [lo, hi) of the table in order, U in
+// flight. Against the read, it shows what splitting the bytes into one stream per warp costs;
+// against the gather of rows 0..n-1, what the dependent id loads cost.
+template <int U>
+__global__ void __launch_bounds__(256) flat_ranges(const float4* __restrict__ w, long long n, float4* __restrict__ out) {
+  const int lane = threadIdx.x % 32;
+  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
+  const long long lo = min(n, g * per), hi = min(n, lo + per);
+  float4 acc = make_float4(0, 0, 0, 0);
+  for (long long j = lo; j < hi; j += U) {
+    float4 x[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) x[u] = j + u < hi ? w[(j + u) * (DIM / 4) + lane] : make_float4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) add(acc, x[u]);
+  }
+  out[g * 32 + lane] = acc;
+}
+
+// The flat gather with the ids a lane each: a coalesced load of 32 ids, broadcast by shuffles,
+// and the next 32 loaded while this 32's rows are in flight, so no id load waits in the loop.
+template <int U>
+__global__ void __launch_bounds__(256) flat_prefetch(const float4* __restrict__ w, const long long* __restrict__ idx,
+                                                     long long n, float4* __restrict__ out) {
+  const int lane = threadIdx.x % 32;
+  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
+  const long long lo = min(n, g * per), hi = min(n, lo + per);
+  float4 acc = make_float4(0, 0, 0, 0);
+  long long next = lo + lane < hi ? idx[lo + lane] : 0;
+  for (long long c = lo; c < hi; c += 32) {
+    const long long mine = next;
+    next = c + 32 + lane < hi ? idx[c + 32 + lane] : 0;
+    const int count = (int)min(32LL, hi - c);
+    for (int m = 0; m < count; m += U) {
+      float4 x[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const long long r = __shfl_sync(0xffffffffu, mine, (m + u) & 31);
+        x[u] = m + u < count ? w[r * (DIM / 4) + lane] : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) add(acc, x[u]);
+    }
+  }
+  out[g * 32 + lane] = acc;
+}
+
 // The flat gather through the bulk-copy engine: each warp keeps a ring of D whole rows (512 bytes)
 // in shared memory; lane 0 asks for a row with one cp.async.bulk that completes on the slot's
 // mbarrier, and every lane adds its 16 bytes of the slot once the barrier's phase flips. The rows
@@ -201,6 +260,36 @@ __global__ void flat_rows(const float4* __restrict__ w, const long long* __restr
     for (int u = 0; u < U; ++u) x[u] = j + u * R < hi ? w[idx[j + u * R] * Q + col] : make_float4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < U; ++u) add(acc, x[u]);
+  }
+  out[g * 32 + lane] = acc;
+}
+
+// The same with the ids a lane each, the next 32 loaded while this 32's rows are in flight.
+template <int Q, int U>
+__global__ void flat_rows_prefetch(const float4* __restrict__ w, const long long* __restrict__ idx, long long n,
+                                   float4* out) {
+  constexpr int R = 32 / Q;
+  const int lane = threadIdx.x % 32, sub = lane / Q, col = lane % Q;
+  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
+  const long long lo = min(n, g * per), hi = min(n, lo + per);
+  float4 acc = make_float4(0, 0, 0, 0);
+  long long next = lo + lane < hi ? idx[lo + lane] : 0;
+  for (long long c = lo; c < hi; c += 32) {
+    const long long mine = next;
+    next = c + 32 + lane < hi ? idx[c + 32 + lane] : 0;
+    const int count = (int)min(32LL, hi - c);
+    for (int m = 0; m < count; m += R * U) {
+      float4 x[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int e = m + u * R + sub;
+        const long long r = __shfl_sync(0xffffffffu, mine, e & 31);
+        x[u] = e < count ? w[r * Q + col] : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) add(acc, x[u]);
+    }
   }
   out[g * 32 + lane] = acc;
 }
@@ -350,6 +439,22 @@ __global__ void read_all(const float4* __restrict__ a, long long n4, float* out)
     add(acc, a[i]);
   if (acc.x == 12345.f) out[0] = acc.y;
 }
+// The same read with U independent 16-byte loads in flight per thread (more bytes in flight per SM).
+template <int U>
+__global__ void read_unrolled(const float4* __restrict__ a, long long n4, float* out) {
+  float4 acc = make_float4(0, 0, 0, 0);
+  const long long step = (long long)gridDim.x * blockDim.x;
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  for (; i + (U - 1) * step < n4; i += U * step) {
+    float4 x[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) x[u] = a[i + u * step];
+#pragma unroll
+    for (int u = 0; u < U; ++u) add(acc, x[u]);
+  }
+  for (; i < n4; i += step) add(acc, a[i]);
+  if (acc.x == 12345.f) out[0] = acc.y;
+}
 __global__ void copy_all(const float4* __restrict__ a, float4* __restrict__ b, long long n4) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) b[i] = a[i];
 }
@@ -427,21 +532,103 @@ int main() {
   report("stream read (same bytes)", time_us([&] { read_all<<<sms * 16, 256>>>(w4, n4, &out[0].x); }));
   report("stream copy (same bytes; TB/s of the read)", time_us([&] { copy_all<<<sms * 16, 256>>>(w4, dst, n4); }));
 
+  for (int u : {4, 8})
+    for (int bps : {4, 8, 16}) {
+      char name[80];
+      snprintf(name, sizeof name, "stream read U%d, %d blocks of 256 a SM", u, bps);
+      auto k = u == 4 ? read_unrolled<4> : read_unrolled<8>;
+      report(name, time_us([&] { k<<<sms * bps, 256>>>(w4, n4, &out[0].x); }));
+    }
+
+  // Where the gather's time over the read goes: the same flat gather (n rows of 512 bytes, perfect
+  // balance) over other ids. Footprint (the table's span the ids touch: the GPU's TLBs reach only
+  // part of 2.56 GB), runs of consecutive rows (DRAM pages opened for more than one row), and rows
+  // in order (the gather's own cost over a read, with no randomness left).
+  {
+    std::vector<std::pair<const char*, std::vector<long long>>> sets;
+    sets.push_back({"the problem's ids (random over 2.56 GB)", idx});
+    std::vector<long long> all(ROWS);
+    for (long long r = 0; r < ROWS; ++r) all[r] = r;
+    std::shuffle(all.begin(), all.end(), rng);
+    std::vector<long long> distinct(all.begin(), all.begin() + n);
+    sets.push_back({"distinct random rows over 2.56 GB", distinct});
+    std::sort(distinct.begin(), distinct.end());
+    sets.push_back({"the same rows, ascending", distinct});
+    for (long long f : {4 * n, n}) {
+      std::vector<long long> part;
+      for (long long r : all)
+        if (r < f && (long long)part.size() < n) part.push_back(r);
+      char* label = new char[64];
+      snprintf(label, 64, "distinct random rows over %.0f MB", f * 512.0 / 1e6);
+      sets.push_back({label, part});
+    }
+    for (int run : {2, 4, 8, 64}) {
+      std::vector<long long> starts;
+      for (long long r : all)
+        if (r % run == 0 && r + run <= ROWS && (long long)starts.size() * run < n) starts.push_back(r);
+      std::vector<long long> ids;
+      for (long long s0 : starts)
+        for (int k = 0; k < run && (long long)ids.size() < n; ++k) ids.push_back(s0 + k);
+      char* label = new char[64];
+      snprintf(label, 64, "runs of %d rows (%d B) at random places", run, run * 512);
+      sets.push_back({label, ids});
+    }
+    std::vector<long long> order(n);
+    for (long long r = 0; r < n; ++r) order[r] = r;
+    sets.push_back({"rows 0..n-1 in order (contiguous)", order});
+    long long* ids;
+    CK(cudaMalloc(&ids, n * 8));
+    for (const auto& s : sets) {
+      CK(cudaMemcpy(ids, s.second.data(), n * 8, cudaMemcpyHostToDevice));
+      char name[96];
+      snprintf(name, sizeof name, "flat U8, 32 warps/SM: %s", s.first);
+      report(name, time_us([&] { flat_hint<8, 0><<<sms * 4, 256>>>(w4, ids, n, out); }));
+      snprintf(name, sizeof name, "flat U4, 64 warps/SM: %s", s.first);
+      report(name, time_us([&] { flat_hint<4, 0><<<sms * 8, 256>>>(w4, ids, n, out); }));
+      for (int wps : {16, 32, 64}) {
+        snprintf(name, sizeof name, "ids prefetched U8, %d warps/SM: %s", wps, s.first);
+        report(name, time_us([&] { flat_prefetch<8><<<sms * wps / 8, 256>>>(w4, ids, n, out); }));
+      }
+      snprintf(name, sizeof name, "ids prefetched U16, 16 warps/SM: %s", s.first);
+      report(name, time_us([&] { flat_prefetch<16><<<sms * 2, 256>>>(w4, ids, n, out); }));
+    }
+    {  // the prefetching gather adds the same rows in the same order: equal bits
+      float4* other;
+      const long long words = (long long)sms * 32 * 32 * 4;
+      CK(cudaMalloc(&other, words * 4));
+      CK(cudaMemcpy(ids, idx.data(), n * 8, cudaMemcpyHostToDevice));
+      flat_hint<8, 0><<<sms * 4, 256>>>(w4, ids, n, out);
+      flat_prefetch<8><<<sms * 4, 256>>>(w4, ids, n, other);
+      CK(cudaDeviceSynchronize());
+      printf("ids prefetched == plain loads: %d\n", (int)same(&out[0].x, &other[0].x, words));
+      CK(cudaFree(other));
+    }
+    CK(cudaFree(ids));
+    for (int wps : {16, 32, 64}) {
+      char name[96];
+      snprintf(name, sizeof name, "no ids, a range of rows a warp, U8, %d warps/SM", wps);
+      report(name, time_us([&] { flat_ranges<8><<<sms * wps / 8, 256>>>(w4, n, out); }));
+    }
+  }
   // 16-bit rows: a streaming read of as many bytes, and flat gathers at 16-64 warps per SM
-  const struct { int q; void (*k[2])(const float4*, const long long*, long long, float4*); } narrow[] = {
-      {16, {flat_rows<16, 1>, flat_rows<16, 4>}}, {8, {flat_rows<8, 1>, flat_rows<8, 4>}}};
+  const struct { int q; void (*k[4])(const float4*, const long long*, long long, float4*); } narrow[] = {
+      {16, {flat_rows<16, 1>, flat_rows<16, 4>, flat_rows_prefetch<16, 2>, flat_rows_prefetch<16, 4>}},
+      {8, {flat_rows<8, 1>, flat_rows<8, 4>, flat_rows_prefetch<8, 2>, flat_rows_prefetch<8, 4>}}};
   for (const auto& r : narrow) {
     const double bytes = n * r.q * 16.0;
     auto line = [&](const char* name, float us) { printf("%-50s %8.1f us  %5.2f TB/s\n", name, us, bytes / 1e6 / us); };
     char name[80];
     snprintf(name, sizeof name, "rows of %d B: stream read (same bytes)", r.q * 16);
     line(name, time_us([&] { read_all<<<sms * 16, 256>>>(w4, n * r.q, &out[0].x); }));
-    for (int u = 0; u < 2; ++u)
+    for (int u = 0; u < 4; ++u)
       for (int wps : {16, 32, 64}) {
-        snprintf(name, sizeof name, "rows of %d B: flat U%d, %d warps/SM", r.q * 16, u ? 4 : 1, wps);
+        snprintf(name, sizeof name, "rows of %d B: flat%s U%d, %d warps/SM", r.q * 16, u > 1 ? ", ids prefetched" : "",
+                 u == 2 ? 2 : u ? 4 : 1, wps);
         line(name, time_us([&] { r.k[u]<<<sms * wps / 8, 256>>>(w4, didx, n, out); }));
       }
   }
+
+  if (getenv("WHERE_ONLY")) return 0;
 
   // name, kernel, warps per block, and warps per SM (flat) or entries per chunk (bags)
   using Kernel = void (*)(const float4*, const long long*, const long long*, long long, long long, int, float4*);
