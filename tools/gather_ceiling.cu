@@ -21,9 +21,9 @@
 // environment): streaming reads with more loads in flight; the flat gather over other ids (distinct
 // rows, sorted rows, a smaller span of the table for the TLBs, runs of consecutive rows for the DRAM
 // pages, rows 0..n-1 in order); the ids a lane each with the next 32 loaded ahead; and the flat
-// split with no ids at all (a range of rows a warp). On the H100 (three runs): the read 56.3-57.7 us;
-// a range of rows a warp with no ids 60.6-61.5; the same with ids, rows in order, 61.1-62.6; random
-// rows 62.5-64.7 with the ids loaded ahead (66-67 without), whatever the span or the run length.
+// split with no ids at all (a range of rows a warp). On the H100 (four runs): the read 56.3-57.7 us;
+// a range of rows a warp with no ids 60.5-61.5; the same with ids, rows in order, 60.9-62.6; random
+// rows 61.4-64.7 with the ids loaded ahead (65-67 without), whatever the span or the run length.
 // A random gather sits at 1.10-1.13x the read however it is written; 16-bit rows gain nothing
 // from loading the ids ahead.
 #include <cuda_runtime.h>
