@@ -21,8 +21,8 @@
 // environment): streaming reads with more loads in flight; the flat gather over other ids (distinct
 // rows, sorted rows, a smaller span of the table for the TLBs, runs of consecutive rows for the DRAM
 // pages, rows 0..n-1 in order); the ids a lane each with the next 32 loaded ahead; and the flat
-// split with no ids at all (a range of rows a warp). On the H100 (four runs): the read 56.3-57.7 us;
-// a range of rows a warp with no ids 60.5-61.5; the same with ids, rows in order, 60.9-62.6; random
+// split with no ids at all (a range of rows a warp). On the H100 (five runs): the read 56.3-57.7 us;
+// a range of rows a warp with no ids 59.6-61.5; the same with ids, rows in order, 60.9-62.6; random
 // rows 61.4-64.7 with the ids loaded ahead (65-67 without), whatever the span or the run length.
 // A random gather sits at 1.10-1.13x the read however it is written; 16-bit rows gain nothing
 // from loading the ids ahead.
@@ -77,6 +77,12 @@ __device__ __forceinline__ float4 load(const float4* p) {
 // Rows idx[lo..hi) summed by a warp (lane: 16 bytes of each row), D rows in flight: plain loads
 // unrolled D times, or a ring of D rows in shared memory filled by cp.async (each lane reads back
 // only its own 16 bytes, so no barrier). Both add the rows in the same order: equal bits.
+// Flat kernels' share of n entries: warp g of the grid takes [lo, hi), the warps' shares equal.
+__device__ __forceinline__ void flat_range(long long g, long long n, long long& lo, long long& hi) {
+  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
+  lo = min(n, g * per), hi = min(n, lo + per);
+}
+
 template <int D, int H = 0>
 __device__ float4 sum_plain(const float4* __restrict__ w, const long long* __restrict__ idx, long long lo, long long hi,
                             int lane) {
@@ -124,8 +130,7 @@ __global__ void __launch_bounds__(WARPS * 32) gather(const float4* __restrict__ 
   const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
   long long lo, hi;
   if (C == 0) {
-    const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
-    lo = min(n, g * per), hi = min(n, lo + per);
+    flat_range(g, n, lo, hi);
   } else {
     const long long bag = g / splits, chunk = g % splits;
     if (bag >= bags) return;
@@ -143,8 +148,8 @@ __global__ void __launch_bounds__(256) flat_hint(const float4* __restrict__ w, c
                                                  long long n, float4* __restrict__ out) {
   const int lane = threadIdx.x % 32;
   const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
-  const long long lo = min(n, g * per), hi = min(n, lo + per);
+  long long lo, hi;
+  flat_range(g, n, lo, hi);
   out[g * 32 + lane] = sum_plain<U, H>(w, idx, lo, hi, lane);
 }
 
@@ -155,8 +160,8 @@ template <int U>
 __global__ void __launch_bounds__(256) flat_ranges(const float4* __restrict__ w, long long n, float4* __restrict__ out) {
   const int lane = threadIdx.x % 32;
   const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
-  const long long lo = min(n, g * per), hi = min(n, lo + per);
+  long long lo, hi;
+  flat_range(g, n, lo, hi);
   float4 acc = make_float4(0, 0, 0, 0);
   for (long long j = lo; j < hi; j += U) {
     float4 x[U];
@@ -164,35 +169,6 @@ __global__ void __launch_bounds__(256) flat_ranges(const float4* __restrict__ w,
     for (int u = 0; u < U; ++u) x[u] = j + u < hi ? w[(j + u) * (DIM / 4) + lane] : make_float4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < U; ++u) add(acc, x[u]);
-  }
-  out[g * 32 + lane] = acc;
-}
-
-// The flat gather with the ids a lane each: a coalesced load of 32 ids, broadcast by shuffles,
-// and the next 32 loaded while this 32's rows are in flight, so no id load waits in the loop.
-template <int U>
-__global__ void __launch_bounds__(256) flat_prefetch(const float4* __restrict__ w, const long long* __restrict__ idx,
-                                                     long long n, float4* __restrict__ out) {
-  const int lane = threadIdx.x % 32;
-  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
-  const long long lo = min(n, g * per), hi = min(n, lo + per);
-  float4 acc = make_float4(0, 0, 0, 0);
-  long long next = lo + lane < hi ? idx[lo + lane] : 0;
-  for (long long c = lo; c < hi; c += 32) {
-    const long long mine = next;
-    next = c + 32 + lane < hi ? idx[c + 32 + lane] : 0;
-    const int count = (int)min(32LL, hi - c);
-    for (int m = 0; m < count; m += U) {
-      float4 x[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const long long r = __shfl_sync(0xffffffffu, mine, (m + u) & 31);
-        x[u] = m + u < count ? w[r * (DIM / 4) + lane] : make_float4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) add(acc, x[u]);
-    }
   }
   out[g * 32 + lane] = acc;
 }
@@ -209,8 +185,8 @@ __global__ void __launch_bounds__(256) flat_bulk(const float4* __restrict__ w, c
   __shared__ alignas(8) unsigned long long bar[8][D];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
-  const long long lo = min(n, g * per), hi = min(n, lo + per);
+  long long lo, hi;
+  flat_range(g, n, lo, hi);
   if (lane == 0)
     for (int s = 0; s < D; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem(&bar[warp][s])));
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -246,49 +222,41 @@ __global__ void __launch_bounds__(256) flat_bulk(const float4* __restrict__ w, c
 // Narrower rows (16-bit weights): rows of Q float4s (Q = 16: 128 x 16-bit, 256 B; Q = 8: 128 B),
 // Q lanes per row, so that a warp gathers 32 / Q rows at once; ids split evenly (flat), U rows in
 // flight per lane. Is the gather bound by bytes or by rows? (The same ids, the same weight buffer.)
-template <int Q, int U>
+// AHEAD: the ids a lane each (a coalesced load of 32, broadcast by shuffles), the next 32 loaded
+// while this 32's rows are in flight, so that no id load waits in the loop. Q = 32: float32 rows.
+template <int Q, int U, bool AHEAD = false>
 __global__ void flat_rows(const float4* __restrict__ w, const long long* __restrict__ idx, long long n, float4* out) {
   constexpr int R = 32 / Q;
   const int lane = threadIdx.x % 32, sub = lane / Q, col = lane % Q;
   const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
-  const long long lo = min(n, g * per), hi = min(n, lo + per);
+  long long lo, hi;
+  flat_range(g, n, lo, hi);
   float4 acc = make_float4(0, 0, 0, 0);
-  for (long long j = lo + sub; j < hi; j += R * U) {
-    float4 x[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) x[u] = j + u * R < hi ? w[idx[j + u * R] * Q + col] : make_float4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < U; ++u) add(acc, x[u]);
-  }
-  out[g * 32 + lane] = acc;
-}
-
-// The same with the ids a lane each, the next 32 loaded while this 32's rows are in flight.
-template <int Q, int U>
-__global__ void flat_rows_prefetch(const float4* __restrict__ w, const long long* __restrict__ idx, long long n,
-                                   float4* out) {
-  constexpr int R = 32 / Q;
-  const int lane = threadIdx.x % 32, sub = lane / Q, col = lane % Q;
-  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const long long warps = gridDim.x * (long long)blockDim.x / 32, per = (n + warps - 1) / warps;
-  const long long lo = min(n, g * per), hi = min(n, lo + per);
-  float4 acc = make_float4(0, 0, 0, 0);
-  long long next = lo + lane < hi ? idx[lo + lane] : 0;
-  for (long long c = lo; c < hi; c += 32) {
-    const long long mine = next;
-    next = c + 32 + lane < hi ? idx[c + 32 + lane] : 0;
-    const int count = (int)min(32LL, hi - c);
-    for (int m = 0; m < count; m += R * U) {
+  if constexpr (!AHEAD) {
+    for (long long j = lo + sub; j < hi; j += R * U) {
       float4 x[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int e = m + u * R + sub;
-        const long long r = __shfl_sync(0xffffffffu, mine, e & 31);
-        x[u] = e < count ? w[r * Q + col] : make_float4(0, 0, 0, 0);
-      }
+      for (int u = 0; u < U; ++u) x[u] = j + u * R < hi ? w[idx[j + u * R] * Q + col] : make_float4(0, 0, 0, 0);
 #pragma unroll
       for (int u = 0; u < U; ++u) add(acc, x[u]);
+    }
+  } else {
+    long long next = lo + lane < hi ? idx[lo + lane] : 0;
+    for (long long c = lo; c < hi; c += 32) {
+      const long long mine = next;
+      next = c + 32 + lane < hi ? idx[c + 32 + lane] : 0;
+      const int count = (int)min(32LL, hi - c);
+      for (int m = 0; m < count; m += R * U) {
+        float4 x[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int e = m + u * R + sub;
+          const long long r = __shfl_sync(0xffffffffu, mine, e & 31);
+          x[u] = e < count ? w[r * Q + col] : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) add(acc, x[u]);
+      }
     }
   }
   out[g * 32 + lane] = acc;
@@ -587,10 +555,10 @@ int main() {
       report(name, time_us([&] { flat_hint<4, 0><<<sms * 8, 256>>>(w4, ids, n, out); }));
       for (int wps : {16, 32, 64}) {
         snprintf(name, sizeof name, "ids prefetched U8, %d warps/SM: %s", wps, s.first);
-        report(name, time_us([&] { flat_prefetch<8><<<sms * wps / 8, 256>>>(w4, ids, n, out); }));
+        report(name, time_us([&] { flat_rows<32, 8, true><<<sms * wps / 8, 256>>>(w4, ids, n, out); }));
       }
       snprintf(name, sizeof name, "ids prefetched U16, 16 warps/SM: %s", s.first);
-      report(name, time_us([&] { flat_prefetch<16><<<sms * 2, 256>>>(w4, ids, n, out); }));
+      report(name, time_us([&] { flat_rows<32, 16, true><<<sms * 2, 256>>>(w4, ids, n, out); }));
     }
     {  // the prefetching gather adds the same rows in the same order: equal bits
       float4* other;
@@ -598,7 +566,7 @@ int main() {
       CK(cudaMalloc(&other, words * 4));
       CK(cudaMemcpy(ids, idx.data(), n * 8, cudaMemcpyHostToDevice));
       flat_hint<8, 0><<<sms * 4, 256>>>(w4, ids, n, out);
-      flat_prefetch<8><<<sms * 4, 256>>>(w4, ids, n, other);
+      flat_rows<32, 8, true><<<sms * 4, 256>>>(w4, ids, n, other);
       CK(cudaDeviceSynchronize());
       printf("ids prefetched == plain loads: %d\n", (int)same(&out[0].x, &other[0].x, words));
       CK(cudaFree(other));
@@ -612,8 +580,8 @@ int main() {
   }
   // 16-bit rows: a streaming read of as many bytes, and flat gathers at 16-64 warps per SM
   const struct { int q; void (*k[4])(const float4*, const long long*, long long, float4*); } narrow[] = {
-      {16, {flat_rows<16, 1>, flat_rows<16, 4>, flat_rows_prefetch<16, 2>, flat_rows_prefetch<16, 4>}},
-      {8, {flat_rows<8, 1>, flat_rows<8, 4>, flat_rows_prefetch<8, 2>, flat_rows_prefetch<8, 4>}}};
+      {16, {flat_rows<16, 1>, flat_rows<16, 4>, flat_rows<16, 2, true>, flat_rows<16, 4, true>}},
+      {8, {flat_rows<8, 1>, flat_rows<8, 4>, flat_rows<8, 2, true>, flat_rows<8, 4, true>}}};
   for (const auto& r : narrow) {
     const double bytes = n * r.q * 16.0;
     auto line = [&](const char* name, float us) { printf("%-50s %8.1f us  %5.2f TB/s\n", name, us, bytes / 1e6 / us); };
