@@ -25,7 +25,8 @@
 // a range of rows a warp with no ids 59.6-61.5; the same with ids, rows in order, 60.9-62.6; random
 // rows 61.4-64.7 with the ids loaded ahead (65-67 without), whatever the span or the run length.
 // A random gather sits at 1.10-1.13x the read however it is written; 16-bit rows gain nothing
-// from loading the ids ahead.
+// from loading the ids ahead. Last, whole bags of 16-bit rows in sliced blocks of 16-lane slices
+// (the op's 16-bit winners' shapes), with loads through the coherent path as the op's: 37-40 us.
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
@@ -340,6 +341,71 @@ __global__ void __launch_bounds__(S * 32) sliced_block_classes(const float4* __r
   const long long pass = blockIdx.x / bags, bag = blockIdx.x % bags, start = offs[bag], end = offs[bag + 1];
   if (min((long long)K - 1, (end - start) / width) != K - 1 - pass) return;  // the whole block
   sum_sliced<U, S, H>(w, idx, start, end, bag, out);
+}
+
+// The same for rows of Q float4s (Q = 16: 16-bit rows of 128), a slice of Q lanes: S warps hold
+// S * 32 / Q slices. AHEAD: each slice loads Q ids at a time, a lane each, the next Q while this
+// Q's rows are in flight, and broadcasts them in its lanes.
+// A row's 16 bytes and an id through the coherent path (ld.global, as code that cannot promise the
+// compiler that nothing it writes aliases them gets), not the non-coherent one the loads through
+// `const __restrict__` pointers take elsewhere in this file.
+__device__ __forceinline__ float4 load_coherent(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ long long id_coherent(const long long* p) {
+  long long v;
+  asm volatile("ld.global.s64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+
+template <int Q, int U, int S, int K, bool AHEAD, bool NC = true>
+__global__ void __launch_bounds__(S * 32) sliced_rows_classes(const float4* __restrict__ w, const long long* __restrict__ idx,
+                                                              const long long* __restrict__ offs, long long bags,
+                                                              long long width, float4* out) {
+  constexpr int SL = S * 32 / Q;
+  const long long pass = blockIdx.x / bags, bag = blockIdx.x % bags, start = offs[bag], end = offs[bag + 1];
+  if (min((long long)K - 1, (end - start) / width) != K - 1 - pass) return;  // the whole block
+  __shared__ float4 part[SL][Q];
+  const int s = threadIdx.x / Q, col = threadIdx.x % Q, lane = threadIdx.x % 32;
+  const unsigned mask = Q == 32 ? 0xffffffffu : ((1u << Q) - 1) << (lane / Q * Q);
+  const long long each = (end - start + SL - 1) / SL, lo = min(end, start + s * each), hi = min(end, lo + each);
+  float4 acc = make_float4(0, 0, 0, 0);
+  if constexpr (!AHEAD) {
+    for (long long j = lo; j < hi; j += U) {
+      float4 x[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        x[u] = j + u >= hi ? make_float4(0, 0, 0, 0)
+               : NC        ? w[idx[j + u] * Q + col]
+                           : load_coherent(w + id_coherent(idx + j + u) * Q + col);
+#pragma unroll
+      for (int u = 0; u < U; ++u) add(acc, x[u]);
+    }
+  } else {
+    long long next = lo + col < hi ? idx[lo + col] : 0;
+    for (long long c = lo; c < hi; c += Q) {
+      const long long mine = next;
+      next = c + Q + col < hi ? idx[c + Q + col] : 0;
+      const int count = (int)min((long long)Q, hi - c);
+      for (int m = 0; m < count; m += U) {
+        float4 x[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const long long r = __shfl_sync(mask, mine, (m + u) % Q, Q);
+          x[u] = m + u < count ? w[r * Q + col] : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) add(acc, x[u]);
+      }
+    }
+  }
+  part[s][col] = acc;
+  __syncthreads();
+  if (s != 0) return;
+  for (int t = 1; t < SL; ++t) add(acc, part[t][col]);
+  out[bag * Q + col] = acc;
 }
 
 // The bags longest first, on the GPU (as an op would have to): one block counts the bags per length
@@ -761,6 +827,48 @@ int main() {
     snprintf(label, sizeof label, "block of %d sliced warps, %d length classes, longest first%s", c.warps, c.passes, c.hint);
     const long long width = std::max(1LL, 2 * mean / c.passes);
     measure(label, 0, 4, [&] { c.k<<<bags * c.passes, c.warps * 32>>>(w4, didx, dends, bags, width, whole); });
+  }
+
+  // Whole bags of 16-bit rows (Q float4s a row) in sliced blocks, longest first by 4 classes,
+  // checked against double sums; and the float32 rows with the ids loaded ahead
+  {
+    using Rows = void (*)(const float4*, const long long*, const long long*, long long, long long, float4*);
+    const struct { int q; Rows k; int warps, unroll; bool ahead; int passes; const char* note = ""; } narrow_bags[] = {
+        {16, sliced_rows_classes<16, 1, 4, 1, false>, 4, 1, false, 1}, {16, sliced_rows_classes<16, 1, 4, 4, false>, 4, 1, false, 4},
+        {16, sliced_rows_classes<16, 1, 4, 4, false, false>, 4, 1, false, 4, " (coherent loads)"},
+        {16, sliced_rows_classes<16, 1, 8, 1, false>, 8, 1, false, 1},
+        {16, sliced_rows_classes<16, 1, 8, 1, false, false>, 8, 1, false, 1, " (coherent loads)"},
+        {32, sliced_rows_classes<32, 4, 4, 4, false, false>, 4, 4, false, 4, " (coherent loads)"},
+        {16, sliced_rows_classes<16, 4, 4, 4, false>, 4, 4, false, 4}, {16, sliced_rows_classes<16, 2, 4, 4, true>, 4, 2, true, 4},
+        {16, sliced_rows_classes<16, 4, 4, 4, true>, 4, 4, true, 4}, {16, sliced_rows_classes<16, 4, 8, 4, true>, 8, 4, true, 4},
+        {16, sliced_rows_classes<16, 4, 2, 4, true>, 2, 4, true, 4}, {16, sliced_rows_classes<16, 8, 4, 4, true>, 4, 8, true, 4},
+        {32, sliced_rows_classes<32, 4, 8, 4, false>, 8, 4, false, 4}, {32, sliced_rows_classes<32, 4, 8, 4, true>, 8, 4, true, 4},
+        {32, sliced_rows_classes<32, 8, 4, 4, true>, 4, 8, true, 4}, {32, sliced_rows_classes<32, 4, 4, 4, false>, 4, 4, false, 4}};
+    for (const auto& c : narrow_bags) {
+      const int q = c.q;
+      std::vector<double> want_q(bags * q * 4, 0.0);
+      for (long long b = 0; b < bags; ++b)
+        for (long long j = offs[b]; j < offs[b + 1]; ++j)
+          for (int f = 0; f < q * 4; ++f) want_q[b * q * 4 + f] += weight(idx[j] * q * 4 + f);
+      CK(cudaMemset(whole, 0, bags * 32 * 16));
+      const long long width = std::max(1LL, 2 * mean / c.passes);
+      auto run = [&] { c.k<<<bags * c.passes, c.warps * 32>>>(w4, didx, dends, bags, width, whole); };
+      run();
+      CK(cudaDeviceSynchronize());
+      std::vector<float> got(bags * q * 4);
+      CK(cudaMemcpy(got.data(), whole, bags * q * 4 * 4, cudaMemcpyDeviceToHost));
+      double worst = 0;
+      for (long long i = 0; i < bags * q * 4; ++i) worst = std::max(worst, std::abs(got[i] - want_q[i]) / std::max(1.0, std::abs(want_q[i])));
+      char name[128];
+      snprintf(name, sizeof name, "rows of %d B: block of %d warps, %d slices, %s, U%d%s%s", q * 16, c.warps, c.warps * 32 / q,
+               c.passes > 1 ? "4 length classes" : "bags in order", c.unroll, c.ahead ? ", ids ahead" : "", c.note);
+      if (worst > 1e-4) {
+        printf("%s: WRONG, error %.3g\n", name, worst);
+        exit(1);
+      }
+      const float us = time_us(run);
+      printf("%-50s %8.1f us  %5.2f TB/s\n", name, us, n * q * 16.0 / 1e6 / us);
+    }
   }
 
   // the ring adds the same rows in the same order as plain loads: equal bits, flat and per chunk
