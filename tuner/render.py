@@ -11,6 +11,7 @@ import jinja2
 
 from tuner import families
 from tuner.errors import BuildError
+from tuner.space import with_defaults
 from tuner.variant import Variant
 
 
@@ -40,6 +41,8 @@ def render(variant: Variant, focus: dict | None = None) -> str:
     halves = variant.halves()
     if halves:
         return _render_joined(variant, *halves, focus)
+    # parameters recorded before a dimension existed render as they ran: that dimension off (None)
+    variant = Variant.of(variant.family, with_defaults(getattr(family, "DIMS", ()), variant.as_dict()))
     return _render(family, variant, family.TEMPLATE, {**family.render_context(variant), **(focus or {})})
 
 

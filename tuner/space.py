@@ -36,6 +36,13 @@ class Constraint:
     check: Callable[[Mapping[str, Any]], bool]
 
 
+def with_defaults(dims, params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` with None for each dimension that has None among its values and is left out (a
+    choice that is off unless set: variants recorded before the dimension existed ran without it).
+    The added keys come last, and None is not in names: the variant's name does not change."""
+    return {**params, **{d.name: None for d in dims if None in d.values and d.name not in params}}
+
+
 class Space:
     """The variants of one family for one problem (its fixed parameters, e.g. dtypes)."""
 
@@ -79,7 +86,7 @@ class Space:
         return self._variant(params)
 
     def _with_defaults(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        return {**{d.name: None for d in self.dims if None in d.values}, **params}
+        return with_defaults(self.dims, params)
 
     def _variant(self, params: Mapping[str, Any]) -> Variant:
         # Order: problem (fixed), tuned dims, then flags; the name follows it.

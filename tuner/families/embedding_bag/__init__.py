@@ -102,7 +102,7 @@ _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16",
 
 
 def render_context(variant: Variant) -> dict[str, Any]:
-    ctx = {"order": None, **variant.as_dict()}  # parameters recorded before `order` existed: in order
+    ctx = variant.as_dict()
     ctx.update(name=variant.name, length_classes=LENGTH_CLASSES, long_bags=LONG_BAGS,
                weight_ctype=_CTYPE[ctx["weight"]], index_ctype=_CTYPE[ctx["index"]],
                group={"warp": 32, "subwarp": 8, "block": ctx["block_size"]}[ctx["mapping"]], piece=PIECE)
