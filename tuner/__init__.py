@@ -27,3 +27,11 @@ def check_errors() -> None:
     from tuner import runtime
 
     runtime.check_errors()
+
+
+def capture(path):
+    """Record the shapes the families' ops are called with while a block runs, into `path`
+    (see tuner.capturing): `with tuner.capture("shapes.json"): train_steps()`."""
+    from tuner.capturing import Capture
+
+    return Capture(path)
