@@ -18,7 +18,7 @@ _count = itertools.count()
 _current = {}  # family -> the runtime module that bound it last
 
 
-def load(out, validate: str = "async"):
+def load(out, validate: str = "async", baseline: bool = True):
     """The op of export `out`, loaded the way this test run checks."""
     import tuner
     from tuner import export
@@ -26,7 +26,7 @@ def load(out, validate: str = "async"):
 
     family = export.read(out)["family"]
     if MODE != "wheel":
-        op = tuner.load(out, validate=validate)
+        op = tuner.load(out, validate=validate, baseline=baseline)
         _current[family] = tuner_runtime
         return op
     from tuner import wheel
@@ -39,7 +39,7 @@ def load(out, validate: str = "async"):
     sys.path.insert(0, str(folder / "site"))
     package = importlib.import_module(name)
     _current[family] = package.runtime
-    return package.load(validate)
+    return package.load(validate, baseline)
 
 
 def runtime(family: str = "giou"):

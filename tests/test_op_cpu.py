@@ -101,7 +101,7 @@ def test_cpp_picks_the_same_winner_as_python(artifact, op, shared_home):
     libraries = {name: artifact / name for name in manifest["binaries"]["libraries"]}
     ops = binding.load("giou")
     keep = runtime.stage(giou_op.OP, ops, bound, libraries)
-    ops.publish(False)
+    ops.publish(False, 0.0)
     rng = random.Random(0)
     names = {"bfloat16": "BFloat16", "float32": "Float", "float16": "Half", "uint8": "Byte"}
     for _ in range(200):
@@ -149,3 +149,31 @@ def test_fake_impls_are_registered_by_the_runtime(op):
         loss = torch.ops.tuner.giou_loss(p, t, n, "none")
         fwd = torch.ops.tuner.giou_loss_forward(p, t, n, 1, 1e-7)
     assert loss.shape == (8, 16) and fwd[0].shape == ()
+
+
+def test_the_eager_loss_serves_where_no_variant_beat_it(tmp_path, shared_home):
+    """GIoU's baseline, the eager loss, serves the problems where the search timed it ahead of the
+    winner; every other shape and dtype pair runs the nearest tuned parameters (the binding staged
+    here, its variants built for sm_90 and never run)."""
+    from tuner.records import served_by
+
+    times = {"fwd": {"median_us": 10.0, "spread_us": 0.1}, "bwd": {"median_us": 20.0, "spread_us": 0.1}}
+    faster = {"fwd": {"median_us": 5.0, "spread_us": 0.1}, "bwd": {"median_us": 9.0, "spread_us": 0.1}}
+    winners = [{"variant": _variant("bfloat16", "uint8"), "problem": giou.Problem(1024, 256).__dict__,
+                "timings": times, "baseline_us": {"fwd": {"median_us": 30.0}, "bwd": {"median_us": 60.0}},
+                "served_by": served_by(times, {"fwd": {"median_us": 30.0}, "bwd": {"median_us": 60.0}}, "fwd+bwd")},
+               {"variant": _variant("bfloat16", "uint8"), "problem": giou.Problem(16, 8).__dict__,
+                "timings": times, "baseline_us": faster, "served_by": served_by(times, faster, "fwd+bwd")}]
+    out = export.write(tmp_path / "giou", winners, GPU)
+    manifest = export.read(out)
+    assert [e["served_by"] for e in manifest["entries"]] == ["variant", "torch"]
+    ops = binding.load("giou")
+    keep = runtime.stage(giou_op.OP, ops, manifest["binaries"]["bound"],
+                         {n: out / n for n in manifest["binaries"]["libraries"]})
+    ops.publish(False, giou_op.OP.reach)
+    assert not ops.served_by_baseline("BFloat16", "Byte", 1024, 256)
+    assert ops.served_by_baseline("BFloat16", "Byte", 16, 8) and ops.served_by_baseline("BFloat16", "Byte", 20, 6)
+    assert not ops.served_by_baseline("BFloat16", "Byte", 10**6, 4096)  # far away: still the nearest variant
+    assert not ops.served_by_baseline("Float", "Float", 1024, 256)  # an untuned pair runs the tuned parameters
+    assert ops.served_by_baseline("Float", "Float", 16, 8)  # but where torch won, torch
+    del keep

@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner import build, export
+from tuner import binding, build, export, runtime
 from tuner.families import rms_norm
+from tuner.families.rms_norm import op as rms_op
+from tuner.records import served_by
 
 GPU = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
 DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -91,3 +93,56 @@ def test_bad_input_is_refused_clearly(op):
         op(x, torch.ones(7))
     with pytest.raises(TypeError, match="x must be float32, float16 or bfloat16, got torch.float64"):
         op(x.double(), torch.ones(8))
+
+
+def _timed(fwd: float, bwd: float) -> dict:
+    return {"fwd": {"median_us": fwd, "spread_us": 0.1}, "bwd": {"median_us": bwd, "spread_us": 0.1}}
+
+
+def test_served_by_the_winner_only_where_it_beats_torch_in_forward_and_in_sum():
+    torch_op = _timed(10.0, 20.0)
+    assert served_by(_timed(9.0, 19.0), torch_op, "fwd+bwd") == "variant"
+    assert served_by(_timed(11.0, 10.0), torch_op, "fwd+bwd") == "torch"  # faster step, slower inference
+    assert served_by(_timed(9.0, 22.0), torch_op, "fwd+bwd") == "torch"  # faster inference, slower step
+    assert served_by(_timed(9.0, 22.0), torch_op, "fwd") == "variant"
+    assert served_by(_timed(10.0, 19.0), torch_op, "bwd") == "variant"
+    assert served_by(_timed(10.0, 19.0), None, "fwd+bwd") == "variant"  # no baseline timed (a simulation)
+
+
+def test_export_binds_torch_where_no_variant_beat_it_and_for_untuned_pairs(tmp_path, shared_home):
+    """An export of three bfloat16 problems, one where torch's op won: the binding (C++, its
+    variants built for sm_90 and staged, never run here) serves each call as the export says,
+    torch beyond a tuned problem's reach and for every dtype pair nobody tuned."""
+    space = rms_norm.space()
+    fast = space.variant(threads_per_row=256, block_size=256, vec=8, unroll=2, rstd="saved",
+                         grad_weight="partials", bwd_blocks=2, walk="resident")
+    wide = space.variant(threads_per_row=1024, block_size=1024, vec=8, unroll=1, rstd="saved",
+                         grad_weight="atomic", bwd_blocks=1, walk="blocks")
+    torch_op = _timed(30.0, 60.0)
+
+    def won(variant, rows, width, timings):
+        return {"variant": variant, "problem": rms_norm.Problem(rows, width).__dict__, "timings": timings,
+                "objective": "fwd+bwd", "objective_us": timings["fwd"]["median_us"] + timings["bwd"]["median_us"],
+                "baseline_us": torch_op, "served_by": served_by(timings, torch_op, "fwd+bwd")}
+
+    out = export.write(tmp_path / "rms", [won(fast, 4096, 4096, _timed(20.0, 50.0)),
+                                          won(wide, 16384, 8192, _timed(25.0, 55.0)),
+                                          won(fast, 65536, 768, _timed(31.0, 40.0))], GPU)
+    manifest = export.read(out)
+    assert [e["served_by"] for e in manifest["entries"]] == ["variant", "variant", "torch"]
+    bound = manifest["binaries"]["bound"]
+    assert [b.get("variant") for b in bound] == [fast.name, wide.name, None]  # bfloat16/bfloat16 alone
+    assert "library" not in bound[2] and len(manifest["binaries"]["libraries"]) == 2  # torch's row needs none
+    ops = binding.load("rms_norm")
+    keep = runtime.stage(rms_op.OP, ops, bound, {n: out / n for n in manifest["binaries"]["libraries"]})
+    ops.publish(False, rms_op.OP.reach)
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    assert ops.served(4096, 4096, bf16, bf16) == fast.name
+    assert ops.served(2048, 8192, bf16, bf16) == fast.name  # 2x both ways: within reach
+    assert ops.served(16384, 8192, bf16, bf16) == wide.name
+    assert ops.served(65536, 768, bf16, bf16) == "torch"  # the variant did not beat torch here
+    assert ops.served(65536, 1024, bf16, bf16) == "torch"  # nearest to that problem
+    assert ops.served(64, 128, bf16, bf16) == "torch"  # beyond every tuned problem's reach
+    for x, w in ((fp32, fp32), (fp16, fp32), (bf16, fp32), (fp16, fp16)):
+        assert ops.served(4096, 4096, x, w) == "torch"  # untuned pairs
+    del keep

@@ -22,18 +22,27 @@ from tuner.variant import Variant
 
 def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
     """The winners an op binds, in the order the binding gets them: per dtype pair of the family,
-    its tuned entries, or for an untuned pair every entry's parameters rendered for it (the
-    nearest valid point; of a joined variant, each half's), with `tuned_for` naming the pair
-    they were tuned for."""
+    its tuned entries (those the baseline serves, `served_by` "torch", without a variant). An
+    untuned pair is the baseline's where the op has one (nothing bound; `OpSpec.untuned_by_baseline`);
+    else every entry's parameters are rendered for it (the nearest valid point; of a joined variant,
+    each half's), with `tuned_for` naming the pair they were tuned for."""
     fam = families.get(family)
+    spec = families.part(family, "op").OP
+    baseline = spec.baseline
     out = []
     for space in fam.all_spaces():
         same = [e for e in entries if fam.space_for(e["problem"]).fixed == space.fixed]
         for e in same:
+            if baseline and e.get("served_by") == "torch":
+                out.append({"problem": e["problem"], "served_by": "torch"})
+                continue
             out.append({"problem": e["problem"], "variant": e["variant"], "params": e["params"], "tuned_for": ""})
-        if same:
+        if same or (baseline and spec.untuned_by_baseline):
             continue
         for e in entries:
+            if baseline and e.get("served_by") == "torch":  # where torch beat the tuned pair's winner, torch
+                out.append({"problem": {**e["problem"], **space.fixed}, "served_by": "torch"})
+                continue
             v = _nearest(space, Variant.of(family, e["params"]))
             out.append({"problem": e["problem"], "variant": v.name, "params": v.as_dict(),
                         "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))})
@@ -52,8 +61,10 @@ def _nearest(space, v: Variant) -> Variant:
 def build_variants(family: str, winners: list[dict], arch: str, sources: dict[str, str] | None = None,
                    jobs: int | None = None, root: Path | None = None) -> tuple[list[dict], dict[str, Path]]:
     """Build the bound winners for `arch` (cached); returns them with the `library` and `entry`
-    of each, and the libraries by name."""
-    variants = {w["variant"]: Variant.of(family, w["params"]) for w in winners}
+    of each (none for a problem the baseline serves), and the libraries by name."""
+    variants = {w["variant"]: Variant.of(family, w["params"]) for w in winners if "variant" in w}
+    if not variants:
+        return winners, {}
     builds = {b.variant.name: b for b in build.build(list(variants.values()), arch, jobs=jobs, root=root,
                                                        sources=sources)}
     failed = [b for b in builds.values() if not b.ok]
@@ -61,7 +72,7 @@ def build_variants(family: str, winners: list[dict], arch: str, sources: dict[st
         raise TunerError(f"{family}: building {failed[0].variant.name} for {arch} failed:\n{failed[0].error}")
     entry = families.get(family).ENTRY
     placed = [{**w, "library": builds[w["variant"]].so.name, "entry": builds[w["variant"]].entry or entry}
-              for w in winners]
+              if "variant" in w else w for w in winners]
     return placed, {b.so.name: b.so for b in builds.values()}
 
 

@@ -44,6 +44,14 @@ def _show(st, k: int) -> str:
                 for r in retimed]
         lines.append("\nre-timed, interleaved (the winner is the first):")
         lines.append(pd.DataFrame(rows).round(2).to_string(index=False))
+    baseline = st.user_attrs.get("baseline")
+    if baseline and retimed:  # timed in the same turns (tuner.search.finalists)
+        from tuner.records import served_by
+
+        times = ", ".join(f"{k} {baseline[k]['median_us']:.2f} us" for k in ("fwd", "bwd") if k in baseline)
+        who = served_by(retimed[0], baseline, st.user_attrs.get("objective") or "fwd+bwd")
+        lines.append(f"\nbaseline, the torch op, timed with them: {times}; the export serves this problem with "
+                     + ("the winner" if who == "variant" else "torch's op (the winner did not beat it)"))
     rejected = st.user_attrs.get("rejected") or {}
     if rejected:  # finalists whose whole build failed the check of every mode (tuner.search.finalists)
         lines.append(f"\nfinalists rejected by their whole check ({len(rejected)}), never exported:")
@@ -127,8 +135,12 @@ def cmd_export_best(args: argparse.Namespace) -> int:
     manifest = export.read(out)
     describe = families.part(manifest["family"], "cli").describe
     for e in manifest["entries"]:
-        print(f"{describe(e['problem'])}: {e['variant']} ({e['objective']} {e['objective_us']:.2f} us)")
-    print(f"exported {len(manifest['entries'])} tuned variant(s) for {manifest['gpu'].get('gpu_name')} to {out}")
+        print(f"{describe(e['problem'])}: {_served(e)}")
+    by_torch = sum(e.get("served_by") == "torch" for e in manifest["entries"])
+    print(f"exported {len(manifest['entries'])} tuned problem(s) for {manifest['gpu'].get('gpu_name')} to {out}"
+          + (f"; torch's op serves {by_torch} of them, where no variant beat it" if by_torch else ""))
+    if families.part(manifest["family"], "op").OP.baseline:
+        print("dtype pairs and shapes far from every tuned problem are served by torch's op")
     if manifest.get("binaries"):
         b = manifest["binaries"]["identity"]
         print(f"binaries for {b['arch']}, torch {b['torch']}, CUDA {b['cuda']}, Python {b['python']} "
@@ -141,6 +153,20 @@ def cmd_export_best(args: argparse.Namespace) -> int:
         print(f"wheel: {path} ({path.stat().st_size / 1e6:.1f} MB); `pip install {path}`, then "
               f"`import {path.name.split('-')[0]}` registers torch.ops.tuner.{families.part(manifest['family'], 'op').OP.op}")
     return 0
+
+
+def _served(entry: dict) -> str:
+    """One problem of an export: its winner and time, beside the baseline's where it was timed."""
+    timing = f"{entry['objective']} {entry['objective_us']:.2f} us"
+    base = entry.get("baseline_us")
+    if base:
+        objective = entry.get("objective") or "fwd+bwd"
+        from tuner.records import objective_value
+
+        timing += f", torch {objective_value(base, objective):.2f} us"
+    if entry.get("served_by") == "torch":
+        return f"torch's op (the best variant, {entry['variant']}, {timing})"
+    return f"{entry['variant']} ({timing})"
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ FALLBACKS = ("rebuild", "reference")
 
 
 def load(directory: str | Path | None = None, *, gpu: str | None = None, family: str | None = None,
-         validate: str = "async", fallback: str = "rebuild", prebuilt: bool = True):
+         validate: str = "async", fallback: str = "rebuild", prebuilt: bool = True, baseline: bool = True):
     """Load a tuned artifact and return its family's op (`torch.ops.tuner.<op>`).
 
     `load("DIR")` loads an exported folder, whatever family it holds; `load(gpu="auto")` (or
@@ -30,7 +30,9 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
     reported ("async", "sync", "deferred"; see tuner.runtime). `fallback`: on a GPU of another
     architecture than the export's, "rebuild" its variants for this one (a warning) or serve
     calls with the "reference". `prebuilt=False` builds from the sources even where the
-    export's binaries would fit.
+    export's binaries would fit. Where the family's op has a baseline (the torch op it replaces), it
+    serves the problems where no variant beat it, untuned dtype pairs and shapes far from every
+    tuned one; `baseline=False` runs the nearest variant wherever a dtype pair has one.
     """
     if directory is None:
         if gpu is None:
@@ -78,7 +80,8 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
         elif not reference:  # the binding's branch above said why (or the warning on another arch)
             sources = {e["variant"]: (directory / e["source"]).read_text() for e in manifest["entries"]}
             winners, libraries = binaries.build_variants(name, winners, arch, sources=sources)
-    return runtime.bind(spec, binding_path, winners, libraries, validate=validate, reference=reference)
+    return runtime.bind(spec, binding_path, winners, libraries, validate=validate, reference=reference,
+                        baseline=baseline)
 
 
 def _can_build(directory: Path, why: str) -> None:

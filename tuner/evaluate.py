@@ -56,9 +56,11 @@ class Evaluator:
         raise NotImplementedError
 
     def retime(self, variants: list[Variant], prepared: dict[str, dict], objective: str,
-               whole: bool = False) -> dict[str, dict]:
+               whole: bool = False, baseline: bool = False) -> dict[str, dict]:
         """More careful timings of a few variants: name -> {"fwd": ..., "bwd": ...}. With `whole`,
-        each whole build is checked in full first; one that fails gives {"failed": message}."""
+        each whole build is checked in full first; one that fails gives {"failed": message}. With
+        `baseline`, the family's baseline (the torch op it replaces) is timed in the same turns,
+        under `records.BASELINE`, where the family has one."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -110,6 +112,17 @@ class LiveEvaluator(Evaluator):
         except BaseException:
             self.close()
             raise
+
+    def switch(self, problem) -> None:
+        """Evaluate another problem of the same family from now on (`tuner search --problems`): the
+        workers take the problem with each job; a restarted one warms up for this one."""
+        from tuner.worker import warm_job
+
+        if problem.family != self.problem.family:
+            self._binding = False  # another family's binding, built before its first variant
+        self.problem = problem
+        for w in self.workers:
+            w.warm = warm_job(problem, self.objective)
 
     @property
     def gpu_info(self) -> dict:
@@ -173,7 +186,7 @@ class LiveEvaluator(Evaluator):
             "timing": SEARCH_TIMING, "probe": PROBE_REPS if on_probe else 0}, on_probe)
         return {**result, "device": f"{self.host}/cuda:{self.devices[slot]}"}
 
-    def retime(self, variants, prepared, objective, whole=False):
+    def retime(self, variants, prepared, objective, whole=False, baseline=False):
         jobs = [{"so": prepared[v.name]["so"], "entry": prepared[v.name].get("entry"), "name": v.name}
                 for v in variants if prepared[v.name]["so"]]
         failed = {v.name: {"failed": f"compile error: {prepared[v.name].get('message', '')}"}
@@ -188,7 +201,8 @@ class LiveEvaluator(Evaluator):
         if not jobs:
             return failed
         result = self.workers[0].evaluate({"kind": "retime", "family": self.problem.family, "kernels": jobs,
-                                           "problem": self.problem.__dict__, "objective": objective})
+                                           "problem": self.problem.__dict__, "objective": objective,
+                                           "baseline": baseline})
         return {**failed, **result.get("timings", {})}
 
     def close(self):
@@ -204,8 +218,11 @@ class SimulatedEvaluator(Evaluator):
         self.parallel = devices  # simulated GPUs: evaluations run side by side as on real ones
         self.delay = delay  # seconds per evaluation, so that tests can kill a search mid-way
         self.table: dict[str, dict] = {}
+        self.baseline: dict | None = None  # the baseline's timings, where the search recorded them
         info: dict = {}
         for rec in records.read_some(path, "--simulate"):
+            if rec.get("problem") == problem.key() and isinstance(rec.get("baseline"), dict):
+                self.baseline = {"status": "ok", **rec["baseline"]}
             if rec.get("problem") == problem.key() and isinstance(rec.get("variant"), str):
                 self.table[rec["variant"]] = rec  # the last record of a variant wins
                 info = rec.get("gpu") if isinstance(rec.get("gpu"), dict) else info
@@ -262,7 +279,9 @@ class SimulatedEvaluator(Evaluator):
             result["status"] = "ok" if on_probe(probe) and result["status"] == "ok" else "pruned"
         return {**result, "device": f"simulated/{slot}"}
 
-    def retime(self, variants, prepared, objective, whole=False):
+    def retime(self, variants, prepared, objective, whole=False, baseline=False):
         recorded = {v.name: self._recorded(v) or {} for v in variants}
+        if baseline and self.baseline:  # a recording that holds the baseline's timings replays them too
+            recorded[records.BASELINE] = self.baseline
         return {name: {k: rec[k] for k in ("fwd", "bwd") if k in rec}
                 for name, rec in recorded.items() if rec.get("status") == "ok"}

@@ -22,6 +22,7 @@ from tuner import __version__, families, paths, runtime
 from tuner import binaries as _binaries
 from tuner import study as studies
 from tuner.errors import TunerError
+from tuner.records import served_by
 from tuner.render import header_text, render, templates_dir
 from tuner.variant import Variant
 
@@ -77,8 +78,11 @@ def _winner(st) -> dict[str, Any]:
         objective = float(row["objective_us"])
         retimed = False
     fwd, bwd = variant.halves() or (variant, variant)  # a joined variant's errors: its forward's and its backward's trial
+    baseline = st.user_attrs.get("baseline") if retimed else None  # timed beside the finalists
+    objective_name = st.user_attrs.get("objective") or "fwd+bwd"
     return {"variant": variant, "problem": problem, "timings": timings, "objective_us": objective,
             "retimed": retimed, "objective": st.user_attrs.get("objective"), "study": st.study_name,
+            "baseline_us": baseline, "served_by": served_by(timings, baseline, objective_name),
             "verification": {"loss_error": _fact(st, fwd, "loss_error"), "grad_error": _fact(st, bwd, "grad_error")}}
 
 
@@ -119,6 +123,8 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = 
             "source_sha256": sha256(source), "timings_us": w.get("timings", {}), "objective": w.get("objective"),
             "objective_us": w.get("objective_us"), "retimed": w.get("retimed", False), "study": w.get("study"),
             "verification": w.get("verification", {}),
+            # the baseline's timings beside the winner's, and who serves the problem (tuner.records.served_by)
+            "baseline_us": w.get("baseline_us"), "served_by": w.get("served_by", "variant"),
         })
     for name in family.HEADERS:  # the sources include them
         (out / name).write_text((templates_dir(family.FAMILY) / name).read_text())

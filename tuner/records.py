@@ -36,6 +36,29 @@ def objective_value(result: dict, objective: str) -> float:
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[objective]
 
 
+BASELINE = "baseline: torch"  # the baseline's name among a retime's timings (no variant is named so)
+# What the op pays beside a variant's timed backward (EmbeddingBag: zeroing the weight's gradient),
+# timed with the baseline and kept in its timings as "variant_extra"
+BASELINE_EXTRA = "baseline: the op's share beside a variant's backward"
+
+
+def served_by(timings: dict, baseline: dict | None, objective: str) -> str:
+    """Who serves a tuned problem: "variant" where its winner beat the baseline (the torch op the
+    family replaces, timed beside it) in the forward and in the objective, else "torch", so that
+    neither an inference call nor a training step is slower than torch's. The variant's backward
+    counts what the op pays beside it (the baseline's "variant_extra"). Without the baseline's
+    timings (a simulated search, a family without one): "variant"."""
+    if not baseline or "fwd" not in baseline or "fwd" not in timings:
+        return "variant"
+    if objective != "bwd" and timings["fwd"]["median_us"] >= baseline["fwd"]["median_us"]:
+        return "torch"
+    if objective != "fwd" and "bwd" in baseline and "bwd" in timings:
+        extra = baseline.get("variant_extra", {}).get("median_us", 0.0)
+        if objective_value(timings, objective) + extra >= objective_value(baseline, objective):
+            return "torch"
+    return "variant"
+
+
 def append(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, sort_keys=True) + "\n"

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 VALIDATE = {"deferred": 0, "sync": 1, "async": 2}  # the bindings' codes
-# The control ops a binding offers this runtime (templates/common/tuner_op.h); 2: stage(variant,
-# int[] shape, int kind, str tuned_for). Binaries built for another protocol are not bound.
-OP_PROTOCOL = 2
+# The control ops a binding offers this runtime (templates/common/tuner_op.h); 3: stage(variant,
+# int pair, int[] shape, int kind, str tuned_for), publish(reference, reach), where variant 0 is
+# the baseline. Binaries built for another protocol are not bound.
+OP_PROTOCOL = 3
 MANIFEST = "manifest.json"
 
 
@@ -58,6 +59,15 @@ class OpSpec:
     # ([rows, width], 0); a call runs the winner nearest in log distance, of its kind if any.
     shape: Callable[[dict], tuple[list[int], int]]
     extras: dict[str, Callable] = field(default_factory=dict)  # more public names (a wheel exports them)
+    # The baseline: the op's C++ serves a call with the torch op the family replaces where no variant
+    # beat it, where the call's dtype pair was not tuned (unless `untuned_by_baseline` is False: then
+    # the tuned pairs' parameters are bound for it), and farther than `reach` (log distance, as
+    # `shape` is compared; 0: no limit) from every tuned problem. `pair(problem)`: the index of its
+    # dtype pair, as the C++ numbers them. Without one, the nearest winner serves every call.
+    baseline: bool = False
+    reach: float = 0.0
+    pair: Callable[[dict], int] | None = None
+    untuned_by_baseline: bool = True
 
 
 @dataclass
@@ -205,11 +215,14 @@ def table(library, entry: str, abi: int, expected: str | None = None) -> int:
 
 
 def bind(spec: OpSpec, binding: Path, bound: list[dict], libraries: dict[str, Path], *, validate: str = "async",
-         reference: bool = False):
+         reference: bool = False, baseline: bool = True):
     """Load the binding, register the Python side and hand the winners to the op.
 
     `bound`: the winners in the order the binding gets them, each with `library` (a key of
-    `libraries`), `entry` (its table's C name) and `variant`, and its `problem` (what `spec.shape` reads).
+    `libraries`), `entry` (its table's C name) and `variant`, and its `problem` (what `spec.shape` reads);
+    or, where the baseline serves a problem, `served_by` "torch" and its `problem`. `baseline=False`:
+    every call of a dtype pair with a variant runs the nearest one, even where torch's op was faster
+    (a comparison, a test of the variants); torch's op serves only the pairs without one.
     """
     import torch
 
@@ -222,8 +235,8 @@ def bind(spec: OpSpec, binding: Path, bound: list[dict], libraries: dict[str, Pa
     handles = []
     if torch.cuda.is_available():
         if not reference:
-            handles = stage(spec, ops, bound, libraries)
-        ops.publish(reference)
+            handles = stage(spec, ops, [b for b in bound if baseline or b.get("served_by") != "torch"], libraries)
+        ops.publish(reference, spec.reach if spec.baseline and baseline else 0.0)
         ops.set_check(VALIDATE[validate])
     _loaded[spec.family] = Loaded(spec, ops, bound, reference, handles)
     return getattr(torch.ops.tuner, spec.op)
@@ -235,12 +248,15 @@ def stage(spec: OpSpec, ops, bound: list[dict], libraries: dict[str, Path]) -> l
     opened = {name: ctypes.CDLL(str(path)) for name, path in libraries.items()}
     for b in bound:
         sizes, kind = spec.shape(b["problem"])
-        ops.stage(table(opened[b["library"]], b["entry"], spec.abi, b["variant"]), [int(n) for n in sizes], int(kind),
-                  b.get("tuned_for", ""))
+        if b.get("served_by") == "torch":  # the baseline, where no variant beat it
+            ops.stage(0, spec.pair(b["problem"]), [int(n) for n in sizes], int(kind), "")
+            continue
+        ops.stage(table(opened[b["library"]], b["entry"], spec.abi, b["variant"]), -1, [int(n) for n in sizes],
+                  int(kind), b.get("tuned_for", ""))
     return list(opened.values())
 
 
-def load_export(directory: Path, spec: OpSpec, *, validate: str = "async"):
+def load_export(directory: Path, spec: OpSpec, *, validate: str = "async", baseline: bool = True):
     """Bind an export's prebuilt binaries; BuildMismatch when they were built for another
     torch/CUDA/Python/platform or GPU architecture than this process has."""
     directory = Path(directory)
@@ -255,7 +271,8 @@ def load_export(directory: Path, spec: OpSpec, *, validate: str = "async"):
                             "machine like this one, or load its sources with tuner.load where a CUDA toolkit and "
                             "a C++ compiler are installed", diff)
     libraries = {name: directory / name for name in binaries["libraries"]}
-    return bind(spec, directory / binaries["binding"]["file"], binaries["bound"], libraries, validate=validate)
+    return bind(spec, directory / binaries["binding"]["file"], binaries["bound"], libraries, validate=validate,
+                baseline=baseline)
 
 
 # ----------------------------------------------------------------- validate modes

@@ -123,9 +123,10 @@ check_errors = _runtime.check_errors
 EXPORT = _Path(__file__).parent / "export"
 
 
-def load(validate="async"):
-    """Bind the export's winners (again), e.g. with validate="sync"; returns the op."""
-    return _runtime.load_export(EXPORT, _family.OP, validate=validate)
+def load(validate="async", baseline=True):
+    """Bind the export's winners (again), e.g. with validate="sync"; returns the op. baseline=False:
+    the nearest variant serves every call of a tuned dtype pair, even where torch's op was faster."""
+    return _runtime.load_export(EXPORT, _family.OP, validate=validate, baseline=baseline)
 
 
 {op.op} = load()

@@ -135,23 +135,35 @@ class _Child:
         CLOSE of the best are timed in turns once more among themselves (their samples pooled),
         so that which of two near-equal kernels wins is not decided by one round's drift."""
         from tuner import timing
-        from tuner.records import objective_value
+        from tuner.records import BASELINE, BASELINE_EXTRA, objective_value
 
         family = self.family(job["family"])
         calls: dict[str, dict] = {"fwd": {}, "bwd": {}}
-        for k in job["kernels"]:
-            f, b = family.calls(family.load(k["so"], k["name"], k.get("entry")), job["problem"], job["objective"])
-            calls["fwd"][k["name"]] = f
+        kernels = [(k["name"], lambda k=k: family.calls(family.load(k["so"], k["name"], k.get("entry")), job["problem"],
+                                                        job["objective"])) for k in job["kernels"]]
+        baseline = family.baseline(job["problem"], job["objective"]) if job.get("baseline") and hasattr(
+            family, "baseline") else None
+        if baseline is not None:
+            # the torch op the family replaces, timed in the same turns: the export serves it where
+            # it wins; a third call is what the op pays beside a variant's timed backward
+            # (records.served_by adds it to the variant's)
+            kernels.append((BASELINE, lambda: baseline[:2]))
+            if len(baseline) > 2:
+                calls["bwd"][BASELINE_EXTRA] = baseline[2]
+        for name, make in kernels:
+            f, b = make()
+            calls["fwd"][name] = f
             if b is not None:
-                calls["bwd"][k["name"]] = b
+                calls["bwd"][name] = b
         cfg = {"rounds": 20, "min_reps": 400, **job.get("timing", {})}
         samples: dict[str, dict[str, list[float]]] = {"fwd": {}, "bwd": {}}
         out: dict[str, dict] = {}
         names = list(calls["fwd"])
+        beside = [BASELINE_EXTRA] if BASELINE_EXTRA in calls["bwd"] else []  # timed in the first round alone
         for extra in (False, True):
             for kind, fns in calls.items():
-                for name, t in timing.interleaved({n: fns[n] for n in names if n in fns}, flush=self.flush,
-                                                  samples=samples[kind], **cfg).items():
+                timed = {n: fns[n] for n in names + ([] if extra else beside) if n in fns}
+                for name, t in timing.interleaved(timed, flush=self.flush, samples=samples[kind], **cfg).items():
                     out.setdefault(name, {})[kind] = t.as_dict()
             value = {n: objective_value(out[n], job["objective"]) for n in names}
             best = min(value.values())

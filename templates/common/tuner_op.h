@@ -1,5 +1,6 @@
 // What every family's op needs besides its schema, its input checks and its autograd, once:
-// the winners bound at load (one list per dtype pair, the nearest tuned shape per call), the
+// the winners bound at load (one list per dtype pair, the nearest tuned shape per call; where
+// the op has a baseline, torch's own op, the calls no variant was tuned to beat), the
 // per-stream error workspace, the three validate modes, calls served by the CPU reference,
 // and the binding's control ops (stage, publish, set_check, take_errors, ...). A family's op
 // source holds one `tuner_op::Op<ItsVtable>` and names it in TUNER_OP_CONTROL. Header-only;
@@ -180,13 +181,15 @@ class Workspaces {
 
 // A winner bound at load: the variant's table, the problem it was tuned for (sizes compared
 // in log distance, and a kind, e.g. a mode, that a call prefers to match), and, when it was
-// tuned for another dtype pair, which (the call warns once).
+// tuned for another dtype pair, which (the call warns once). No table: the baseline (the torch
+// op the family replaces) serves the problem, because no variant beat it there.
 template <class Vtable>
 struct Winner {
   std::vector<int64_t> shape;
   int64_t kind;
   const Vtable* vt;
   std::string tuned_for;
+  bool baseline() const { return vt == nullptr; }
 };
 
 template <class Vtable>
@@ -199,20 +202,25 @@ template <class Vtable>
 struct Table {
   std::vector<Pair<Vtable>> pairs;
   bool reference = false;  // CUDA calls served by the CPU reference (an export for another arch)
+  // With a baseline: a call farther than this (log distance) from every tuned problem of its
+  // pair is served by the baseline, as is a pair with no tuned problem; 0: no limit.
+  double reach = 0;
 };
 
 // One family's op: `name` for messages, `pairs` dtype pairs (a variant's table says which it
 // is for, through `pair_of`), `describe` turns error bits into words; error bits live in
-// workspace word `error_word`.
+// workspace word `error_word`. `baseline`: the family's op can serve a call with the torch op
+// it replaces (its C++ calls it where `choose` returns a baseline winner).
 template <class Vtable>
 class Op {
  public:
   using PairOf = int (*)(const Vtable*);
   using Describe = std::string (*)(int64_t);
 
-  Op(const char* name, int abi, int pairs, PairOf pair_of, Describe describe, int error_word = 0, int error_bits = 8)
+  Op(const char* name, int abi, int pairs, PairOf pair_of, Describe describe, int error_word = 0, int error_bits = 8,
+     bool baseline = false)
       : name(name), workspaces(error_word, error_bits), abi_(abi), pairs_(pairs), pair_of_(pair_of),
-        describe_(describe) {
+        describe_(describe), has_baseline_(baseline), baseline_{{}, 0, nullptr, ""} {
     staging_.pairs.resize(pairs);
   }
 
@@ -233,19 +241,22 @@ class Op {
 
   // ---------------------------------------------------------------- binding winners
 
-  void stage(int64_t address, std::vector<int64_t> shape, int64_t kind, std::string tuned_for) {
-    const Vtable* vt = table(address);
-    const int pair = pair_of_(vt);
-    TORCH_CHECK(pair >= 0 && pair < pairs_, name, ": variant ", vt->name, " has unknown dtypes");
+  // A variant's table at `address`, or with address 0 the baseline for dtype pair `pair`.
+  void stage(int64_t address, int64_t pair, std::vector<int64_t> shape, int64_t kind, std::string tuned_for) {
+    const Vtable* vt = address ? table(address) : nullptr;
+    TORCH_CHECK(vt != nullptr || has_baseline_, name, ": this op has no baseline to stage");
+    if (vt != nullptr) pair = pair_of_(vt);
+    TORCH_CHECK(pair >= 0 && pair < pairs_, name, ": ", vt ? vt->name : "the baseline", " has unknown dtypes");
     for (int64_t s : shape) TORCH_CHECK(s > 0, name, ": a tuned shape must be positive");
     std::lock_guard<std::mutex> lock(mutex_);
     staging_.pairs[pair].winners.push_back(Winner<Vtable>{std::move(shape), kind, vt, std::move(tuned_for)});
   }
 
   // Makes the staged winners the live table (calls in flight keep the one they took).
-  void publish(bool reference) {
+  void publish(bool reference, double reach) {
     std::lock_guard<std::mutex> lock(mutex_);
     staging_.reference = reference;
+    staging_.reach = reach;
     std::atomic_store(&live_, std::shared_ptr<const Table<Vtable>>(std::make_shared<Table<Vtable>>(std::move(staging_))));
     staging_ = Table<Vtable>();
     staging_.pairs.resize(pairs_);
@@ -266,28 +277,49 @@ class Op {
   int64_t check() const { return check_.load(std::memory_order_relaxed); }
 
   // Nearest tuned problem: log distance over the shape, 10 more for another kind; the first
-  // of equals wins. -1 when the pair has no winner.
-  int64_t nearest(const Table<Vtable>& t, int pair, const std::vector<int64_t>& shape, int64_t kind) const {
+  // of equals wins. -1 when the pair has no winner (of a variant, with `variants_only`).
+  int64_t nearest(const Table<Vtable>& t, int pair, const std::vector<int64_t>& shape, int64_t kind,
+                  double* distance = nullptr, bool variants_only = false) const {
     if (pair < 0 || pair >= pairs_) return -1;
     const auto& winners = t.pairs[pair].winners;
     int64_t best = -1;
     double best_d = 0;
     for (size_t i = 0; i < winners.size(); ++i) {
       const auto& w = winners[i];
+      if (variants_only && w.baseline()) continue;
       double d = w.kind == kind ? 0.0 : 10.0;
       for (size_t k = 0; k < shape.size() && k < w.shape.size(); ++k)
         d += std::fabs(std::log(std::max<double>(shape[k], 1) / std::max<double>(w.shape[k], 1)));
       if (best < 0 || d < best_d) best = static_cast<int64_t>(i), best_d = d;
     }
+    if (distance != nullptr) *distance = best_d;
     return best;
   }
 
+  bool has_baseline() const { return has_baseline_; }
+
   // The winner a call runs; `what()` names the call's dtypes ("x torch.float16 and weight ..."),
-  // made only for a message.
+  // made only for a message. With a baseline, that where no variant was tuned near the call
+  // (another pair, beyond the table's reach, another kind) or where none beat it.
   template <class What>
   const Winner<Vtable>& choose(const Table<Vtable>& t, int pair, const std::vector<int64_t>& shape, int64_t kind,
                                What&& what) const {
-    const int64_t i = nearest(t, pair, shape, kind);
+    double d = 0;
+    const int64_t i = nearest(t, pair, shape, kind, &d);
+    if (has_baseline_ && (i < 0 || (t.reach > 0 && d > t.reach + 1e-9))) return baseline_;
+    return checked(t, pair, i, what);
+  }
+
+  // The nearest variant whatever the baseline would serve (an op below the autograd kernel that
+  // must run a variant, e.g. a graph traced with symbolic shapes); nullptr when the pair has none.
+  const Vtable* variant(const Table<Vtable>& t, int pair, const std::vector<int64_t>& shape, int64_t kind) const {
+    const int64_t i = nearest(t, pair, shape, kind, nullptr, true);
+    return i < 0 ? nullptr : t.pairs[pair].winners[i].vt;
+  }
+
+ private:
+  template <class What>
+  const Winner<Vtable>& checked(const Table<Vtable>& t, int pair, int64_t i, What&& what) const {
     TORCH_CHECK(i >= 0, name, ": the loaded export has no variant for ", what());
     const auto& p = t.pairs[pair];
     const auto& best = p.winners[i];
@@ -297,6 +329,7 @@ class Op {
     return best;
   }
 
+ public:
   // ---------------------------------------------------------------- launching
 
   // Runs `launch` (returns a cudaError_t as int) on `stream` with the validate mode's checks:
@@ -335,6 +368,8 @@ class Op {
   int abi_, pairs_;
   PairOf pair_of_;
   Describe describe_;
+  bool has_baseline_;
+  Winner<Vtable> baseline_;  // what choose() returns for a call the baseline serves
   std::mutex mutex_;
   Table<Vtable> staging_;
   std::shared_ptr<const Table<Vtable>> live_;  // read with std::atomic_load: never half-bound
@@ -395,13 +430,17 @@ struct OnCpu<Ret(Args...)> {
 }  // namespace tuner_op
 
 // The binding's control ops in namespace `ns` for the tuner_op::Op object `op` (what
-// tuner.runtime calls): stage a winner (its table's address, tuned shape, kind, the dtype pair
-// it was tuned for when not its own), publish the staged ones, the validate mode, errors.
+// tuner.runtime calls): stage a winner (its table's address, or 0 and the dtype pair for the
+// baseline; tuned shape, kind, the dtype pair it was tuned for when not its own), publish the
+// staged ones (with the reach of a tuned problem), the validate mode, errors.
 #define TUNER_OP_CONTROL(ns, op)                                                                             \
   TORCH_LIBRARY_FRAGMENT(ns, m) {                                                                           \
-    m.def("stage(int variant, int[] shape, int kind, str tuned_for) -> ()",                                 \
-          [](int64_t v, c10::IntArrayRef s, int64_t k, std::string t) { op.stage(v, s.vec(), k, std::move(t)); });      \
-    m.def("publish(bool reference) -> ()", [](bool r) { op.publish(r); });                                   \
+    m.def("stage(int variant, int pair, int[] shape, int kind, str tuned_for) -> ()",                       \
+          [](int64_t v, int64_t p, c10::IntArrayRef s, int64_t k, std::string t) {                           \
+            op.stage(v, p, s.vec(), k, std::move(t));                                                        \
+          });                                                                                                \
+    m.def("publish(bool reference, float reach) -> ()", [](bool r, double reach) { op.publish(r, reach); }); \
+    m.def("has_baseline() -> bool", []() { return op.has_baseline(); });                                     \
     m.def("set_check(int mode) -> ()", [](int64_t mode) { op.set_check(mode); });                            \
     m.def("take_errors() -> int", []() { return op.take_errors(); });                                        \
     m.def("describe_errors(int bits) -> str", [](int64_t bits) { return op.describe(bits); });               \

@@ -4,7 +4,8 @@
 // schema, checks, CUDA and Autograd kernels in C++. The winners bound at tuner.load, the
 // nearest-problem choice, workspaces, validate modes and control ops come from
 // templates/common/tuner_op.h; CPU and fake implementations are registered from Python
-// (tuner/families/embedding_bag/op.py).
+// (tuner/families/embedding_bag/op.py). Its baseline is torch's own embedding_bag, which
+// serves every call that no variant was tuned to beat.
 #include "embedding_bag_abi.h"
 #include "tuner_op.h"
 
@@ -30,7 +31,7 @@ int pair_of(const TunerEmbeddingBagVtable* vt) {
 
 // Workspace word 0 holds the error bits; words 1.. are the split variants' arrival counters.
 Op<TunerEmbeddingBagVtable> op("embedding_bag", TUNER_EMBEDDING_BAG_ABI, 6, pair_of, error_text, 0,
-                               TUNER_EB_ERROR_BITS);
+                               TUNER_EB_ERROR_BITS, /*baseline=*/true);
 
 // ------------------------------------------------------------------ calling a variant
 
@@ -212,29 +213,43 @@ void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tens
 
 // ------------------------------------------------------------------ the op's winners
 
-// The winner nearest in dim and mean bag size, a tuned mode of its own preferred. A thread's
-// last choice is kept with the table it came from (held, so that a table published later is
-// never mistaken for it): a call of the same dtypes, dim, mean bag size and mode, the usual
-// case in a training loop, takes it without comparing the winners again.
-const Winner<TunerEmbeddingBagVtable>& choose(const std::shared_ptr<const Table<TunerEmbeddingBagVtable>>& t,
-                                              const at::Tensor& weight, const at::Tensor& indices, int64_t bags,
-                                              int64_t mode) {
+// What serves a call: the variant nearest in dim and mean bag size, a tuned mode of its own
+// preferred (`vt`, whatever the baseline would serve: what the ops below the autograd kernel
+// run), and whether the baseline serves it instead (tuner_op.h's choose). A thread's last
+// choice is kept with the table it came from (held, so that a table published later is never
+// mistaken for it): a call of the same dtypes, dim, mean bag size and mode, the usual case in a
+// training loop, takes it without comparing the winners again.
+struct Choice {
+  const TunerEmbeddingBagVtable* vt = nullptr;  // nullptr: the pair has no variant
+  bool baseline = false;
+};
+
+Choice choose(const std::shared_ptr<const Table<TunerEmbeddingBagVtable>>& t, const at::Tensor& weight,
+              const at::Tensor& indices, int64_t bags, int64_t mode) {
   struct Last {
     std::shared_ptr<const Table<TunerEmbeddingBagVtable>> table;
     int pair = -1;
     int64_t dim = 0, per_bag = 0, mode = -1;
-    const Winner<TunerEmbeddingBagVtable>* winner = nullptr;
+    Choice choice;
   };
   thread_local Last last;
   const int pair = index_of(weight.scalar_type(), kWeights) * 2 + index_of(indices.scalar_type(), kIndices);
   const int64_t dim = weight.size(1), per_bag = indices.numel() / std::max<int64_t>(bags, 1);
   if (last.table == t && last.pair == pair && last.dim == dim && last.per_bag == per_bag && last.mode == mode)
-    return *last.winner;
+    return last.choice;
   const auto& w = op.choose(*t, pair, {dim, per_bag}, mode, [&] {
     return "weight " + dtype_name(weight.scalar_type()) + " and indices " + dtype_name(indices.scalar_type());
   });
-  last = Last{t, pair, dim, per_bag, mode, &w};
-  return w;
+  const Choice c{op.variant(*t, pair, {dim, per_bag}, mode), w.baseline()};
+  last = Last{t, pair, dim, per_bag, mode, c};
+  return c;
+}
+
+const TunerEmbeddingBagVtable* variant(const Choice& c, const at::Tensor& weight, const at::Tensor& indices) {
+  TORCH_CHECK(c.vt != nullptr, "embedding_bag: the loaded export has no variant for weight ",
+              dtype_name(weight.scalar_type()), " and indices ", dtype_name(indices.scalar_type()),
+              "; tune one (tuner search --family embedding_bag --weight ...) and export again");
+  return c.vt;
 }
 
 // ------------------------------------------------------------------ the op
@@ -343,15 +358,15 @@ ForwardOut forward_cuda(const at::Tensor& weight, const at::Tensor& indices, con
   if (t->reference) return OnCpu<ForwardSig>::call("tuner::embedding_bag_forward", weight.device(), weight, indices,
                                                    offsets, mode, psw, include_last_offset, padding_idx);
   const int64_t bags = a.bags.count, dim = weight.size(1);
-  const auto& w = choose(t, weight, a.indices, bags, mode);
-  const at::Tensor wt = ready(weight, w.vt->vec * weight.element_size());
+  const TunerEmbeddingBagVtable* vt = variant(choose(t, weight, a.indices, bags, mode), weight, indices);
+  const at::Tensor wt = ready(weight, vt->vec * weight.element_size());
   at::Tensor out = at::empty({bags, dim}, weight.options());
   at::Tensor maxi, count;
   if (save) {
     maxi = at::empty({mode == TUNER_EB_MAX ? bags : 0, dim}, weight.options().dtype(at::kLong));
     count = at::empty({mode == TUNER_EB_MEAN ? bags : 0}, weight.options().dtype(at::kFloat));
   }
-  run_forward(w.vt, wt, a.indices, a.bags, mode, flat(psw), a.padding_idx, out, maxi, count, op.check());
+  run_forward(vt, wt, a.indices, a.bags, mode, flat(psw), a.padding_idx, out, maxi, count, op.check());
   return {out, maxi, count};
 }
 
@@ -361,10 +376,65 @@ ForwardOut embedding_bag_forward_cuda(const at::Tensor& weight, const at::Tensor
   return forward_cuda(weight, indices, offsets, mode, psw, include_last_offset, padding_idx, /*save=*/true);
 }
 
+// ------------------------------------------------------------------ the baseline
+
+// What the op replaces: torch's embedding_bag, as F.embedding_bag calls it (no max_norm or
+// scale_grad_by_freq, sparse=False; 2-D indices flat, with an offset every bag length).
+at::Tensor baseline(const at::Tensor& weight, const Normal& a, int64_t mode, const Opt& psw) {
+  at::Tensor indices = a.indices, offsets = a.bags.offsets;
+  Opt weights = psw;
+  if (a.bags.length >= 0) {
+    offsets = at::arange(0, indices.numel(), a.bags.length, indices.options());
+    indices = indices.reshape(-1);
+    if (psw.has_value()) weights = psw->reshape(-1);
+  }
+  return std::get<0>(at::embedding_bag(weight, indices, offsets, false, mode, false, weights, a.bags.offsets_end,
+                                       a.padding_idx));
+}
+
+bool symbolic(const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
+
+// The baseline's result where it serves this call, else nothing (a variant does). A graph traced
+// with symbolic shapes runs the variants; 2-D indices of no entries too (torch has no offsets for
+// them). torch has no bfloat16 backward of max: a call that wants one runs the nearest variant,
+// or, in a pair with none, torch's op in float32.
+std::optional<at::Tensor> served_by_baseline(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets,
+                                             int64_t mode, const Opt& psw, bool include_last_offset,
+                                             std::optional<int64_t> padding_idx, bool grad) {
+  if (!weight.is_cuda() || symbolic(weight) || symbolic(indices) || (offsets.has_value() && symbolic(*offsets)))
+    return std::nullopt;
+  const auto t = op.bound_or_null();
+  if (t == nullptr || t->reference || weight.dim() != 2 || index_of(weight.scalar_type(), kWeights) < 0 ||
+      index_of(indices.scalar_type(), kIndices) < 0)
+    return std::nullopt;  // the variant's path says what is wrong
+  // The choice from the arguments as given (normalized only for the baseline: a variant's call
+  // pays for that once, in its own path).
+  int64_t bags = 0;
+  if (indices.dim() == 2 && indices.size(1) > 0) {
+    bags = indices.size(0);
+  } else if (indices.dim() == 1 && offsets.has_value() && offsets->dim() == 1) {
+    bags = offsets->numel() - (include_last_offset ? 1 : 0);
+  } else {
+    return std::nullopt;
+  }
+  const Choice c = choose(t, weight, indices, bags, mode);
+  if (!c.baseline) return std::nullopt;
+  const Normal a = normalize(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
+  if (grad && mode == TUNER_EB_MAX && weight.scalar_type() == at::kBFloat16) {
+    if (c.vt != nullptr) return std::nullopt;
+    return baseline(weight.to(at::kFloat), a, mode, psw).to(weight.scalar_type());
+  }
+  return baseline(weight, a, mode, psw);
+}
+
 at::Tensor embedding_bag_cuda(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets,
                               c10::string_view mode, const Opt& psw, bool include_last_offset,
                               std::optional<int64_t> padding_idx) {
+  if (auto out = served_by_baseline(weight, indices, offsets, mode_code(mode), psw, include_last_offset, padding_idx,
+                                    false))
+    return *out;
   return std::get<0>(
+
       forward_cuda(weight, indices, offsets, mode_code(mode), psw, include_last_offset, padding_idx, /*save=*/false));
 }
 
@@ -378,15 +448,15 @@ BackwardOut embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor
   if (t->reference) return OnCpu<BackwardSig>::call("tuner::embedding_bag_backward", weight.device(), grad, weight,
                                                     indices, offsets, mode, psw, include_last_offset, padding_idx,
                                                     max_indices, bag_count, weight_grad, psw_grad);
-  const auto& w = choose(t, weight, a.indices, a.bags.count, mode);  // the forward's
-  const int64_t alignment = w.vt->vec * weight.element_size();
+  const auto* vt = variant(choose(t, weight, a.indices, a.bags.count, mode), weight, indices);  // the forward's
+  const int64_t alignment = vt->vec * weight.element_size();
   const at::Tensor wt = ready(weight, alignment);
   const at::Tensor g = ready(grad.to(weight.scalar_type()), alignment);
   at::Tensor grad_weight = weight_grad ? at::zeros(weight.sizes(), weight.options()) : at::empty({0}, weight.options());
   const bool psw_wanted = psw_grad && psw.has_value();
   at::Tensor grad_psw = at::empty({psw_wanted ? a.indices.numel() : 0}, weight.options());
   if (weight_grad || psw_wanted)
-    run_backward(w.vt, g, wt, a.indices, a.bags, mode, flat(psw), a.padding_idx, max_indices, bag_count,
+    run_backward(vt, g, wt, a.indices, a.bags, mode, flat(psw), a.padding_idx, max_indices, bag_count,
                  grad_weight, grad_psw);
   if (psw_wanted) grad_psw = grad_psw.view(psw->sizes());
   return {grad_weight, grad_psw};
@@ -450,7 +520,11 @@ at::Tensor embedding_bag_autograd(const at::Tensor& weight, const at::Tensor& in
                                   c10::string_view mode, const Opt& psw, bool include_last_offset,
                                   std::optional<int64_t> padding_idx) {
   const bool wants = weight.requires_grad() || (psw.has_value() && psw->requires_grad());
-  if (!(at::GradMode::is_enabled() && wants)) {  // no graph: the plain forward, nothing saved
+  const bool grad = at::GradMode::is_enabled() && wants;
+  if (auto out = served_by_baseline(weight, indices, offsets, mode_code(mode), psw, include_last_offset, padding_idx,
+                                    grad))
+    return *out;  // torch's autograd, torch's kernels
+  if (!grad) {  // no graph: the plain forward, nothing saved
     at::AutoDispatchBelowADInplaceOrView below;
     return plain_op().call(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
   }

@@ -31,7 +31,7 @@ int pair_of(const TunerGiouVtable* vt);  // giou_op.cpp
 
 // Workspace words: the variant's scratch (reduction tickets and partials) and the error word.
 Op<TunerGiouVtable> op("giou_loss", TUNER_GIOU_ABI, 12, pair_of, error_text, TUNER_GIOU_WS_ERROR,
-                       TUNER_GIOU_ERROR_BITS);
+                       TUNER_GIOU_ERROR_BITS, /*baseline=*/true);
 
 namespace {
 

@@ -2,7 +2,9 @@
 // checks, CUDA kernels and autograd in C++ (pytorch/extension-cpp's pattern), so an eager
 // call is one dispatcher hop and runs no Python. The winners bound at tuner.load, the
 // nearest-shape choice, validate modes and control ops come from templates/common/tuner_op.h;
-// the CPU (float64 reference) and fake implementations from Python (tuner/runtime.py).
+// the CPU (float64 reference) and fake implementations from Python (tuner/runtime.py). Its
+// baseline is the eager GIoU loss (torchvision's formula in ATen ops, float32), which serves
+// every call that no variant was tuned to beat.
 #include "giou_binding.h"
 
 namespace tuner_giou {
@@ -21,17 +23,18 @@ int pair_of(const at::Tensor& pred, const at::Tensor& target) {
   return index_of(pred.scalar_type(), kPreds) * 4 + index_of(target.scalar_type(), kTargets);
 }
 
-const Winner<TunerGiouVtable>& choose(const Table<TunerGiouVtable>& t, const at::Tensor& pred,
-                                      const at::Tensor& target) {
-  return op.choose(t, pair_of(pred, target), {pred.size(0), pred.size(1)}, 0, [&] {
-    return "pred " + dtype_name(pred.scalar_type()) + " and target " + dtype_name(target.scalar_type());
-  });
+// The variant nearest a call of the forward and backward ops (whatever the baseline would serve).
+const TunerGiouVtable* choose(const Table<TunerGiouVtable>& t, const at::Tensor& pred, const at::Tensor& target) {
+  const TunerGiouVtable* vt = op.variant(t, pair_of(pred, target), {pred.size(0), pred.size(1)}, 0);
+  TORCH_CHECK(vt != nullptr, "giou_loss: the loaded export has no variant for pred ", dtype_name(pred.scalar_type()),
+              " and target ", dtype_name(target.scalar_type()), "; tune one (tuner search --pred ... --target ...)");
+  return vt;
 }
 
 // The forward returns a saved gradient [B, S, 4] when some winner of its dtype pair saves one.
 bool saves(const Table<TunerGiouVtable>& t, int pair) {
   for (const auto& w : t.pairs[pair].winners)
-    if (w.vt->saves_grad) return true;
+    if (!w.baseline() && w.vt->saves_grad) return true;
   return false;
 }
 
@@ -89,15 +92,15 @@ Forward forward_cuda(const at::Tensor& pred, const at::Tensor& target, const std
   if (t->reference) return OnCpu<ForwardSig>::call("tuner::giou_loss_forward", pred.device(), pred, target, num_boxes,
                                                    reduction, eps);
   const int pair = pair_of(pred, target);
-  const auto& w = choose(*t, pred, target);
-  const at::Tensor p = ready(pred, w.vt->alignment), tg = ready(target, w.vt->alignment);
+  const TunerGiouVtable* vt = choose(*t, pred, target);
+  const at::Tensor p = ready(pred, vt->alignment), tg = ready(target, vt->alignment);
   const auto n = counts(num_boxes);
   const auto f32 = pred.options().dtype(at::kFloat);
   at::Tensor loss = reduction == 0 ? at::empty({pred.size(0), pred.size(1)}, f32) : at::empty({}, f32);
   at::Tensor count = at::empty({}, f32);
   at::Tensor saved;
   if (save) saved = saves(*t, pair) ? at::empty({pred.size(0), pred.size(1), 4}, f32) : at::empty({0}, f32);
-  run_forward(w.vt, p, tg, n, reduction, eps, loss, count, save && w.vt->saves_grad ? &saved : nullptr, op.check());
+  run_forward(vt, p, tg, n, reduction, eps, loss, count, save && vt->saves_grad ? &saved : nullptr, op.check());
   return {loss, count, saved};
 }
 
@@ -107,8 +110,53 @@ Forward giou_loss_forward_cuda(const at::Tensor& pred, const at::Tensor& target,
   return forward_cuda(pred, target, num_boxes, reduction, eps, /*save=*/true);
 }
 
+// ------------------------------------------------------------------ the baseline
+
+// What the op replaces: the GIoU loss as eager PyTorch computes it, torchvision's elementwise
+// formula in float32 (spec.py's `eager`), padding slots replaced by a unit box before the math and
+// counts clamped to [0, S]. It validates nothing: torch's composite would not.
+at::Tensor baseline(const at::Tensor& pred, const at::Tensor& target, const std::optional<at::Tensor>& num_boxes,
+                    int64_t reduction, double eps) {
+  const int64_t S = pred.size(1);
+  const auto f32 = pred.options().dtype(at::kFloat);
+  const at::Tensor valid =
+      num_boxes.has_value()
+          ? at::arange(S, pred.options().dtype(at::kLong)).unsqueeze(0) < num_boxes->to(at::kLong).clamp(0, S).unsqueeze(1)
+          : target.select(-1, 3) > 0;
+  const at::Tensor unit = (at::arange(4, f32) >= 2).to(at::kFloat), v4 = valid.unsqueeze(-1);
+  const at::Tensor p = at::where(v4, pred.to(at::kFloat), unit), t = at::where(v4, target.to(at::kFloat), unit);
+  const auto c = [](const at::Tensor& b, int64_t i) { return b.select(-1, i); };
+  const at::Tensor x1 = c(p, 0), y1 = c(p, 1), x2 = c(p, 2), y2 = c(p, 3);
+  const at::Tensor x1g = c(t, 0), y1g = c(t, 1), x2g = c(t, 2), y2g = c(t, 3);
+  const at::Tensor xk1 = at::maximum(x1, x1g), yk1 = at::maximum(y1, y1g);
+  const at::Tensor xk2 = at::minimum(x2, x2g), yk2 = at::minimum(y2, y2g);
+  const at::Tensor inter = at::where((yk2 > yk1) & (xk2 > xk1), (xk2 - xk1) * (yk2 - yk1), at::zeros_like(x1));
+  const at::Tensor uni = (x2 - x1) * (y2 - y1) + (x2g - x1g) * (y2g - y1g) - inter;
+  const at::Tensor iou = inter / (uni + eps);
+  const at::Tensor area = (at::maximum(x2, x2g) - at::minimum(x1, x1g)) * (at::maximum(y2, y2g) - at::minimum(y1, y1g));
+  const at::Tensor loss = at::where(valid, 1 - (iou - (area - uni) / (area + eps)), at::zeros_like(x1));
+  if (reduction == 0) return loss;
+  if (reduction == 2) return loss.sum();
+  return loss.sum() / valid.sum().clamp_min(1).to(at::kFloat);
+}
+
+bool symbolic(const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
+
+// Whether the baseline serves this call: a CUDA call of concrete shape (a graph traced with
+// symbolic shapes runs the variants) whose nearest tuned problem it serves, or none is near.
+bool serves_baseline(const at::Tensor& pred, const at::Tensor& target, const std::optional<at::Tensor>& num_boxes) {
+  if (!pred.is_cuda() || symbolic(pred)) return false;
+  check_inputs(pred, target, num_boxes);
+  const auto t = op.bound_or_null();
+  if (t == nullptr || t->reference) return false;
+  return op.choose(*t, pair_of(pred, target), {pred.size(0), pred.size(1)}, 0, [&] {
+             return "pred " + dtype_name(pred.scalar_type()) + " and target " + dtype_name(target.scalar_type());
+           }).baseline();
+}
+
 at::Tensor giou_loss_cuda(const at::Tensor& pred, const at::Tensor& target, const std::optional<at::Tensor>& num_boxes,
                           c10::string_view reduction, double eps) {
+  if (serves_baseline(pred, target, num_boxes)) return baseline(pred, target, num_boxes, reduction_code(reduction), eps);
   return std::get<0>(forward_cuda(pred, target, num_boxes, reduction_code(reduction), eps, /*save=*/false));
 }
 
@@ -119,10 +167,10 @@ at::Tensor giou_loss_backward_cuda(const at::Tensor& grad, const at::Tensor& pre
   const auto t = op.bound();
   if (t->reference) return OnCpu<BackwardSig>::call("tuner::giou_loss_backward", pred.device(), grad, pred, target,
                                                     num_boxes, count, saved, reduction, eps);
-  const auto& w = choose(*t, pred, target);  // the forward's: same dtypes and shape
-  const at::Tensor p = ready(pred, w.vt->alignment), tg = ready(target, w.vt->alignment);
+  const TunerGiouVtable* vt = choose(*t, pred, target);  // the forward's: same dtypes and shape
+  const at::Tensor p = ready(pred, vt->alignment), tg = ready(target, vt->alignment);
   at::Tensor grad_pred = at::empty_like(p);
-  run_backward(w.vt, grad.to(at::kFloat).contiguous(), p, tg, counts(num_boxes), count, saved, reduction, eps,
+  run_backward(vt, grad.to(at::kFloat).contiguous(), p, tg, counts(num_boxes), count, saved, reduction, eps,
                grad_pred);
   return grad_pred;
 }
@@ -156,6 +204,7 @@ class GiouLoss : public torch::autograd::Function<GiouLoss> {
 at::Tensor giou_loss_autograd(const at::Tensor& pred, const at::Tensor& target,
                               const std::optional<at::Tensor>& num_boxes, c10::string_view reduction, double eps) {
   const int64_t code = reduction_code(reduction);
+  if (serves_baseline(pred, target, num_boxes)) return baseline(pred, target, num_boxes, code, eps);  // torch's autograd
   if (!(at::GradMode::is_enabled() && pred.requires_grad())) {  // no graph: the plain forward, nothing saved
     at::AutoDispatchBelowADInplaceOrView below;
     return Call<LossSig>::call("tuner::giou_loss", pred, target, num_boxes, reduction, eps);
@@ -169,6 +218,13 @@ at::Tensor giou_loss_autograd(const at::Tensor& pred, const at::Tensor& target,
 int64_t chosen(const std::string& pred, const std::string& target, int64_t batch, int64_t slots) {
   const int p = index_of(pred.c_str(), kPreds), q = index_of(target.c_str(), kTargets);
   return p < 0 || q < 0 ? -1 : op.nearest(*op.bound(), p * 4 + q, {batch, slots}, 0);
+}
+
+// Whether the baseline serves a call of these dtypes and shape (what tests ask; no tensor needed).
+bool served_by_baseline(const std::string& pred, const std::string& target, int64_t batch, int64_t slots) {
+  const int p = index_of(pred.c_str(), kPreds), q = index_of(target.c_str(), kTargets);
+  return op.choose(*op.bound(), p < 0 || q < 0 ? -1 : p * 4 + q, {batch, slots}, 0, [] { return std::string(); })
+      .baseline();
 }
 
 // Whether the forward of this dtype pair returns a saved gradient [B, S, 4] (the fake
@@ -206,4 +262,5 @@ TUNER_OP_CONTROL(tuner_giou, tuner_giou::op)
 TORCH_LIBRARY_FRAGMENT(tuner_giou, m) {
   m.def("chosen(str pred, str target, int batch, int slots) -> int", &tuner_giou::chosen);
   m.def("saves(str pred, str target) -> bool", &tuner_giou::saves_for);
+  m.def("served_by_baseline(str pred, str target, int batch, int slots) -> bool", &tuner_giou::served_by_baseline);
 }

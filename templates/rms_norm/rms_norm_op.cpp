@@ -1,6 +1,7 @@
 // tuner::rms_norm, the user's op (schema, checks, autograd), and the search's calls of any
 // variant by its table's address; the winners' table, validate modes and control ops come
-// from templates/common/tuner_op.h.
+// from templates/common/tuner_op.h. Its baseline is torch's at::rms_norm (F.rms_norm), which
+// serves every call that no variant was tuned to beat.
 #include "rms_norm_abi.h"
 #include "tuner_op.h"
 
@@ -15,7 +16,7 @@ int pair_of(const TunerRmsNormVtable* vt) {
   return x < 0 || w < 0 ? -1 : x * 3 + w;
 }
 
-Op<TunerRmsNormVtable> op("rms_norm", TUNER_RMS_NORM_ABI, 9, pair_of, nullptr);
+Op<TunerRmsNormVtable> op("rms_norm", TUNER_RMS_NORM_ABI, 9, pair_of, nullptr, 0, 8, /*baseline=*/true);
 
 int64_t rows_of_shape(const at::Tensor& x) {
   int64_t rows = 1;
@@ -85,26 +86,65 @@ void run_backward(const TunerRmsNormVtable* vt, const at::Tensor& grad, const at
 
 using Pair2 = std::tuple<at::Tensor, at::Tensor>;
 
-const Winner<TunerRmsNormVtable>& choose(const at::Tensor& x, const at::Tensor& weight) {
-  const auto t = op.bound();
-  const int pair = index_of(x.scalar_type(), kDtypes) * 3 + index_of(weight.scalar_type(), kDtypes);
-  return op.choose(*t, pair, {rows_of_shape(x), x.size(-1)}, 0, [&] {
-    return "x " + dtype_name(x.scalar_type()) + " and weight " + dtype_name(weight.scalar_type());
-  });
+int pair_of_call(const at::Tensor& x, const at::Tensor& weight) {
+  return index_of(x.scalar_type(), kDtypes) * 3 + index_of(weight.scalar_type(), kDtypes);
+}
+
+// What the user's op replaces: F.rms_norm over the last dimension (torch keeps x's dtype).
+at::Tensor baseline(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return at::rms_norm(x, {x.size(-1)}, weight, eps).to(x.scalar_type());
+}
+
+// Whether torch's op serves this call: a CUDA call of concrete shape (a graph traced with
+// symbolic shapes runs the variants) whose nearest tuned problem is served by the baseline,
+// or none is near.
+bool serves_baseline(const at::Tensor& x, const at::Tensor& weight) {
+  if (!x.is_cuda() || x.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return false;
+  check_inputs(x, weight);
+  const auto t = op.bound_or_null();
+  if (t == nullptr || t->reference) return false;
+  return op.choose(*t, pair_of_call(x, weight), {rows_of_shape(x), x.size(-1)}, 0, [&] {
+             return "x " + dtype_name(x.scalar_type()) + " and weight " + dtype_name(weight.scalar_type());
+           }).baseline();
+}
+
+// The variant nearest a call below the autograd kernel; nullptr for a pair with none (torch's
+// kernels then serve it: forward_cuda and backward_cuda compute with ATen).
+const TunerRmsNormVtable* variant_for(const at::Tensor& x, const at::Tensor& weight) {
+  return op.variant(*op.bound(), pair_of_call(x, weight), {rows_of_shape(x), x.size(-1)}, 0);
+}
+
+// The backward in ATen from the saved 1/rms r: gw = sum_rows(dy * x * r), and
+// gx = r * (dy * w - x * r * mean(dy * w * x * r)) over each row.
+Pair2 baseline_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& rstd,
+                        bool x_grad, bool weight_grad) {
+  const int64_t width = x.size(-1);
+  const at::Tensor xf = x.reshape({-1, width}).to(at::kFloat), dy = grad.reshape({-1, width}).to(at::kFloat);
+  const at::Tensor r = rstd.reshape({-1, 1}).to(at::kFloat), n = xf * r;
+  at::Tensor gx = at::empty({0}, x.options()), gw = at::empty({0}, weight.options());
+  if (weight_grad) gw = (dy * n).sum(0).to(weight.scalar_type());
+  if (x_grad) {
+    const at::Tensor g = dy * weight.to(at::kFloat);
+    gx = (r * (g - n * (g * n).mean(-1, true))).to(x.scalar_type()).reshape(x.sizes());
+  }
+  return {gx, gw};
 }
 
 Pair2 forward_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_inputs(x, weight);
   if (op.bound()->reference) return OnCpu<Pair2(const at::Tensor&, const at::Tensor&, double)>::call(
       "tuner::rms_norm_forward", x.device(), x, weight, eps);
-  const auto& w = choose(x, weight);
+  const TunerRmsNormVtable* vt = variant_for(x, weight);
+  if (vt == nullptr)
+    return {baseline(x, weight, eps), at::rsqrt(x.to(at::kFloat).pow(2).mean(-1) + eps).reshape({rows_of_shape(x)})};
   const at::Tensor xc = ready(x, 16), wc = ready(weight, 16);
   at::Tensor y = at::empty_like(xc), rstd = at::empty({rows_of_shape(x)}, x.options().dtype(at::kFloat));
-  run_forward(w.vt, xc, wc, eps, y, rstd);
+  run_forward(vt, xc, wc, eps, y, rstd);
   return {y, rstd};
 }
 
 at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (serves_baseline(x, weight)) return baseline(x, weight, eps);
   return std::get<0>(forward_cuda(x, weight, eps));
 }
 
@@ -114,13 +154,14 @@ Pair2 backward_cuda(const at::Tensor& grad, const at::Tensor& x, const at::Tenso
   if (op.bound()->reference)
     return OnCpu<Pair2(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool, bool)>::
         call("tuner::rms_norm_backward", x.device(), grad, x, weight, rstd, eps, x_grad, weight_grad);
-  const auto& w = choose(x, weight);
+  const TunerRmsNormVtable* vt = variant_for(x, weight);
+  if (vt == nullptr) return baseline_backward(grad, x, weight, rstd, x_grad, weight_grad);
   const at::Tensor xc = ready(x, 16), wc = ready(weight, 16), g = ready(grad.to(x.scalar_type()), 16);
   at::Tensor gx = x_grad ? at::empty_like(xc) : at::empty({0}, x.options());
   at::Tensor gw = weight_grad ? at::empty_like(wc) : at::empty({0}, weight.options());
-  at::Tensor scratch = at::empty({weight_grad ? w.vt->scratch_floats(rows_of_shape(x), x.size(-1)) : 1},
+  at::Tensor scratch = at::empty({weight_grad ? vt->scratch_floats(rows_of_shape(x), x.size(-1)) : 1},
                                  x.options().dtype(at::kFloat));
-  if (x_grad || weight_grad) run_backward(w.vt, g, xc, wc, rstd.contiguous(), eps, gx, gw, scratch);
+  if (x_grad || weight_grad) run_backward(vt, g, xc, wc, rstd.contiguous(), eps, gx, gw, scratch);
   return {gx, gw};
 }
 
@@ -149,6 +190,7 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
 };
 
 at::Tensor rms_norm_autograd(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (serves_baseline(x, weight)) return baseline(x, weight, eps);  // torch's autograd, torch's kernels
   if (!(at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))) {
     at::AutoDispatchBelowADInplaceOrView below;
     return Call<at::Tensor(const at::Tensor&, const at::Tensor&, double)>::call("tuner::rms_norm", x, weight, eps);
@@ -166,6 +208,15 @@ void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tens
                          const at::Tensor& rstd, double eps, const at::Tensor& grad_x, const at::Tensor& grad_weight,
                          const at::Tensor& scratch) {
   run_backward(op.table(variant), grad, x, weight, rstd, eps, grad_x, grad_weight, scratch);
+}
+
+// Who serves a CUDA call of these sizes and dtypes in the live table: a variant's name, or
+// "torch" (what tests and `tuner show`-like tools ask; no tensor needed).
+std::string served(int64_t rows, int64_t width, at::ScalarType x, at::ScalarType weight) {
+  const auto t = op.bound();
+  const auto& w = op.choose(*t, index_of(x, kDtypes) * 3 + index_of(weight, kDtypes), {rows, width}, 0,
+                            [&] { return "x " + dtype_name(x) + " and weight " + dtype_name(weight); });
+  return w.baseline() ? "torch" : w.vt->name;
 }
 
 int64_t scratch_floats(int64_t variant, int64_t rows, int64_t width) {
@@ -197,6 +248,7 @@ TORCH_LIBRARY_FRAGMENT(tuner_rms_norm, m) {
   m.def("backward(int variant, Tensor grad, Tensor x, Tensor weight, Tensor rstd, float eps, Tensor(a!) grad_x, "
         "Tensor(b!) grad_weight, Tensor(c!) scratch) -> ()");
   m.def("scratch_floats(int variant, int rows, int width) -> int", &tuner_rms_norm::scratch_floats);
+  m.def("served(int rows, int width, ScalarType x, ScalarType weight) -> str", &tuner_rms_norm::served);
 }
 
 TORCH_LIBRARY_IMPL(tuner_rms_norm, CUDA, m) {

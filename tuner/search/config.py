@@ -68,6 +68,7 @@ class SearchReport:
     verify_s: float = 0.0
     time_s: float = 0.0
     winner: dict[str, Any] | None = None
+    baseline: dict[str, Any] | None = None  # the torch op's timings beside the finalists'
     retimed: list[dict[str, Any]] = field(default_factory=list)
     worker_restarts: int = 0
     worker_kills: int = 0

@@ -1,6 +1,8 @@
 """The end of a search: its best few variants timed again, in turns and with more repetitions
 (the close ones once more among themselves: `worker.Child.retime`), and the winner picked on
-those timings rather than on the search's single measurement of each.
+those timings rather than on the search's single measurement of each. The family's baseline,
+the torch op it replaces, is timed in the same turns: the export serves the problem with it
+where the winner does not beat it (`records.served_by`).
 
 A family whose search builds and checks only what its problem runs (`FINALISTS_WHOLE`: an
 EmbeddingBag search has its problem's mode alone) has its finalists built whole, as the export
@@ -22,7 +24,8 @@ import sys
 
 from tuner import families
 from tuner import study as studies
-from tuner.records import objective_value
+from tuner import records
+from tuner.records import BASELINE, BASELINE_EXTRA, objective_value
 from tuner.search.config import SearchConfig, SearchReport
 from tuner.variant import Variant
 
@@ -61,13 +64,18 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
                 if r.variant in by_name and r.fwd_us == r.fwd_us and r.bwd_us == r.bwd_us}  # not NaN
     extra = joined(by_name, measured) if join else None
     rows: list[dict] = []
+    baseline = None  # the torch op's timings in the same turns as the finalists
     while True:  # until a finalist passes, or none is left (one round without a check: no re-round)
         variants = [v for v in ranked if v.name not in rejected][:cfg.top_k]
         variants += [extra] if extra is not None and extra.name not in rejected else []
         if not variants:
             break
         before = len(rejected)
-        timings = evaluator.retime(variants, prepare(variants, whole), cfg.objective, whole=whole)
+        timings = evaluator.retime(variants, prepare(variants, whole), cfg.objective, whole=whole, baseline=True)
+        if BASELINE in timings:
+            baseline = timings.pop(BASELINE)
+            if BASELINE_EXTRA in timings:
+                baseline["variant_extra"] = timings.pop(BASELINE_EXTRA)["bwd"]
         for v in variants:
             t = timings.get(v.name)
             if t is None:
@@ -83,6 +91,12 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
             break
     if rejected:
         study.set_user_attr("rejected", rejected)
+    if baseline is not None:
+        # what the export compares the winner with (records.served_by); replayed by --simulate
+        study.set_user_attr("baseline", baseline)
+        report.baseline = baseline
+        records.append(report.records_path, {"problem": cfg.problem.key(), "baseline": baseline,
+                                             "gpu": evaluator.gpu_info})
     rows.sort(key=lambda r: r["objective_us"])
     if rows:
         report.retimed = rows

@@ -152,5 +152,27 @@ class Evaluation:
         bwd, _, _ = kernel.prepare_backward(saved, g)
         return fwd, bwd
 
+    def baseline(self, problem: dict, objective: str) -> tuple[Callable, Callable | None] | None:
+        """torch's F.embedding_bag on the timing inputs, as `calls` gives a variant's; None for a
+        bfloat16 max, whose backward torch does not have. torch's backward allocates and zeroes
+        the weight's gradient, which a variant's timed backward leaves out (the op does it): the
+        zeroing is timed here too, and `records.served_by` adds it to the variant's backward."""
+        import torch
+        import torch.nn.functional as F
+
+        if problem["mode"] == "max" and problem["weight"] == "bfloat16" and objective != "fwd":
+            return None
+        w, idx, offs, g = self._timing_inputs(problem)
+
+        def fwd():
+            return F.embedding_bag(idx, w, offs, mode=problem["mode"])
+
+        if objective == "fwd":
+            return fwd, None
+        wg = w.detach().requires_grad_()
+        out = F.embedding_bag(idx, wg, offs, mode=problem["mode"])
+        zeroed = torch.empty_like(w)
+        return fwd, lambda: torch.autograd.grad(out, wg, g, retain_graph=True), zeroed.zero_
+
     def errors(self, kernel: EmbeddingBagKernel) -> int:
         return kernel.take_errors()

@@ -17,8 +17,10 @@ the runtime (relatively), so an exported wheel carries them as they are.
 
 from __future__ import annotations
 
+import math
+
 from ... import runtime
-from .spec import MODES, _counts, _entries, reference, reference_backward
+from .spec import INDEX_DTYPES, MODES, WEIGHT_DTYPES, _counts, _entries, reference, reference_backward
 
 NAMESPACE = "tuner_embedding_bag"  # the binding's own ops: stage, publish, set_check, ...
 MODE_CODES = {m: i for i, m in enumerate(MODES)}
@@ -163,9 +165,18 @@ def _backward_fake(grad, weight, indices, offsets, mode, psw, include_last_offse
             psw.new_empty(psw.shape) if psw_grad and psw is not None else weight.new_empty((0,)))
 
 
+def _pair(problem: dict) -> int:
+    """A dtype pair's index, as embedding_bag_op.cpp's pair_of numbers it."""
+    return WEIGHT_DTYPES.index(problem["weight"]) * 2 + INDEX_DTYPES.index(problem["index"])
+
+
+# A tuned problem serves calls of its mode within 4x of its dim x mean bag size (log distance ln 4);
+# torch's embedding_bag serves the rest, untuned dtype pairs and modes, and the problems where no
+# variant beat it (but a bfloat16 max backward, which torch does not have).
 OP = runtime.OpSpec(
     family="embedding_bag", op="embedding_bag", namespace=NAMESPACE, abi=4,
     shape=lambda problem: ([problem["dim"], problem["bag_size"]], MODE_CODES[problem["mode"]]),
+    baseline=True, reach=math.log(4), pair=_pair,
     impls={"embedding_bag": (_op_cpu, _op_fake),
            "embedding_bag_forward": (_forward_cpu, _forward_fake),
            "embedding_bag_backward": (_backward_cpu, _backward_fake)},

@@ -82,6 +82,26 @@ class Evaluation:
 
         return fwd, bwd
 
+    def baseline(self, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
+        """The eager loss (spec.eager, float32) on the timing inputs: the forward, and the backward
+        alone (pred's gradient, from a graph kept for it)."""
+        import torch
+
+        from tuner.families.giou.spec import eager
+
+        red = problem["reduction"]
+        pred, target, nb = self.timing_inputs(problem)
+
+        def fwd():
+            return eager(pred, target, nb, red)
+
+        if objective == "fwd":
+            return fwd, None
+        leaf = pred.detach().requires_grad_()
+        loss = eager(leaf, target, nb, red)
+        grad_out = torch.ones_like(loss)
+        return fwd, lambda: torch.autograd.grad(loss, leaf, grad_out, retain_graph=True)
+
     def errors(self, kernel: GiouKernel) -> int:
         """Error bits the kernels flagged since the last call (generated inputs are valid)."""
         return kernel.take_errors()

@@ -114,9 +114,18 @@ def _loss_fake(pred, target, num_boxes=None, reduction="mean", eps=DEFAULT_EPS):
     return _forward_fake(pred, target, num_boxes, _reduction_code(reduction), eps)[0]
 
 
+def _pair(problem: dict) -> int:
+    """A dtype pair's index, as giou_op.cpp's pair_of numbers it."""
+    return PRED_DTYPES.index(problem["pred"]) * 4 + TARGET_DTYPES.index(problem["target"])
+
+
+# The baseline, the eager GIoU loss (spec.eager, in ATen ops in giou_op.cpp), serves the problems where
+# no variant beat it. Other shapes and untuned dtype pairs run the nearest tuned parameters: the eager
+# loss is a dozen kernels, and it does not validate what the kernels validate (counts, finite targets).
 OP = runtime.OpSpec(
     family="giou", op="giou_loss", namespace=NAMESPACE, abi=2,
     shape=lambda problem: ([problem["batch"], problem["slots"]], 0),
+    baseline=True, reach=0.0, pair=_pair, untuned_by_baseline=False,
     impls={"giou_loss": (_loss_cpu, _loss_fake),
            "giou_loss_forward": (_forward_cpu, _forward_fake),
            "giou_loss_backward": (_backward_cpu, lambda grad, pred, *rest: pred.new_empty(pred.shape))})

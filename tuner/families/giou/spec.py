@@ -48,15 +48,29 @@ def reference(pred, target, num_boxes=None, reduction: str = "mean", eps: float 
     """
     import torch
 
+    return _loss(pred, target, num_boxes, reduction, eps, torch.float64)
+
+
+def eager(pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS):
+    """The same in float32: the eager loss the op replaces, its baseline (giou_op.cpp computes it
+    with the same ATen ops where it serves a call)."""
+    import torch
+
+    return _loss(pred, target, num_boxes, reduction, eps, torch.float32)
+
+
+def _loss(pred, target, num_boxes, reduction: str, eps: float, dtype):
+    import torch
+
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     valid = valid_mask(target, num_boxes)
-    p = pred.to(torch.float64)
-    t = target.to(torch.float64)
-    unit = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64, device=p.device)
+    p = pred.to(dtype)
+    t = target.to(dtype)
+    unit = (torch.arange(4, device=p.device) >= 2).to(dtype)  # [0, 0, 1, 1], made on the device
     p = torch.where(valid[..., None], p, unit)
     t = torch.where(valid[..., None], t, unit)
-    loss = torch.where(valid, giou_loss_elementwise(p, t, eps), torch.zeros((), dtype=torch.float64, device=p.device))
+    loss = torch.where(valid, giou_loss_elementwise(p, t, eps), torch.zeros((), dtype=dtype, device=p.device))
     if reduction == "none":
         return loss
     total = loss.sum()

@@ -98,5 +98,23 @@ class Evaluation:
         bwd, _, _ = kernel.prepare_backward(grad, x, w, rstd, rms_norm.DEFAULT_EPS)
         return fwd, bwd
 
+    def baseline(self, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
+        """torch's F.rms_norm on the timing inputs, as `calls` gives a variant's: the forward, and
+        the backward alone (both gradients, from a graph kept for it)."""
+        import torch
+        import torch.nn.functional as F
+
+        x, w, grad = self._timing_inputs(problem)
+        shape, eps = (x.shape[-1],), rms_norm.DEFAULT_EPS
+
+        def fwd():
+            return F.rms_norm(x, shape, w, eps)
+
+        if objective == "fwd":
+            return fwd, None
+        xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+        y = F.rms_norm(xg, shape, wg, eps)
+        return fwd, lambda: torch.autograd.grad(y, (xg, wg), grad, retain_graph=True)
+
     def errors(self, kernel: RmsNormKernel) -> int:
         return 0  # RMSNorm has no input a kernel validates

@@ -56,9 +56,18 @@ def _backward_fake(grad, x, weight, saved_rstd, eps, x_grad, weight_grad):
     return (x.new_empty(x.shape if x_grad else (0,)), weight.new_empty(weight.shape if weight_grad else (0,)))
 
 
+def _pair(problem: dict) -> int:
+    """A dtype pair's index, as rms_norm_op.cpp's pair_of numbers it."""
+    return DTYPES.index(problem["x"]) * 3 + DTYPES.index(problem["weight"])
+
+
+# A tuned problem serves calls within 4x of its rows x width (log distance ln 4: 2x each way in both,
+# or 4x in one); torch's F.rms_norm serves the rest, untuned dtype pairs, and the problems where no
+# variant beat it.
 OP = runtime.OpSpec(
     family="rms_norm", op="rms_norm", namespace=NAMESPACE, abi=1,
     shape=lambda problem: ([problem["rows"], problem["width"]], 0),
+    baseline=True, reach=math.log(4), pair=_pair,
     impls={"rms_norm": (lambda x, weight, eps=DEFAULT_EPS: _forward_cpu(x, weight, eps)[0],
                         lambda x, weight, eps=DEFAULT_EPS: _forward_fake(x, weight, eps)[0]),
            "rms_norm_forward": (_forward_cpu, _forward_fake),
