@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from tuner import cli_args, gpus
+from tuner import cli_args, cli_problems, gpus
 from tuner.cli_build import cmd_bench, cmd_build, cmd_variants
 from tuner.cli_studies import _show, cmd_dashboard, cmd_export_best, cmd_list, cmd_report, cmd_show
 from tuner.errors import TunerError
@@ -115,7 +115,13 @@ def cmd_search(args: argparse.Namespace) -> int:
                          + (" (with --simulate: the GPU it was recorded on)" if args.simulate else ""))
     cli_args.recording(args.simulate, "--simulate")
     cli_args.recording(args.import_records, "--import-records")
-    problem = _problem(args)
+    if args.problems is not None:
+        if args.study:
+            raise TunerError("--problems searches one study per problem, named after it: drop --study")
+        captured = cli_problems.read(args.problems, args.family if "--family" in args.options else None)
+        problem = captured[0][0]
+    else:
+        problem = _problem(args)
     if not args.simulate:
         gpus.can_search(args.gpu)  # before the storage is opened: a search that cannot run writes nothing
         if args.devices is None:  # its worker starts now, while Optuna is imported and the study read
@@ -129,6 +135,11 @@ def cmd_search(args: argparse.Namespace) -> int:
         plant_faults=tuple(f for f in (args.plant_faults or "").split(",") if f),
         arch=args.arch, jobs=args.jobs, batch=args.ask_batch, top_k=args.top_k, eval_timeout=args.eval_timeout,
         seed=args.seed, warm_start=not args.no_warm_start, progress=not args.quiet, prune=args.prune or None, devices=args.devices)
+    if args.problems is not None:
+        try:
+            return cli_problems.search(cfg, captured, args, started)
+        finally:
+            worker.discard_ahead()
     try:
         report = search.run(cfg)
     finally:
@@ -242,7 +253,11 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     fam.add_problem_args(problem)
     problem = [family_opt, target, problem, _study_parser()]
     s = sub.add_parser("search", parents=problem, help="search for the fastest correct variant")
-    s.add_argument("--trials", type=cli_args.count, default=200, help="finished trials the study should reach")
+    s.add_argument("--trials", type=cli_args.count, default=200,
+                   help="finished trials the study should reach (with --problems: per problem on average)")
+    s.add_argument("--problems", type=Path, metavar="FILE",
+                   help="search every problem a capture recorded (tuner.capture), one study each, trials split "
+                        "by their share of the captured time; the problem options are ignored")
     s.add_argument("--timeout", type=cli_args.seconds, help="stop asking for new trials after this many seconds")
     s.add_argument("--sampler", default="ranked", choices=SAMPLERS,
                    help="ranked (default): unseen variants a model of the study ranks best, in batches, the "
@@ -287,6 +302,9 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("bench", parents=[family_opt, target], help="time the tuned op against what users run today")
     s.add_argument("--artifact", type=Path, help="exported folder (default: the attached GPU's export)")
     fam.add_bench_args(s)
+    s.add_argument("--problems", type=Path, metavar="FILE",
+                   help="shapes from tuner.capture: the tuned op against torch's op alone at each captured problem "
+                        "of the family, instead of the default configurations")
     s.add_argument("--out", type=Path, help="folder (default: bench-results under $TUNER_HOME)")
 
     s = sub.add_parser("report", parents=problem, help="CSV, importances and plots of a study")

@@ -281,21 +281,25 @@ def finished(cfg: SearchConfig) -> SearchReport | None:
     return SearchReport(name, studies.records_path(name), winner=attrs["winner"], retimed=attrs.get("retimed", []))
 
 
+def make_evaluator(cfg: SearchConfig) -> Evaluator:
+    """What evaluates the search's variants: a replay of a recording, or the GPUs' workers."""
+    if cfg.simulate:
+        simulated = 1 if cfg.devices in (None, "all") else len(gpus.device_indices(cfg.devices))
+        return SimulatedEvaluator(cfg.simulate, cfg.problem, cfg.objective, cfg.gpu, cfg.simulate_delay,
+                                  devices=simulated)
+    paths.studies_dir().mkdir(parents=True, exist_ok=True)
+    return LiveEvaluator(cfg.gpu, cfg.problem, cfg.objective, arch=cfg.arch, jobs=cfg.jobs,
+                         eval_timeout=cfg.eval_timeout, log_path=paths.worker_log(),
+                         devices=gpus.device_indices(cfg.devices))
+
+
 def run(cfg: SearchConfig) -> SearchReport:
     started = time.monotonic()
     report = finished(cfg)
     if report is not None:
         report.wall_s = time.monotonic() - started
         return report
-    if cfg.simulate:
-        simulated = 1 if cfg.devices in (None, "all") else len(gpus.device_indices(cfg.devices))
-        evaluator: Evaluator = SimulatedEvaluator(cfg.simulate, cfg.problem, cfg.objective, cfg.gpu,
-                                                  cfg.simulate_delay, devices=simulated)
-    else:
-        paths.studies_dir().mkdir(parents=True, exist_ok=True)
-        evaluator = LiveEvaluator(cfg.gpu, cfg.problem, cfg.objective, arch=cfg.arch, jobs=cfg.jobs,
-                                  eval_timeout=cfg.eval_timeout, log_path=paths.worker_log(),
-                                  devices=gpus.device_indices(cfg.devices))
+    evaluator = make_evaluator(cfg)
     try:
         return Search(cfg, evaluator).run()
     finally:

@@ -1,0 +1,76 @@
+"""Several captured problems searched in one command, on CPU: trials split by share, each problem
+its own study warm-started from the others', the baseline's recorded timings replayed beside the
+finalists, and an export that serves each problem with its winner or with torch's op."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tuner import export
+from tuner.families import giou
+from tuner.search import problems
+
+DATA = "tests/data/h100-giou-bf16-u8.jsonl"
+
+
+def test_trials_split_by_share_with_a_floor():
+    assert problems.split([0.75, 0.25], 400) == [300, 100]
+    assert problems.split([0.9, 0.05, 0.05], 300) == [270, 64, 64]  # each gets a first batch and a ranked one
+    assert problems.split([0.0, 0.0], 200) == [100, 100]  # nothing timed: an even split
+
+
+def _recording(tmp_path):
+    """The bf16/uint8 recording for the default problem, and the same variants 5x faster for a
+    small one; torch's op recorded slower than every variant at the default problem and faster
+    than every one at the small problem."""
+    big, small = giou.Problem(), giou.Problem(batch=64, slots=32)
+    lines = []
+    for line in open(DATA):
+        rec = json.loads(line)
+        lines.append(rec)
+        fast = {**rec, "problem": small.key()}
+        for half in ("fwd", "bwd"):
+            if half in fast:
+                fast[half] = {**fast[half], "median_us": fast[half]["median_us"] / 5}
+        lines.append(fast)
+    t = lambda f, b: {"fwd": {"median_us": f, "spread_us": 0.1}, "bwd": {"median_us": b, "spread_us": 0.1}}  # noqa: E731
+    lines += [{"problem": big.key(), "baseline": t(500.0, 900.0)}, {"problem": small.key(), "baseline": t(0.5, 0.5)}]
+    path = tmp_path / "recording.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps({"format": 1, "problems": [
+        {"family": "giou", "problem": small.__dict__, "calls": 10, "time_us": 100.0},
+        {"family": "giou", "problem": big.__dict__, "calls": 10, "time_us": 300.0}]}))
+    return path, shapes
+
+
+def _tuner(*args, home):
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=600,
+                          env={"TUNER_HOME": str(home), "PATH": "/usr/bin:/bin", "HOME": str(home)})
+
+
+@pytest.mark.slow
+def test_captured_problems_searched_and_exported_with_the_baseline(tmp_path):
+    recording, shapes = _recording(tmp_path)
+    run = _tuner("search", "--gpu", "H100", "--simulate", str(recording), "--problems", str(shapes), "--trials", "40",
+                 "--quiet", "--seed", "1", home=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout
+    first, second = out.index("[1/2] giou"), out.index("[2/2] giou")
+    assert "B=1024 S=256: 75% of the captured time, 64 trials" in out[first:second]  # the larger share first
+    assert "B=64 S=32: 25% of the captured time, 64 trials" in out[second:]
+    big = next(line for line in out.splitlines() if line.startswith("  ") and "B=1024" in line)
+    small = next(line for line in out.splitlines() if line.startswith("  ") and "B=64" in line)
+    assert big.endswith("the winner serves it") and small.endswith("torch's op serves it")
+    warm = int(small.split("(")[1].split()[0])
+    assert warm > 0  # the second problem's first batch began from the first one's best
+    assert "variants serve 1 of 2 problems" in out
+    run = _tuner("export-best", "--gpu", "H100", "--sources-only", home=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "torch's op serves 1 of them" in run.stdout
+    manifest = export.read(tmp_path / "exports" / "giou-H100")
+    served = {e["problem"]["batch"]: e["served_by"] for e in manifest["entries"]}
+    assert served == {1024: "variant", 64: "torch"}
+    assert all(e["baseline_us"]["fwd"]["median_us"] > 0 for e in manifest["entries"])
