@@ -58,3 +58,35 @@ def test_report_files(tmp_path):
     assert (tmp_path / "bench.csv").read_text().startswith("impl,pred,target,B,S")
     assert bench.read(tmp_path / "bench.csv") == rows
     assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_captured_problems_count_the_cells_slower_than_torch(tmp_path):
+    """Tuned / torch per problem in the four cells; a cell counts as slower above 1.02x, and a
+    time that is missing counts as slower (nothing shows it is not)."""
+    def row(impl, rows, fwd_gpu, fwd_bwd_gpu, fwd_wall, fwd_bwd_wall=None):
+        r = {"impl": impl, "x": "bfloat16", "rows": rows, "fwd_kernel_us": fwd_gpu, "fwd_bwd_kernel_us": fwd_bwd_gpu,
+             "fwd_wall_us": fwd_wall}
+        if fwd_bwd_wall is not None:
+            r["fwd_bwd_wall_us"] = fwd_bwd_wall
+        return r
+
+    torch_name = "anchor: torch F.rms_norm"
+    rows = [row("tuned op", 4096, 10.0, 30.0, 20.0, 50.0), row(torch_name, 4096, 20.0, 29.0, 19.8, 50.0),
+            row("tuned op", 128, 5.0, 12.0, 9.0), row(torch_name, 128, 4.0, 12.0, 9.0, 40.0)]
+    got = bench.ratios(rows, torch_name)
+    assert [config for config, _ in got] == [{"x": "bfloat16", "rows": 4096}, {"x": "bfloat16", "rows": 128}]
+    assert got[0][1] == pytest.approx({"fwd GPU": 0.5, "fwd+bwd GPU": 30 / 29, "fwd wall": 20 / 19.8,
+                                       "fwd+bwd wall": 1.0})
+    assert got[1][1]["fwd GPU"] == 1.25 and got[1][1]["fwd+bwd wall"] is None
+    lines = bench.against(rows, torch_name)
+    # 30/29 = 1.034 is slower, 20/19.8 = 1.010 is within 2%; 5/4 and the missing time are slower
+    assert lines == ["x=bfloat16, rows=4096: tuned/torch fwd GPU 0.50x, fwd+bwd GPU 1.03x*, fwd wall 1.01x, "
+                     "fwd+bwd wall 1.00x",
+                     "x=bfloat16, rows=128: tuned/torch fwd GPU 1.25x*, fwd+bwd GPU 1.00x, fwd wall 1.00x, "
+                     "fwd+bwd wall -*",
+                     "slower than torch at 3 of 8"]
+    bench.write_against(rows, tmp_path, torch_name)
+    md = (tmp_path / "bench.md").read_text()
+    assert "**slower than torch at 3 of 8**" in md and "- x=bfloat16, rows=128: tuned/torch fwd GPU 1.25x*" in md
+    assert "| anchor: torch F.rms_norm | 19.8 | 20.0 | 50.0 | 29.0 |" in md
+    assert bench.read(tmp_path / "bench.csv") == rows

@@ -116,12 +116,14 @@ def graph_us(fn: Callable[[], object], calls: int = 20, replays: int = 10, round
 
 
 def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, floor: dict | None = None,
-                 check: Callable | None = None) -> list[dict]:
+                 check: Callable | None = None, gpu_us: Callable[[Callable[[], object]], float] = graph_us
+                 ) -> list[dict]:
     """One configuration's rows: each implementation `fn(*inputs)`, checked first by `check(name,
     out, grads)` (grads of the inputs that require grad, for output gradient `grad`), then timed
     forward (no grad) and forward+backward: wall time of back-to-back calls, GPU time from
-    CUDA-graph replays (`*_kernel_us`). `floor` ({"impl": "floor: ...", "fwd_kernel_us": ...,
-    "fwd_bwd_kernel_us": ...}) comes first."""
+    CUDA-graph replays (`*_kernel_us`; `gpu_us=kernel_us` for the profiler's sum of kernels,
+    where a call may not capture in a graph). `floor` ({"impl": "floor: ...", "fwd_kernel_us":
+    ..., "fwd_bwd_kernel_us": ...}) comes first."""
     leaves = [t for t in inputs if getattr(t, "requires_grad", False)]
     plain = [t.detach() if hasattr(t, "detach") else t for t in inputs]
 
@@ -138,8 +140,8 @@ def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, 
     fwd_bwd = wall_us({name: (both(fn), None) for name, fn in impls.items()})
     rows = [{"impl": floor["impl"], **config, **{k: v for k, v in floor.items() if k != "impl"}}] if floor else []
     for name, fn in impls.items():
-        rows.append({"impl": name, **config, "fwd_wall_us": fwd[name], "fwd_kernel_us": graph_us(forward(fn)),
-                     "fwd_bwd_wall_us": fwd_bwd[name], "fwd_bwd_kernel_us": graph_us(both(fn))})
+        rows.append({"impl": name, **config, "fwd_wall_us": fwd[name], "fwd_kernel_us": gpu_us(forward(fn)),
+                     "fwd_bwd_wall_us": fwd_bwd[name], "fwd_bwd_kernel_us": gpu_us(both(fn))})
     return rows
 
 
@@ -164,14 +166,71 @@ def _fmt(row: dict) -> str:
 def write(rows: list[dict], out: Path, size: str) -> None:
     """CSV, a markdown report (tables across `size`, then every configuration with ratios to
     the tuned op and to the floors and anchors) and a PNG plot."""
+    _write_csv(rows, out)
+    (out / "bench.md").write_text(summary(rows, size) + markdown(rows))
+    plot(rows, out / "bench.png", size)
+
+
+def _write_csv(rows: list[dict], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     keys = ["impl"] + list(dict.fromkeys(k for r in rows for k in _config(r))) + list(METRICS)
     with open(out / "bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    (out / "bench.md").write_text(summary(rows, size) + markdown(rows))
-    plot(rows, out / "bench.png", size)
+
+
+# ------------------------------------------------- captured problems against torch
+
+# A tuned time more than 2% above torch's counts as slower: closer than that, one run's spread
+# decides which is ahead.
+SLOWER = 1.02
+CELLS = (("fwd GPU", "fwd_kernel_us"), ("fwd+bwd GPU", "fwd_bwd_kernel_us"),
+         ("fwd wall", "fwd_wall_us"), ("fwd+bwd wall", "fwd_bwd_wall_us"))
+
+
+def ratios(rows: list[dict], baseline: str, tuned: str = "tuned op") -> list[tuple[dict, dict[str, float | None]]]:
+    """Per configuration (a captured problem), in the rows' order: tuned / baseline in each of
+    CELLS, None where either row lacks that time."""
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(_config(r).items()), {})[r["impl"]] = r
+    out = []
+    for key, by_impl in groups.items():
+        mine, theirs = by_impl.get(tuned, {}), by_impl.get(baseline, {})
+        out.append((dict(key), {cell: mine[k] / theirs[k] if k in mine and theirs.get(k) else None
+                                for cell, k in CELLS}))
+    return out
+
+
+def against(rows: list[dict], baseline: str, tuned: str = "tuned op", above: float = SLOWER) -> list[str]:
+    """A line per configuration with its ratios (`*` marks a slower cell), and last `slower than
+    torch at N of M`: of the M = 4 cells x configurations, N are above `above` or have no
+    ratio (nothing shows that the tuned op is not slower there)."""
+    lines, slower, cells = [], 0, 0
+    for config, r in ratios(rows, baseline, tuned):
+        shown = []
+        for cell, ratio in r.items():
+            worse = ratio is None or ratio > above
+            slower += worse
+            cells += 1
+            shown.append(f"{cell} {'-' if ratio is None else f'{ratio:.2f}x'}{'*' if worse else ''}")
+        lines.append(f"{_title(config)}: tuned/torch " + ", ".join(shown))
+    lines.append(f"slower than torch at {slower} of {cells}")
+    return lines
+
+
+def write_against(rows: list[dict], out: Path, baseline: str, tuned: str = "tuned op") -> list[str]:
+    """Print `against`'s lines and write them, then every configuration's table, to bench.md
+    (bench.csv beside it); returns the lines."""
+    lines = against(rows, baseline, tuned)
+    for line in lines:
+        print(line, flush=True)
+    _write_csv(rows, out)
+    head = (f"Per captured problem, {tuned} / {baseline} (`*`: above {SLOWER}x, slower):\n\n"
+            + "".join(f"- {line}\n" for line in lines[:-1]) + f"\n**{lines[-1]}**\n")
+    (out / "bench.md").write_text(head + markdown(rows))
+    return lines
 
 
 def read(path: Path) -> list[dict]:

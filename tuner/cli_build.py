@@ -99,6 +99,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tuner import deploy
     from tuner.cli import _cli
 
+    fam = _cli(args)
+    # the captured problems are read first: a bad file or family says so before any GPU is looked for
+    problems = _captured(fam, args) if args.problems is not None else None
     attached = gpus.attached(asked=f"--gpu {args.gpu}" if args.gpu else "",
                              hint="; bench times the tuned op on this machine's GPU")
     if args.gpu and not attached.matches(args.gpu):
@@ -108,6 +111,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     info = attached.describe()
     print(f"# {info['gpu_name']} ({info['arch']}), driver {info['driver']}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}")
-    _cli(args).bench(directory, args)
+    if problems is not None:
+        fam.bench_problems(directory, problems, args)  # its last line says where it is slower than torch
+        print(f"wrote {args.out}/bench.csv, bench.md")
+        return 0
+    fam.bench(directory, args)
     print(f"wrote {args.out}/bench.csv, bench.md, bench.png")
     return 0
+
+
+def _captured(fam, args: argparse.Namespace) -> list[dict]:
+    """The family's problems in a tuner.capture file (`--problems`); one that holds none raises."""
+    if not hasattr(fam, "bench_problems"):
+        raise TunerError(f"--problems: the {args.family} family has no bench of captured problems")
+    from tuner import captured
+
+    return captured.read(args.problems, family=args.family)

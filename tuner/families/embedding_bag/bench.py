@@ -8,7 +8,10 @@ the other, forward and gradient, before it is timed.
 Two floors for the forward's GPU time, both of the bytes of the gathered rows (ids x dim x element
 size): moved once at the copy bandwidth (3.0 TB/s, ANCHORS.md), and a read of as many contiguous
 bytes measured in the same run by the same profiler (torch's sum of a buffer that size: a
-streaming read, which a gather of random rows does not beat)."""
+streaming read, which a gather of random rows does not beat).
+
+With `--problems FILE` (tuner.capture's shapes), the op against F.embedding_bag alone at each
+captured problem."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner.bench import HBM_TBS, _fmt, kernel_us, wall_us, write
+from tuner.bench import HBM_TBS, _fmt, kernel_us, side_by_side, wall_us, write, write_against
 from tuner.families import embedding_bag as eb
 
 PR = eb.Problem()
@@ -98,4 +101,46 @@ def run(directory: Path, out: Path | None = None, configs=CONFIGS) -> list[dict]
             print(_fmt(row), flush=True)
     if out is not None:
         write(rows, Path(out), size="bag_size")
+    return rows
+
+
+def run_problems(directory: Path, problems: list[dict], out: Path) -> list[dict]:
+    """The tuned op against F.embedding_bag alone at each captured problem (tuner.captured.read's
+    entries), on the family's inputs for its exact shape, dtypes and mode: what swapping the op
+    into that training run changes. Both are checked against torch's forward and gradient first.
+    GPU times are the profiler's sum of kernels (kernel_us), as in `run`, not graph replays:
+    torch's dense backward synchronized inside its sort-and-unique in older releases, which a
+    CUDA graph cannot capture (pytorch#93807), and this one is not known to be free of it.
+    Writes bench.csv and bench.md (the ratios, and how many cells are slower than torch)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = tuner.load(directory)
+    rows = []
+    for captured in problems:
+        p = eb.Problem(**captured["problem"])
+        w, idx, offs, _ = eb.make_inputs(p, seed=0, device="cuda")
+        w.requires_grad_()
+        g = torch.randn(p.bags, p.dim, device="cuda").to(w.dtype)
+        impls = {TUNED: lambda w, idx, offs: op(w, idx, offs, p.mode),
+                 TORCH: lambda w, idx, offs: F.embedding_bag(idx, w, offs, mode=p.mode)}
+        with torch.no_grad():
+            want = impls[TORCH](w, idx, offs)
+        want_grad = torch.autograd.grad(impls[TORCH](w, idx, offs), w, g)[0]
+
+        def agree(name, got, grads):
+            tuner.check_errors()  # bad input the kernel saw raises here, not in a timing loop
+            errors = (_relative(got, want), _relative(grads[0], want_grad))
+            if not all(e <= TOL[p.weight] for e in errors):
+                raise AssertionError(f"{name} disagrees with torch on {p.key()}: forward {errors[0]:.3g}, "
+                                     f"gradient {errors[1]:.3g}")
+
+        config = {"weight": p.weight, "index": p.index, "rows": p.rows, "dim": p.dim, "mode": p.mode,
+                  "bags": p.bags, "bag_size": p.bag_size, "ids": p.distribution}
+        part = side_by_side(config, impls, (w, idx, offs), g, check=agree, gpu_us=kernel_us)
+        for r in part:
+            print(_fmt(r), flush=True)
+        rows += part
+        del w, idx, offs, g, want, want_grad, agree
+        torch.cuda.empty_cache()
+    write_against(rows, Path(out), TORCH, TUNED)
     return rows

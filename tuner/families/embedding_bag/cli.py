@@ -53,3 +53,9 @@ def bench(directory, args) -> list[dict]:
     from tuner.families.embedding_bag import bench as eb_bench
 
     return eb_bench.run(directory, out=args.out)
+
+
+def bench_problems(directory, problems: list[dict], args) -> list[dict]:
+    from tuner.families.embedding_bag import bench as eb_bench
+
+    return eb_bench.run_problems(directory, problems, out=args.out)

@@ -47,3 +47,9 @@ def bench(directory, args) -> list[dict]:
     from tuner.families.rms_norm import bench as rms_bench
 
     return rms_bench.run(directory, list(args.shapes), rms_norm.dtype_name(args.dtype), out=args.out)
+
+
+def bench_problems(directory, problems: list[dict], args) -> list[dict]:
+    from tuner.families.rms_norm import bench as rms_bench
+
+    return rms_bench.run_problems(directory, problems, out=args.out)
