@@ -16,9 +16,10 @@ DATA = "tests/data/h100-giou-bf16-u8.jsonl"
 
 
 def test_trials_split_by_share_with_a_floor():
-    assert problems.split([0.75, 0.25], 400) == [300, 100]
-    assert problems.split([0.9, 0.05, 0.05], 300) == [270, 64, 64]  # each gets a first batch and a ranked one
-    assert problems.split([0.0, 0.0], 200) == [100, 100]  # nothing timed: an even split
+    assert problems.split([0.75, 0.25], 200) == [300, 100]
+    assert problems.split([0.6, 0.3, 0.1], 100) == [180, 90, 64]  # each gets a first batch and a ranked one
+    assert problems.split([0.9, 0.05, 0.05], 100) == [200, 64, 64]  # and none more than twice the average
+    assert problems.split([0.0, 0.0], 100) == [100, 100]  # nothing timed: an even split
 
 
 def _recording(tmp_path):
@@ -74,3 +75,28 @@ def test_captured_problems_searched_and_exported_with_the_baseline(tmp_path):
     served = {e["problem"]["batch"]: e["served_by"] for e in manifest["entries"]}
     assert served == {1024: "variant", 64: "torch"}
     assert all(e["baseline_us"]["fwd"]["median_us"] > 0 for e in manifest["entries"])
+
+
+def test_a_problem_whose_op_was_slower_than_torch_when_checked_goes_to_torch(tmp_path, monkeypatch):
+    """export-best's check (tuner.serving, on the GPU) times the op itself against torch's: a problem
+    slower in any cell, or not timed in one, is served by torch's op; the ratios stay in the manifest."""
+    from tuner import serving
+    from tuner import study as studies
+
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path))
+    recording, shapes = _recording(tmp_path)
+    run = _tuner("search", "--gpu", "H100", "--simulate", str(recording), "--problems", str(shapes), "--trials", "40",
+                 "--quiet", "--seed", "1", home=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    names = export.studies_for("H100", "giou")
+    big = giou.Problem().__dict__
+    cells = {"fwd GPU": 0.6, "fwd+bwd GPU": 0.7, "fwd wall": 0.9}
+    for wall, served in ((0.95, "variant"), (1.2, "torch"), (None, "torch")):
+        out = export.export(names, tmp_path / "out", checked={serving.key(big): {**cells, "fwd+bwd wall": wall}},
+                            binaries=False)
+        entry = next(e for e in export.read(out)["entries"] if e["problem"] == big)
+        assert entry["served_by"] == served and entry["checked"]["fwd+bwd wall"] == wall
+    assert studies.load(names[0]).user_attrs["baseline"]
+    assert serving.checkable({"family": "giou", "arch": "sm_90"}) == "the giou family has no bench of its problems"
+    why = serving.checkable({"family": "rms_norm", "arch": "sm_2000"})  # no GPU, or none of that arch
+    assert why == "no GPU is attached" or why.startswith("the attached GPU is")

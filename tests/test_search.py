@@ -329,7 +329,7 @@ def _failing_whole_checks(monkeypatch, fam, fails):
     rounds = []
     real = evaluate.SimulatedEvaluator.retime
 
-    def retime(self, variants, prepared, objective, whole=False):
+    def retime(self, variants, prepared, objective, whole=False, baseline=False):
         assert whole
         rounds.append([v.name for v in variants])
         out = real(self, variants, prepared, objective)
@@ -456,7 +456,7 @@ def test_a_joined_variant_that_fails_its_check_is_rejected(opposed, monkeypatch)
     fam, path = opposed
     real = evaluate.SimulatedEvaluator.retime
 
-    def retime(self, variants, prepared, objective, whole=False):
+    def retime(self, variants, prepared, objective, whole=False, baseline=False):
         out = real(self, variants, prepared, objective)
         return {n: {"failed": "wrong result: backward sum"} if ".bwd." in n else t for n, t in out.items()}
 

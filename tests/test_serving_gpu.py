@@ -88,7 +88,8 @@ def test_rms_norm_baseline_under_compile_and_cuda_graphs(rms):
     def f(x, w):
         return op(x * 2, w) + 1
 
-    torch.testing.assert_close(f(x, w), F.rms_norm(x * 2, (768,), w, EPS) + 1)
+    # the compiled graph fuses torch's op with its neighbours (no bfloat16 rounding between them)
+    torch.testing.assert_close(f(x, w), F.rms_norm(x * 2, (768,), w, EPS) + 1, atol=2e-2, rtol=2e-2)
     x.requires_grad_(), w.requires_grad_()
     g = torch.randn(65536, 768, device="cuda", dtype=BF16)
     want = torch.autograd.grad(F.rms_norm(x, (768,), w, EPS), (x, w), g)

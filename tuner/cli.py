@@ -298,6 +298,9 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
                    help="also write a pip-installable wheel of the export into DIR (needs torch alone)")
     s.add_argument("--sources-only", action="store_true",
                    help="write sources only, no binaries (loading then builds them)")
+    s.add_argument("--no-check", action="store_true",
+                   help="skip timing the op against torch's at its problems (on the export's GPU), which gives "
+                        "torch's op every problem where the op is slower in wall or GPU time")
 
     s = sub.add_parser("bench", parents=[family_opt, target], help="time the tuned op against what users run today")
     s.add_argument("--artifact", type=Path, help="exported folder (default: the attached GPU's export)")

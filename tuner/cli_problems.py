@@ -34,9 +34,14 @@ def search(base: SearchConfig, captured: list[tuple[object, float]], args, start
 
     def on_start(i: int, cfg: SearchConfig) -> None:
         print(f"[{i + 1}/{len(cfgs)}] {_describe(cfg.problem)}: {shares[i]:.0%} of the captured time, "
-              f"{cfg.trials} trials (study {cfg.study_name(args.gpu)})", flush=True)
+              f"{cfg.trials} trials ({time.monotonic() - started:.0f} s from the command's start)", flush=True)
 
-    reports = problems.run(cfgs, on_start)
+    def on_end(i: int, report) -> None:
+        compiled = f", compiling {report.compile_s:.0f} s" if not base.simulate else ""
+        print(f"      {report.trials} trials in {report.wall_s:.1f} s{compiled}: study {report.study_name}",
+              flush=True)
+
+    reports = problems.run(cfgs, on_start, on_end)
     print(f"\n{len(cfgs)} problems from {args.problems}:")
     served = 0
     for cfg, report in zip(cfgs, reports):

@@ -112,7 +112,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_export_best(args: argparse.Namespace) -> int:
-    from tuner import export, families, study
+    from tuner import export, families, serving, study
 
     if args.wheel and args.sources_only:
         raise TunerError("--wheel packs the export's binaries, and --sources-only leaves them out: drop one")
@@ -133,6 +133,17 @@ def cmd_export_best(args: argparse.Namespace) -> int:
     out = export.export(names, args.out or export.default_dir(label, args.family), args.storage,
                         binaries=not args.sources_only)
     manifest = export.read(out)
+    if not args.sources_only and not args.no_check:
+        why = serving.checkable(manifest)
+        if why is None:  # the op itself against torch's at each problem a variant serves: who serves it
+            ratios = serving.check(out)
+            out = export.export(names, out, args.storage, checked=ratios)
+            manifest = export.read(out)
+            slower = sum(e.get("served_by") == "torch" and "checked" in e for e in manifest["entries"])
+            print(f"checked the op against torch's at its {len(ratios)} variant-served problems: "
+                  f"{slower} slower in a cell (wall or GPU, forward or forward+backward), now served by torch's op")
+        else:
+            print(f"not checked at its problems ({why}): `tuner export-best` on the GPU checks them")
     describe = families.part(manifest["family"], "cli").describe
     for e in manifest["entries"]:
         print(f"{describe(e['problem'])}: {_served(e)}")
@@ -164,6 +175,9 @@ def _served(entry: dict) -> str:
         from tuner.records import objective_value
 
         timing += f", torch {objective_value(base, objective):.2f} us"
+    checked = entry.get("checked")
+    if checked:  # the op itself against torch's (tuner.serving)
+        timing += "; op/torch " + ", ".join(f"{cell} {'-' if r is None else f'{r:.2f}x'}" for cell, r in checked.items())
     if entry.get("served_by") == "torch":
         return f"torch's op (the best variant, {entry['variant']}, {timing})"
     return f"{entry['variant']} ({timing})"

@@ -23,6 +23,7 @@ from tuner import binaries as _binaries
 from tuner import study as studies
 from tuner.errors import TunerError
 from tuner.records import served_by
+from tuner.serving import key as serving_key
 from tuner.render import header_text, render, templates_dir
 from tuner.variant import Variant
 
@@ -92,11 +93,23 @@ def _fact(st, variant: Variant, key: str):
     return studies.facts(trial).get(key)
 
 
-def export(study_names: list[str], out: Path, storage: str | None = None, binaries: bool = True) -> Path:
-    """Write the artifact for these studies (all of one GPU) into `out`."""
+SLOWER = 1.0  # a checked problem whose op is slower than torch's in any cell by more than this goes to torch
+
+
+def export(study_names: list[str], out: Path, storage: str | None = None, binaries: bool = True,
+           checked: dict[str, dict] | None = None) -> Path:
+    """Write the artifact for these studies (all of one GPU) into `out`. `checked`: the op's ratios
+    to torch's per cell at its problems (tuner.serving, by problem key): a problem slower in any is
+    served by torch's op."""
     if not study_names:
         raise TunerError("no studies to export: run `tuner search` first, or name one with --study")
     winners = [_winner(studies.load(name, storage)) for name in study_names]
+    for w in winners:
+        cells = (checked or {}).get(serving_key(w["problem"]))
+        if cells is not None:
+            w["checked"] = cells
+            if any(r is None or r > SLOWER for r in cells.values()):
+                w["served_by"] = "torch"
     gpus = {json.dumps(studies.load(n, storage).user_attrs.get("gpu", {}), sort_keys=True) for n in study_names}
     if len(gpus) > 1:
         raise TunerError("these studies were measured on different GPUs; export one GPU at a time (--study)")
@@ -125,6 +138,7 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = 
             "verification": w.get("verification", {}),
             # the baseline's timings beside the winner's, and who serves the problem (tuner.records.served_by)
             "baseline_us": w.get("baseline_us"), "served_by": w.get("served_by", "variant"),
+            **({"checked": w["checked"]} if "checked" in w else {}),  # the op / torch's op, per cell
         })
     for name in family.HEADERS:  # the sources include them
         (out / name).write_text((templates_dir(family.FAMILY) / name).read_text())

@@ -19,24 +19,27 @@ from tuner.search.config import SearchConfig, SearchReport
 LEAST = 64  # trials a problem gets however small its share: the first batch (32) and one ranked batch
 
 
-def split(shares: list[float], total: int, least: int = LEAST) -> list[int]:
-    """Trials per problem: `total` in proportion to each share, each at least `least` (so the
-    total can be exceeded by that floor). Shares need not add up to 1."""
+def split(shares: list[float], each: int, least: int = LEAST) -> list[int]:
+    """Trials per problem: `each` per problem on average, in proportion to the shares (which need
+    not add up to 1), each at least `least` and at most twice `each` (the ranked sampler finds a
+    problem's best in a few batches; a dominant share would otherwise hold the GPU for the rest)."""
     whole = sum(shares)
     if whole <= 0:
         shares, whole = [1.0] * len(shares), float(len(shares))
-    return [max(least, round(total * s / whole)) for s in shares]
+    total = each * len(shares)
+    return [min(max(least, round(total * s / whole)), max(2 * each, least)) for s in shares]
 
 
 def configs(base: SearchConfig, problems: list, shares: list[float]) -> list[SearchConfig]:
     """One search per problem, with `base`'s settings and `base.trials` on average per problem."""
-    counts = split(shares, base.trials * len(problems))
+    counts = split(shares, base.trials)
     return [dataclasses.replace(base, problem=p, trials=n, study=None) for p, n in zip(problems, counts)]
 
 
-def run(cfgs: list[SearchConfig], on_start=None) -> list[SearchReport]:
+def run(cfgs: list[SearchConfig], on_start=None, on_end=None) -> list[SearchReport]:
     """Search each config in turn with one evaluator (one worker per GPU, switched from problem to
-    problem); a finished study is read, not searched again. `on_start(i, cfg)` is called before each."""
+    problem); a finished study is read, not searched again. `on_start(i, cfg)` is called before
+    each search, `on_end(i, report)` after it."""
     from tuner.search import pipeline
 
     reports, evaluator = [], None
@@ -57,6 +60,8 @@ def run(cfgs: list[SearchConfig], on_start=None) -> list[SearchReport]:
             else:
                 report.wall_s = time.monotonic() - started
             reports.append(report)
+            if on_end is not None:
+                on_end(i, report)
     finally:
         if evaluator is not None:
             evaluator.close()
