@@ -3,6 +3,13 @@
     python examples/train_giou.py --loss eager --steps 50
     python examples/train_giou.py --loss tuned --artifact exports/giou-H100 --steps 50
 
+Tuned for this run's own shapes: capture them (the tuned op's calls are what a capture sees of
+GIoU; the eager loss is Python that no mode recognises), search and export them, train again:
+
+    python examples/train_giou.py --loss tuned --steps 5 --capture shapes.json
+    tuner search --family giou --gpu auto --problems shapes.json && tuner export-best --gpu auto
+    python examples/train_giou.py --loss tuned --steps 50
+
 Both runs start from the same weights and see the same batches, so their losses
 agree step by step (to bf16 autocast's precision). Prints per step the loss's own
 forward and backward three ways: host (until the calls return: what the training
@@ -13,11 +20,14 @@ before) and GPU (CUDA events around them); and the whole step's time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import tuner
 
 
 class Net(nn.Module):
@@ -76,14 +86,13 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=64, help="width of the linear layers per slot (article: 64)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--capture", metavar="FILE", help="record the loss's shapes into FILE (tuner.capture)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("train_giou.py needs a CUDA GPU")
     device = torch.device("cuda")
 
     if args.loss == "tuned":
-        import tuner
-
         loss_fn = tuner.load(args.artifact) if args.artifact else tuner.load(gpu="auto", family="giou")
     else:
         loss_fn = eager_padded_loss
@@ -93,35 +102,42 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed)
     times: dict[str, list[float]] = {"host": [], "wall": [], "gpu": [], "step": []}
-    for step in range(args.steps):
-        images, boxes, counts = batch(gen, args.batch, 256, 256, device)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            pred = model(images)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        # The loss alone: its forward, and its backward down to pred.
-        pred_leaf = pred.detach().requires_grad_(True)
-        torch.cuda.synchronize()
-        h0 = time.perf_counter()
-        start.record()
-        loss = loss_fn(pred_leaf, boxes, counts)
-        loss.backward()
-        end.record()
-        h1 = time.perf_counter()
-        torch.cuda.synchronize()
-        h2 = time.perf_counter()
-        pred.backward(pred_leaf.grad)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times["step"].append((time.perf_counter() - t0) * 1e3)
-        times["host"].append((h1 - h0) * 1e6)
-        times["wall"].append((h2 - h0) * 1e6)
-        times["gpu"].append(start.elapsed_time(end) * 1e3)
-        print(f"step {step:3d} loss {loss.item():.6f} loss fwd+bwd: host {times['host'][-1]:7.1f} us, "
-              f"wall {times['wall'][-1]:7.1f} us, GPU {times['gpu'][-1]:7.1f} us; step {times['step'][-1]:7.2f} ms",
-              flush=True)
+    # with --capture, the loss's calls are recorded (tuner.capture); a plain run records nothing
+    recording = tuner.capture(args.capture) if args.capture else contextlib.nullcontext()
+    with recording:
+        for step in range(args.steps):
+            images, boxes, counts = batch(gen, args.batch, 256, 256, device)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                pred = model(images)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # The loss alone: its forward, and its backward down to pred.
+            pred_leaf = pred.detach().requires_grad_(True)
+            torch.cuda.synchronize()
+            h0 = time.perf_counter()
+            start.record()
+            loss = loss_fn(pred_leaf, boxes, counts)
+            loss.backward()
+            end.record()
+            h1 = time.perf_counter()
+            torch.cuda.synchronize()
+            h2 = time.perf_counter()
+            pred.backward(pred_leaf.grad)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            times["step"].append((time.perf_counter() - t0) * 1e3)
+            times["host"].append((h1 - h0) * 1e6)
+            times["wall"].append((h2 - h0) * 1e6)
+            times["gpu"].append(start.elapsed_time(end) * 1e3)
+            print(f"step {step:3d} loss {loss.item():.6f} loss fwd+bwd: host {times['host'][-1]:7.1f} us, "
+                  f"wall {times['wall'][-1]:7.1f} us, GPU {times['gpu'][-1]:7.1f} us; step {times['step'][-1]:7.2f} ms",
+                  flush=True)
+
+    if args.capture:
+        for p in recording.problems:
+            print(f"captured {p['key']}: {p['calls']} calls, {p['share']:.0%} of the captured time")
 
     def median(key):
         warm = times[key][5:] or times[key]

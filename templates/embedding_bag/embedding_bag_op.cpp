@@ -388,16 +388,18 @@ at::Tensor baseline(const at::Tensor& weight, const Normal& a, int64_t mode, con
     indices = indices.reshape(-1);
     if (psw.has_value()) weights = psw->reshape(-1);
   }
+  // no padding is nullopt: torch reads a padding_idx of -1 as the last row, as Python's indexing would
+  const std::optional<int64_t> padding = a.padding_idx >= 0 ? std::optional<int64_t>(a.padding_idx) : std::nullopt;
   return std::get<0>(at::embedding_bag(weight, indices, offsets, false, mode, false, weights, a.bags.offsets_end,
-                                       a.padding_idx));
+                                       padding));
 }
 
 bool symbolic(const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
 
 // The baseline's result where it serves this call, else nothing (a variant does). A graph traced
 // with symbolic shapes runs the variants; 2-D indices of no entries too (torch has no offsets for
-// them). torch has no bfloat16 backward of max: a call that wants one runs the nearest variant,
-// or, in a pair with none, torch's op in float32.
+// them). torch has no bfloat16 backward of max or of per_sample_weights: a call that wants one runs
+// the nearest variant, or, in a pair with none, torch's op in float32.
 std::optional<at::Tensor> served_by_baseline(const at::Tensor& weight, const at::Tensor& indices, const Opt& offsets,
                                              int64_t mode, const Opt& psw, bool include_last_offset,
                                              std::optional<int64_t> padding_idx, bool grad) {
@@ -420,9 +422,10 @@ std::optional<at::Tensor> served_by_baseline(const at::Tensor& weight, const at:
   const Choice c = choose(t, weight, indices, bags, mode);
   if (!c.baseline) return std::nullopt;
   const Normal a = normalize(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
-  if (grad && mode == TUNER_EB_MAX && weight.scalar_type() == at::kBFloat16) {
+  if (grad && weight.scalar_type() == at::kBFloat16 && (mode == TUNER_EB_MAX || psw.has_value())) {
     if (c.vt != nullptr) return std::nullopt;
-    return baseline(weight.to(at::kFloat), a, mode, psw).to(weight.scalar_type());
+    const Opt wide = psw.has_value() ? Opt(psw->to(at::kFloat)) : std::nullopt;
+    return baseline(weight.to(at::kFloat), a, mode, wide).to(weight.scalar_type());
   }
   return baseline(weight, a, mode, psw);
 }
