@@ -223,8 +223,9 @@ int64_t chosen(const std::string& pred, const std::string& target, int64_t batch
 // Whether the baseline serves a call of these dtypes and shape (what tests ask; no tensor needed).
 bool served_by_baseline(const std::string& pred, const std::string& target, int64_t batch, int64_t slots) {
   const int p = index_of(pred.c_str(), kPreds), q = index_of(target.c_str(), kTargets);
-  return op.choose(*op.bound(), p < 0 || q < 0 ? -1 : p * 4 + q, {batch, slots}, 0, [] { return std::string(); })
-      .baseline();
+  return op.choose(*op.bound(), p < 0 || q < 0 ? -1 : p * 4 + q, {batch, slots}, 0, [&] {
+             return "pred " + pred + " and target " + target;
+           }).baseline();
 }
 
 // Whether the forward of this dtype pair returns a saved gradient [B, S, 4] (the fake
