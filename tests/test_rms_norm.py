@@ -107,6 +107,8 @@ def test_served_by_the_winner_only_where_it_beats_torch_in_forward_and_in_sum():
     assert served_by(_timed(9.0, 22.0), torch_op, "fwd") == "variant"
     assert served_by(_timed(10.0, 19.0), torch_op, "bwd") == "variant"
     assert served_by(_timed(10.0, 19.0), None, "fwd+bwd") == "variant"  # no baseline timed (a simulation)
+    # what the op pays beside a variant's timed backward (EmbeddingBag's zeroing) counts against it
+    assert served_by(_timed(9.0, 19.0), {**torch_op, "variant_extra": {"median_us": 2.0}}, "fwd+bwd") == "torch"
 
 
 def test_export_binds_torch_where_no_variant_beat_it_and_for_untuned_pairs(tmp_path, shared_home):

@@ -283,5 +283,7 @@ class SimulatedEvaluator(Evaluator):
         recorded = {v.name: self._recorded(v) or {} for v in variants}
         if baseline and self.baseline:  # a recording that holds the baseline's timings replays them too
             recorded[records.BASELINE] = self.baseline
+            if "variant_extra" in self.baseline:
+                recorded[records.BASELINE_EXTRA] = {"status": "ok", "bwd": self.baseline["variant_extra"]}
         return {name: {k: rec[k] for k in ("fwd", "bwd") if k in rec}
                 for name, rec in recorded.items() if rec.get("status") == "ok"}

@@ -224,8 +224,10 @@ struct Choice {
   bool baseline = false;
 };
 
+// `index`: the dtype the kernels read indices in (int64 where indices and offsets differ, as torch
+// promotes), so that the choice made before normalizing is the one the variant's path makes.
 Choice choose(const std::shared_ptr<const Table<TunerEmbeddingBagVtable>>& t, const at::Tensor& weight,
-              const at::Tensor& indices, int64_t bags, int64_t mode) {
+              at::ScalarType index, int64_t entries, int64_t bags, int64_t mode) {
   struct Last {
     std::shared_ptr<const Table<TunerEmbeddingBagVtable>> table;
     int pair = -1;
@@ -233,12 +235,12 @@ Choice choose(const std::shared_ptr<const Table<TunerEmbeddingBagVtable>>& t, co
     Choice choice;
   };
   thread_local Last last;
-  const int pair = index_of(weight.scalar_type(), kWeights) * 2 + index_of(indices.scalar_type(), kIndices);
-  const int64_t dim = weight.size(1), per_bag = indices.numel() / std::max<int64_t>(bags, 1);
+  const int pair = index_of(weight.scalar_type(), kWeights) * 2 + index_of(index, kIndices);
+  const int64_t dim = weight.size(1), per_bag = entries / std::max<int64_t>(bags, 1);
   if (last.table == t && last.pair == pair && last.dim == dim && last.per_bag == per_bag && last.mode == mode)
     return last.choice;
   const auto& w = op.choose(*t, pair, {dim, per_bag}, mode, [&] {
-    return "weight " + dtype_name(weight.scalar_type()) + " and indices " + dtype_name(indices.scalar_type());
+    return "weight " + dtype_name(weight.scalar_type()) + " and indices " + dtype_name(index);
   });
   const Choice c{op.variant(*t, pair, {dim, per_bag}, mode), w.baseline()};
   last = Last{t, pair, dim, per_bag, mode, c};
@@ -358,7 +360,8 @@ ForwardOut forward_cuda(const at::Tensor& weight, const at::Tensor& indices, con
   if (t->reference) return OnCpu<ForwardSig>::call("tuner::embedding_bag_forward", weight.device(), weight, indices,
                                                    offsets, mode, psw, include_last_offset, padding_idx);
   const int64_t bags = a.bags.count, dim = weight.size(1);
-  const TunerEmbeddingBagVtable* vt = variant(choose(t, weight, a.indices, bags, mode), weight, indices);
+  const Choice c = choose(t, weight, a.indices.scalar_type(), a.indices.numel(), bags, mode);
+  const TunerEmbeddingBagVtable* vt = variant(c, weight, a.indices);
   const at::Tensor wt = ready(weight, vt->vec * weight.element_size());
   at::Tensor out = at::empty({bags, dim}, weight.options());
   at::Tensor maxi, count;
@@ -419,7 +422,9 @@ std::optional<at::Tensor> served_by_baseline(const at::Tensor& weight, const at:
   } else {
     return std::nullopt;
   }
-  const Choice c = choose(t, weight, indices, bags, mode);
+  const at::ScalarType index =
+      offsets.has_value() && offsets->scalar_type() != indices.scalar_type() ? at::kLong : indices.scalar_type();
+  const Choice c = choose(t, weight, index, indices.numel(), bags, mode);
   if (!c.baseline) return std::nullopt;
   const Normal a = normalize(weight, indices, offsets, mode, psw, include_last_offset, padding_idx);
   if (grad && weight.scalar_type() == at::kBFloat16 && (mode == TUNER_EB_MAX || psw.has_value())) {
@@ -451,7 +456,8 @@ BackwardOut embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor
   if (t->reference) return OnCpu<BackwardSig>::call("tuner::embedding_bag_backward", weight.device(), grad, weight,
                                                     indices, offsets, mode, psw, include_last_offset, padding_idx,
                                                     max_indices, bag_count, weight_grad, psw_grad);
-  const auto* vt = variant(choose(t, weight, a.indices, a.bags.count, mode), weight, indices);  // the forward's
+  const Choice c = choose(t, weight, a.indices.scalar_type(), a.indices.numel(), a.bags.count, mode);  // the forward's
+  const auto* vt = variant(c, weight, a.indices);
   const int64_t alignment = vt->vec * weight.element_size();
   const at::Tensor wt = ready(weight, alignment);
   const at::Tensor g = ready(grad.to(weight.scalar_type()), alignment);

@@ -214,7 +214,8 @@ void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tens
 // "torch" (what tests and `tuner show`-like tools ask; no tensor needed).
 std::string served(int64_t rows, int64_t width, at::ScalarType x, at::ScalarType weight) {
   const auto t = op.bound();
-  const auto& w = op.choose(*t, index_of(x, kDtypes) * 3 + index_of(weight, kDtypes), {rows, width}, 0,
+  const int xi = index_of(x, kDtypes), wi = index_of(weight, kDtypes);
+  const auto& w = op.choose(*t, xi < 0 || wi < 0 ? -1 : xi * 3 + wi, {rows, width}, 0,
                             [&] { return "x " + dtype_name(x) + " and weight " + dtype_name(weight); });
   return w.baseline() ? "torch" : w.vt->name;
 }
