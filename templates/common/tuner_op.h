@@ -81,6 +81,10 @@ inline int index_of(const char* name, std::initializer_list<at::ScalarType> dtyp
   return -1;
 }
 
+// Sizes that a graph traced with symbolic shapes leaves unknown: no tuned problem is chosen by
+// them (the ops below the Autograd kernel run the nearest variant).
+inline bool symbolic(const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
+
 // Contiguous and aligned for a variant's vector loads (a copy only when needed).
 inline at::Tensor ready(const at::Tensor& t, int64_t alignment) {
   at::Tensor c = t.contiguous();
@@ -308,6 +312,15 @@ class Op {
     const int64_t i = nearest(t, pair, shape, kind, &d);
     if (has_baseline_ && (i < 0 || (t.reach > 0 && d > t.reach + 1e-9))) return baseline_;
     return checked(t, pair, i, what);
+  }
+
+  // Whether the baseline serves a call of this pair, shape and kind in the live table (false when
+  // nothing is bound or the CPU reference serves CUDA calls): what an Autograd or plain CUDA kernel
+  // asks before it calls the torch op its family replaces.
+  template <class What>
+  bool serves_baseline(int pair, const std::vector<int64_t>& shape, int64_t kind, What&& what) const {
+    const auto t = bound_or_null();
+    return t != nullptr && !t->reference && choose(*t, pair, shape, kind, what).baseline();
   }
 
   // The nearest variant whatever the baseline would serve (an op below the autograd kernel that

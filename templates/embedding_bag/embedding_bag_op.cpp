@@ -397,8 +397,6 @@ at::Tensor baseline(const at::Tensor& weight, const Normal& a, int64_t mode, con
                                        padding));
 }
 
-bool symbolic(const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
-
 // The baseline's result where it serves this call, else nothing (a variant does). A graph traced
 // with symbolic shapes runs the variants; 2-D indices of no entries too (torch has no offsets for
 // them). torch has no bfloat16 backward of max or of per_sample_weights: a call that wants one runs

@@ -140,18 +140,14 @@ at::Tensor baseline(const at::Tensor& pred, const at::Tensor& target, const std:
   return loss.sum() / valid.sum().clamp_min(1).to(at::kFloat);
 }
 
-bool symbolic(const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
-
 // Whether the baseline serves this call: a CUDA call of concrete shape (a graph traced with
 // symbolic shapes runs the variants) whose nearest tuned problem it serves, or none is near.
 bool serves_baseline(const at::Tensor& pred, const at::Tensor& target, const std::optional<at::Tensor>& num_boxes) {
   if (!pred.is_cuda() || symbolic(pred)) return false;
   check_inputs(pred, target, num_boxes);
-  const auto t = op.bound_or_null();
-  if (t == nullptr || t->reference) return false;
-  return op.choose(*t, pair_of(pred, target), {pred.size(0), pred.size(1)}, 0, [&] {
-             return "pred " + dtype_name(pred.scalar_type()) + " and target " + dtype_name(target.scalar_type());
-           }).baseline();
+  return op.serves_baseline(pair_of(pred, target), {pred.size(0), pred.size(1)}, 0, [&] {
+    return "pred " + dtype_name(pred.scalar_type()) + " and target " + dtype_name(target.scalar_type());
+  });
 }
 
 at::Tensor giou_loss_cuda(const at::Tensor& pred, const at::Tensor& target, const std::optional<at::Tensor>& num_boxes,

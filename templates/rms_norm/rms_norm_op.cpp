@@ -99,13 +99,11 @@ at::Tensor baseline(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // symbolic shapes runs the variants) whose nearest tuned problem is served by the baseline,
 // or none is near.
 bool serves_baseline(const at::Tensor& x, const at::Tensor& weight) {
-  if (!x.is_cuda() || x.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return false;
+  if (!x.is_cuda() || symbolic(x)) return false;
   check_inputs(x, weight);
-  const auto t = op.bound_or_null();
-  if (t == nullptr || t->reference) return false;
-  return op.choose(*t, pair_of_call(x, weight), {rows_of_shape(x), x.size(-1)}, 0, [&] {
-             return "x " + dtype_name(x.scalar_type()) + " and weight " + dtype_name(weight.scalar_type());
-           }).baseline();
+  return op.serves_baseline(pair_of_call(x, weight), {rows_of_shape(x), x.size(-1)}, 0, [&] {
+    return "x " + dtype_name(x.scalar_type()) + " and weight " + dtype_name(weight.scalar_type());
+  });
 }
 
 // The variant nearest a call below the autograd kernel; nullptr for a pair with none (torch's
