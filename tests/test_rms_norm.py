@@ -91,8 +91,27 @@ def test_bad_input_is_refused_clearly(op):
     x = torch.randn(3, 8)
     with pytest.raises(ValueError, match=r"weight must have shape \[8\]"):
         op(x, torch.ones(7))
-    with pytest.raises(TypeError, match="x must be float32, float16 or bfloat16, got torch.float64"):
-        op(x.double(), torch.ones(8))
+    with pytest.raises(ValueError, match="x is on cpu but weight is on meta"):
+        op(x, torch.ones(8, device="meta"))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        op(torch.tensor(1.0), None)
+
+
+def test_calls_no_variant_takes_are_torch_s(op):
+    """No weight, a frozen weight, float64: every form F.rms_norm accepts works, with its results."""
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64)
+    for weight in (None, w, w.float()):
+        y = op(x, weight, 1e-5)
+        torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (8,), weight, 1e-5))
+        assert y.dtype == x.dtype
+        (gx,) = torch.autograd.grad(y.sum(), x)
+        assert gx.shape == x.shape
+    xf = x.detach().float().requires_grad_()
+    (gx,) = torch.autograd.grad(op(xf, w.float(), 1e-5).sum(), xf)  # a frozen weight: x's gradient alone
+    want = rms_norm.reference_backward(xf.detach(), w.float(), torch.ones_like(xf), 1e-5)[0]
+    torch.testing.assert_close(gx, want.float())
+    torch.testing.assert_close(op(xf, None), torch.nn.functional.rms_norm(xf, (8,), None, 1e-6))
 
 
 def _timed(fwd: float, bwd: float) -> dict:

@@ -49,8 +49,12 @@ def embedding_bag(tables, calls: int) -> None:
             bags, dtype=torch.long, device="cuda")
         offsets = torch.cumsum(lengths, 0) - lengths
         ids = torch.randint(0, rows, (int(lengths.sum()),), device="cuda")
+        # torch has no bfloat16 backward of max: a model with such a table runs it forward only
+        backward = not (mode == "max" and dtype == "bfloat16")
         for _ in range(calls):
-            table(ids, offsets).float().square().mean().backward()
+            out = table(ids, offsets)
+            if backward:
+                out.float().square().mean().backward()
 
 
 def main() -> None:

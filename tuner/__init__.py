@@ -35,3 +35,12 @@ def capture(path):
     from tuner.capturing import Capture
 
     return Capture(path)
+
+
+def patch(model, *exports, **kwargs):
+    """Hand the model's modules that a loaded export serves (nn.RMSNorm, transformers' Llama-style
+    RMSNorm, nn.EmbeddingBag, ...) to the tuned ops; returns what it changed, with undo() (see
+    tuner.patching): `tuner.patch(model, "exports/rms_norm-H100")`."""
+    from tuner.patching import patch
+
+    return patch(model, *exports, **kwargs)

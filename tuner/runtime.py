@@ -277,6 +277,11 @@ def load_export(directory: Path, spec: OpSpec, *, validate: str = "async", basel
 
 # ----------------------------------------------------------------- validate modes
 
+def loaded_families() -> list[str]:
+    """The families whose export this process has loaded."""
+    return list(_loaded)
+
+
 def loaded(family: str) -> Loaded:
     if family not in _loaded:
         raise RuntimeError(f"no {family} export is loaded; load one first")

@@ -24,16 +24,20 @@ int64_t rows_of_shape(const at::Tensor& x) {
   return rows;
 }
 
-void check_inputs(const at::Tensor& x, const at::Tensor& weight) {
+void check_shapes(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK_VALUE(x.dim() >= 1, "rms_norm: x must have at least one dimension");
   TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == x.size(-1), "rms_norm: weight must have shape [",
                     text(x.size(-1)), "] (x's last dimension), got ", text(weight.sizes()));
+  TORCH_CHECK_VALUE(weight.device() == x.device(), "rms_norm: x is on ", x.device(), " but weight is on ",
+                    weight.device());
+}
+
+void check_inputs(const at::Tensor& x, const at::Tensor& weight) {
+  check_shapes(x, weight);
   TORCH_CHECK_TYPE(index_of(x.scalar_type(), kDtypes) >= 0, "rms_norm: x must be float32, float16 or bfloat16, got ",
                    dtype_name(x.scalar_type()));
   TORCH_CHECK_TYPE(index_of(weight.scalar_type(), kDtypes) >= 0,
                    "rms_norm: weight must be float32, float16 or bfloat16, got ", dtype_name(weight.scalar_type()));
-  TORCH_CHECK_VALUE(weight.device() == x.device(), "rms_norm: x is on ", x.device(), " but weight is on ",
-                    weight.device());
 }
 
 void check_call(const TunerRmsNormVtable* vt, const at::Tensor& x, const at::Tensor& weight) {
@@ -70,7 +74,9 @@ void run_backward(const TunerRmsNormVtable* vt, const at::Tensor& grad, const at
   if (grad_weight.numel()) check_like("grad_weight", grad_weight, weight, weight.scalar_type());
   const int64_t rows = rows_of_shape(x), width = x.size(-1);
   TORCH_CHECK(!vt->saves_rstd || rstd.numel() == rows, "rms_norm: variant ", vt->name, " needs the forward's rstd");
-  TORCH_CHECK(scratch.scalar_type() == at::kFloat && scratch.numel() >= vt->scratch_floats(rows, width),
+  // (a frozen weight wants no gradient: the kernels leave the scratch alone then)
+  TORCH_CHECK(scratch.scalar_type() == at::kFloat &&
+                  (grad_weight.numel() == 0 || scratch.numel() >= vt->scratch_floats(rows, width)),
               "rms_norm: scratch too small");
   c10::cuda::CUDAGuard guard(x.device());
   const TunerRmsNormBackwardArgs a{grad.data_ptr(), x.data_ptr(), weight.data_ptr(),
@@ -91,8 +97,17 @@ int pair_of_call(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 // What the user's op replaces: F.rms_norm over the last dimension (torch keeps x's dtype).
-at::Tensor baseline(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor baseline(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   return at::rms_norm(x, {x.size(-1)}, weight, eps).to(x.scalar_type());
+}
+
+// A call no variant takes, which torch's op serves as F.rms_norm would: no weight, or x or the
+// weight in another dtype (float64, complex). Shapes and devices are checked first, with the
+// op's messages; torch refuses what it does not have.
+bool outside_variants(const at::Tensor& x, const std::optional<at::Tensor>& weight) {
+  if (weight.has_value()) check_shapes(x, *weight);
+  else TORCH_CHECK_VALUE(x.dim() >= 1, "rms_norm: x must have at least one dimension");
+  return !weight.has_value() || index_of(x.scalar_type(), kDtypes) < 0 || index_of(weight->scalar_type(), kDtypes) < 0;
 }
 
 // Whether torch's op serves this call: a CUDA call of concrete shape (a graph traced with
@@ -141,9 +156,9 @@ Pair2 forward_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return {y, rstd};
 }
 
-at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (serves_baseline(x, weight)) return baseline(x, weight, eps);
-  return std::get<0>(forward_cuda(x, weight, eps));
+at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  if (outside_variants(x, weight) || serves_baseline(x, *weight)) return baseline(x, weight, eps);
+  return std::get<0>(forward_cuda(x, *weight, eps));
 }
 
 Pair2 backward_cuda(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& rstd,
@@ -187,13 +202,15 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
   }
 };
 
-at::Tensor rms_norm_autograd(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (serves_baseline(x, weight)) return baseline(x, weight, eps);  // torch's autograd, torch's kernels
-  if (!(at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))) {
+at::Tensor rms_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  // torch's autograd and kernels where a variant does not serve (a call no variant takes, on any device)
+  if (outside_variants(x, weight) || (x.is_cuda() && serves_baseline(x, *weight))) return baseline(x, weight, eps);
+  if (!(at::GradMode::is_enabled() && (x.requires_grad() || (weight.has_value() && weight->requires_grad())))) {
     at::AutoDispatchBelowADInplaceOrView below;
-    return Call<at::Tensor(const at::Tensor&, const at::Tensor&, double)>::call("tuner::rms_norm", x, weight, eps);
+    return Call<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, double)>::call("tuner::rms_norm", x,
+                                                                                              weight, eps);
   }
-  return RmsNorm::apply(x, weight, eps);
+  return RmsNorm::apply(x, *weight, eps);
 }
 
 // The search's calls: one variant by its table's address, outputs given by the caller.
@@ -226,7 +243,7 @@ int64_t scratch_floats(int64_t variant, int64_t rows, int64_t width) {
 }  // namespace tuner_rms_norm
 
 TORCH_LIBRARY_FRAGMENT(tuner, m) {
-  m.def("rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps=1e-06) -> Tensor");
   m.def("rms_norm_forward(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rms_norm_backward(Tensor grad, Tensor x, Tensor weight, Tensor rstd, float eps, bool x_grad, "
         "bool weight_grad) -> (Tensor, Tensor)");

@@ -5,8 +5,8 @@
 
 `torch.nn.functional.embedding_bag`'s meaning for those arguments, with weight first (as
 torch.embedding_bag's own op takes it); `embedding_bag()` below takes F.embedding_bag's order
-and arguments and refuses, with a clear error, the ones this op does not have (max_norm,
-scale_grad_by_freq, sparse=True). The op lives in C++ (templates/embedding_bag/embedding_bag_op.cpp):
+and arguments, and hands the ones this op does not have (max_norm, scale_grad_by_freq,
+sparse=True, other dtypes and devices) to F.embedding_bag. The op lives in C++ (templates/embedding_bag/embedding_bag_op.cpp):
 schema, CUDA and Autograd kernels and input checks, so that an eager call is one dispatcher
 hop; its forward and backward are `tuner::embedding_bag_forward` / `embedding_bag_backward`.
 Each winner is staged with its dim, mean bag size and mode (a call runs the nearest). What
@@ -29,14 +29,23 @@ MODE_CODES = {m: i for i, m in enumerate(MODES)}
 def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float = 2.0,
                   scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
                   per_sample_weights=None, include_last_offset: bool = False, padding_idx=None):
-    """`torch.nn.functional.embedding_bag`'s signature on the tuned op (load an artifact first)."""
+    """`torch.nn.functional.embedding_bag`'s signature on the tuned op (load an export first): a
+    CUDA call in the op's dtypes goes to `torch.ops.tuner.embedding_bag` (a variant, or torch's op
+    where the export says so); a call with max_norm (which renormalizes the table in place),
+    scale_grad_by_freq or sparse=True, on another device or in other dtypes, to F.embedding_bag
+    itself, so that every call torch accepts works and the results are torch's."""
     import torch
+    import torch.nn.functional as F
 
-    for name, value, default in (("max_norm", max_norm, None), ("scale_grad_by_freq", scale_grad_by_freq, False),
-                                 ("sparse", sparse, False)):
-        if value != default:
-            raise NotImplementedError(f"tuner's embedding_bag does not support {name}={value!r}: use "
-                                      "torch.nn.functional.embedding_bag for it")
+    def named(t, names):
+        return str(t.dtype).removeprefix("torch.") in names
+
+    if (max_norm is not None or scale_grad_by_freq or sparse or not weight.is_cuda
+            or not named(weight, WEIGHT_DTYPES) or not named(input, INDEX_DTYPES)
+            or (offsets is not None and not named(offsets, INDEX_DTYPES))
+            or (per_sample_weights is not None and per_sample_weights.dtype != weight.dtype)):
+        return F.embedding_bag(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse,
+                               per_sample_weights, include_last_offset, padding_idx)
     return torch.ops.tuner.embedding_bag(weight, input, offsets, mode, per_sample_weights, include_last_offset,
                                          padding_idx)
 

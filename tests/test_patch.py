@@ -1,0 +1,99 @@
+"""tuner.patch on a machine without a GPU: which modules it hands to a loaded export's op, what it
+leaves alone, undo, deep copies; and the F signatures that take every call torch takes (on the
+CPU, torch's function serves them all)."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tuner
+from tuner import export, patching, runtime
+from tuner.errors import TunerError
+from tuner.families import rms_norm
+from tuner.families.embedding_bag.op import embedding_bag as eb_functional
+from tuner.families.rms_norm.op import rms_norm as rms_norm_functional
+
+GPU = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory, shared_home):
+    space = rms_norm.space()
+    winners = [{"variant": space.variant(threads_per_row=256, block_size=256, vec=8, unroll=2, rstd="saved",
+                                         grad_weight="partials", bwd_blocks=2, walk="resident"),
+                "problem": rms_norm.Problem().__dict__}]
+    return tuner.load(export.write(tmp_path_factory.mktemp("rms"), winners, GPU))
+
+
+class OwnNorm(torch.nn.RMSNorm):
+    """A subclass with a forward of its own: not the class the family knows."""
+
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(8)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.RMSNorm([2, 4])])
+        self.own = OwnNorm(8)
+        self.bag = torch.nn.EmbeddingBag(10, 8, mode="sum")
+
+    def forward(self, x):
+        return self.own(self.layers[1](self.layers[0](self.norm(x)).view(-1, 2, 4)).view(-1, 8))
+
+
+def test_patch_serves_known_modules_and_undoes(loaded, monkeypatch):
+    monkeypatch.setattr(runtime, "loaded_families", lambda: ["rms_norm"])
+    model = Model()
+    x = torch.randn(3, 8)
+    want = model(x)
+    patched = tuner.patch(model)
+    assert patched.modules == [("norm", "rms_norm"), ("layers.1", "rms_norm")]
+    assert patched.skipped == [("bag", "embedding_bag")]
+    assert str(patched) == "tuned ops serve 2 rms_norm; 1 left alone (no embedding_bag export loaded)"
+    assert model.norm.forward.__func__ is patching.forwards()["torch.nn.modules.normalization.RMSNorm"][1]
+    torch.testing.assert_close(model(x), want)  # on the CPU, F.rms_norm serves
+    assert tuner.patch(model).modules == []  # patched once
+    twin = copy.deepcopy(model)  # the copy's forward is bound to the copy
+    assert twin.norm.forward.__self__ is twin.norm
+    assert set(twin.state_dict()) == set(model.state_dict())
+    patched.undo()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    torch.testing.assert_close(model(x), want)
+    with tuner.patch(model) as again:
+        assert len(again.modules) == 2
+    assert "forward" not in model.norm.__dict__
+
+
+def test_patch_needs_a_loaded_export_and_a_module(monkeypatch):
+    monkeypatch.setattr(runtime, "loaded_families", lambda: [])
+    with pytest.raises(TunerError, match=r"no tuned op is loaded: tuner.load\(EXPORT\) first"):
+        tuner.patch(Model())
+    with pytest.raises(TunerError, match="takes a torch.nn.Module, got function"):
+        tuner.patch(lambda x: x)
+
+
+def test_patch_loads_the_exports_it_is_given(tmp_path, shared_home):
+    with pytest.raises(Exception, match="no-such-export"):
+        tuner.patch(Model(), tmp_path / "no-such-export")
+
+
+def test_functional_forms_take_every_call_torch_takes():
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    w = torch.randn(8)
+    for args in (((8,), w, 1e-5), ((8,), None), ([3, 8], torch.randn(3, 8)), ((8,), w.double())):
+        torch.testing.assert_close(rms_norm_functional(x, *args), F.rms_norm(x, *args))
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        rms_norm_functional(x, (7,), None)  # torch's own refusals
+    with pytest.raises(TypeError, match="normalized_shape"):
+        rms_norm_functional(x, 8, w)
+    weight = torch.randn(10, 4)
+    ids, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4])
+    for kwargs in ({"max_norm": 1.0}, {"scale_grad_by_freq": True}, {"sparse": True}, {"mode": "max"},
+                   {"per_sample_weights": torch.rand(8), "mode": "sum"}):
+        torch.testing.assert_close(eb_functional(ids, weight.clone(), offsets, **kwargs),
+                                   F.embedding_bag(ids, weight.clone(), offsets, **kwargs))
