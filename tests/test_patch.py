@@ -12,8 +12,7 @@ import tuner
 from tuner import export, patching, runtime
 from tuner.errors import TunerError
 from tuner.families import rms_norm
-from tuner.families.embedding_bag.op import embedding_bag as eb_functional
-from tuner.families.rms_norm.op import rms_norm as rms_norm_functional
+import tuner.functional as TF
 
 GPU = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
 
@@ -86,14 +85,24 @@ def test_functional_forms_take_every_call_torch_takes():
     x = torch.randn(2, 3, 8, requires_grad=True)
     w = torch.randn(8)
     for args in (((8,), w, 1e-5), ((8,), None), ([3, 8], torch.randn(3, 8)), ((8,), w.double())):
-        torch.testing.assert_close(rms_norm_functional(x, *args), F.rms_norm(x, *args))
+        torch.testing.assert_close(TF.rms_norm(x, *args), F.rms_norm(x, *args))
     with pytest.raises(RuntimeError, match="normalized_shape"):
-        rms_norm_functional(x, (7,), None)  # torch's own refusals
+        TF.rms_norm(x, (7,), None)  # torch's own refusals
     with pytest.raises(TypeError, match="normalized_shape"):
-        rms_norm_functional(x, 8, w)
+        TF.rms_norm(x, 8, w)
     weight = torch.randn(10, 4)
     ids, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4])
     for kwargs in ({"max_norm": 1.0}, {"scale_grad_by_freq": True}, {"sparse": True}, {"mode": "max"},
                    {"per_sample_weights": torch.rand(8), "mode": "sum"}):
-        torch.testing.assert_close(eb_functional(ids, weight.clone(), offsets, **kwargs),
+        torch.testing.assert_close(TF.embedding_bag(ids, weight.clone(), offsets, **kwargs),
                                    F.embedding_bag(ids, weight.clone(), offsets, **kwargs))
+    a, b = torch.rand(6, 4) * 10, torch.rand(6, 4) * 10
+    a[:, 2:] += a[:, :2] + 1
+    b[:, 2:] += b[:, :2] + 1
+    tv = pytest.importorskip("torchvision.ops")
+    for reduction in ("none", "mean", "sum"):
+        torch.testing.assert_close(TF.generalized_box_iou_loss(a, b, reduction),
+                                   tv.generalized_box_iou_loss(a, b, reduction))
+    torch.testing.assert_close(TF.generalized_box_iou_loss(a[0], b[0], eps=1e-3),
+                               tv.generalized_box_iou_loss(a[0], b[0], eps=1e-3))
+    assert set(dir(TF)) >= {"rms_norm", "embedding_bag", "generalized_box_iou_loss"}

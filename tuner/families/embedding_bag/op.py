@@ -50,6 +50,9 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float =
                                          padding_idx)
 
 
+FUNCTIONS = {"embedding_bag": embedding_bag}
+
+
 # ----------------------------------------------- CPU and fake
 
 def normalize(weight, indices, offsets, mode: str, psw, include_last_offset: bool, padding_idx):

@@ -31,6 +31,9 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     return torch.ops.tuner.rms_norm(input, weight, eps)
 
 
+FUNCTIONS = {"rms_norm": rms_norm}
+
+
 def _check_shapes(x, weight) -> None:
     """The C++ check_shapes (rms_norm_op.cpp) and its messages, for the CPU and fake paths."""
     if x.dim() < 1:
