@@ -5,6 +5,10 @@
     tuner export-best --family rms_norm --gpu auto
     python examples/train_llama_rms_norm.py --compare                # step time, torch vs tuned
 
+--compare loads the export and puts it into the model with one line, `tuner.patch(model)`.
+--transformers trains transformers' LlamaForCausalLM (built from a config) instead of the model
+here; --frozen-norms keeps the norms' weights frozen, as adapter (LoRA) fine-tuning does.
+
 The tokens per step vary (batch x seq from a few choices, as bucketed batches do), so the norms
 see several shapes: rows = batch x seq, width = --hidden. The export serves each captured shape
 with its winner where it beat F.rms_norm, and with torch's own op elsewhere; `tuner bench
@@ -58,23 +62,21 @@ class Llama(nn.Module):
         return self.head(self.norm(x))
 
 
-class TunedRMSNorm(nn.Module):
-    """nn.RMSNorm's place, calling the tuned op. It holds the same Parameter, so the optimizer,
-    the state dict's keys and a checkpoint stay as they were."""
+class HFLlama(nn.Module):
+    """transformers' LlamaForCausalLM built from a config (random weights, nothing downloaded),
+    returning logits as Llama above does; its norms are LlamaRMSNorm modules."""
 
-    def __init__(self, norm: nn.RMSNorm, op):
+    def __init__(self, vocab: int, hidden: int, layers: int, heads: int):
         super().__init__()
-        self.weight, self.eps, self.op = norm.weight, norm.eps, op
+        import transformers
 
-    def forward(self, x):
-        return self.op(x, self.weight, self.eps)
+        ffn = 256 * ((8 * hidden // 3 + 255) // 256)
+        self.model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=heads, rms_norm_eps=EPS, max_position_embeddings=4096))
 
-
-def use_tuned(model: nn.Module, op) -> None:
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if isinstance(child, nn.RMSNorm):
-                setattr(parent, name, TunedRMSNorm(child, op))
+    def forward(self, tokens):
+        return self.model(input_ids=tokens).logits
 
 
 def batches(shapes, vocab: int, seed: int) -> list[torch.Tensor]:
@@ -124,12 +126,12 @@ def capture(model, opt, data, path: str) -> None:
 def compare(model, opt, data, rounds: int) -> None:
     import tuner
 
-    op = tuner.load(gpu="auto", family="rms_norm")
+    tuner.load(gpu="auto", family="rms_norm")
     start = {k: v.clone() for k, v in model.state_dict().items()}
     runs = []
-    for label in ("torch F.rms_norm", "tuned op"):
+    for label in ("torch's RMSNorm", "tuned op"):
         if label == "tuned op":
-            use_tuned(model, op)
+            print(tuner.patch(model))  # one line: every RMSNorm module the export serves
         model.load_state_dict(start)  # both from the same weights, on the same batches
         opt.state.clear()
         runs.append((train_step(model, opt, data[0]).item(), ms_per_step(model, opt, data, rounds)))
@@ -152,13 +154,20 @@ def main() -> None:
     ap.add_argument("--shapes", default="4x1024,8x1024,2x3072,12x1024", help="BATCHxSEQ per step, in turn")
     ap.add_argument("--rounds", type=int, default=5, help="timed passes over the shapes (--compare)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--transformers", action="store_true", help="transformers' LlamaForCausalLM (LlamaRMSNorm)")
+    ap.add_argument("--frozen-norms", action="store_true",
+                    help="the norms' weights frozen, as adapter (LoRA) fine-tuning keeps them")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("train_llama_rms_norm.py needs a CUDA GPU")
     shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
     torch.manual_seed(args.seed)
-    model = Llama(VOCAB, args.hidden, args.layers, args.heads).to("cuda", torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model = (HFLlama if args.transformers else Llama)(VOCAB, args.hidden, args.layers, args.heads)
+    model = model.to("cuda", torch.bfloat16)
+    if args.frozen_norms:
+        for name, p in model.named_parameters():
+            p.requires_grad_("norm" not in name)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     data = batches(shapes, VOCAB, args.seed)
     if args.capture:
         capture(model, opt, data, args.capture)
