@@ -214,6 +214,7 @@ def test_the_tuned_ops_map_to_their_problems():
     assert calls["rms_norm"]["tuner::rms_norm"]((x, w), {"eps": 1e-5}) == {
         "rows": 10, "width": 48, "x": "float16", "weight": "bfloat16"}
     assert calls["rms_norm"]["tuner::rms_norm"]((x, torch.randn(47)), {}) is None
+    assert calls["rms_norm"]["tuner::rms_norm"]((x, None), {}) is None  # no weight: torch's op serves it
 
     table, ids = torch.randn(100, 16, dtype=torch.bfloat16), torch.randint(0, 100, (21,), dtype=torch.int32)
     offsets = torch.tensor([0, 5, 9, 21], dtype=torch.int32)

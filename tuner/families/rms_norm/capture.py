@@ -11,7 +11,7 @@ from tuner.families.rms_norm.spec import DEFAULT_EPS, DTYPES
 
 
 def _problem(x, weight) -> dict | None:
-    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1] or x.numel() == 0:
+    if weight is None or x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1] or x.numel() == 0:
         return None
     if dtype_of(x) not in DTYPES or dtype_of(weight) not in DTYPES:
         return None
@@ -25,7 +25,7 @@ def _functional(input, normalized_shape, weight=None, eps=None) -> dict | None:
     return _problem(input, weight)
 
 
-def _op(x, weight, eps=DEFAULT_EPS) -> dict | None:
+def _op(x, weight=None, eps=DEFAULT_EPS) -> dict | None:
     return _problem(x, weight)
 
 
