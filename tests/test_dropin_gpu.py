@@ -85,6 +85,16 @@ def test_rms_norm_weight_trained_frozen_or_absent(rms, x_dtype, w_dtype, weight)
         _close(grads[1].double(), want_gw, w.dtype, "grad weight")
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_default_eps_is_torch_s(rms, dtype):
+    """nn.RMSNorm's eps=None: torch computes 16-bit x in float32 and takes float32's epsilon."""
+    norm = torch.nn.RMSNorm(1024, device="cuda", dtype=dtype)
+    x = torch.randn(256, 1024, device="cuda", dtype=dtype) * 1e-3  # small rows, where eps shows
+    want = norm(x)
+    with tuner.patch(norm):
+        _close(norm(x).double(), want.double(), dtype, "y")
+
+
 def test_frozen_weight_under_compile_and_in_a_module(rms):
     norm = torch.nn.RMSNorm(2048, eps=1e-6, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
     x = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -203,12 +213,21 @@ def test_torchvision_giou_loss_forms(box_loss, dtype, reduction, n):
         got = TF.generalized_box_iou_loss(pred, target, reduction, eps)
         ref = pred.detach().double().requires_grad_()  # torchvision's math in float64
         want = tv.generalized_box_iou_loss(ref, target.double(), reduction, eps)
-        assert got.dtype == dtype and got.shape == want.shape
+        assert got.dtype == torch.float32 and got.shape == want.shape  # torchvision's dtype for these
         _close(got.double(), want.detach(), dtype, f"loss {reduction} eps {eps}")
         g = torch.randn_like(want)
-        (got_grad,) = torch.autograd.grad(got, pred, g.to(dtype))
+        (got_grad,) = torch.autograd.grad(got, pred, g.float())
         (want_grad,) = torch.autograd.grad(want, ref, g)
         _close(got_grad.double(), want_grad, dtype, f"gradient {reduction} eps {eps}")
+
+
+def test_giou_loss_first_called_under_inference_mode_then_trained(box_loss):
+    pred, target = _boxes(513, torch.bfloat16, 5), _boxes(513, torch.bfloat16, 6)
+    with torch.inference_mode():  # e.g. a sanity check of validation before training
+        TF.generalized_box_iou_loss(pred, target, "mean")
+    leaf = pred.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(TF.generalized_box_iou_loss(leaf, target, "mean"), leaf)
+    assert bool(torch.isfinite(grad).all())
 
 
 def test_torchvision_giou_loss_other_forms_are_torchvision_s(box_loss):

@@ -3,6 +3,7 @@ leaves alone, undo, deep copies; and the F signatures that take every call torch
 CPU, torch's function serves them all)."""
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -54,18 +55,30 @@ def test_patch_serves_known_modules_and_undoes(loaded, monkeypatch):
     assert patched.modules == [("norm", "rms_norm"), ("layers.1", "rms_norm")]
     assert patched.skipped == [("bag", "embedding_bag")]
     assert str(patched) == "tuned ops serve 2 rms_norm; 1 left alone (no embedding_bag export loaded)"
-    assert model.norm.forward.__func__ is patching.forwards()["torch.nn.modules.normalization.RMSNorm"][1]
+    assert model.norm.forward.func is patching.forwards()["torch.nn.modules.normalization.RMSNorm"][1]
     torch.testing.assert_close(model(x), want)  # on the CPU, F.rms_norm serves
     assert tuner.patch(model).modules == []  # patched once
-    twin = copy.deepcopy(model)  # the copy's forward is bound to the copy
-    assert twin.norm.forward.__self__ is twin.norm
-    assert set(twin.state_dict()) == set(model.state_dict())
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):  # bound to the copy
+        assert twin.norm.forward.args == (twin.norm,)
+        assert set(twin.state_dict()) == set(model.state_dict())
+        torch.testing.assert_close(twin(x), want)
     patched.undo()
     assert all("forward" not in m.__dict__ for m in model.modules())
     torch.testing.assert_close(model(x), want)
     with tuner.patch(model) as again:
         assert len(again.modules) == 2
     assert "forward" not in model.norm.__dict__
+
+
+def test_undo_finds_modules_moved_and_leaves_other_forwards(loaded, monkeypatch):
+    monkeypatch.setattr(runtime, "loaded_families", lambda: ["rms_norm"])
+    model = Model()
+    patched = tuner.patch(model)
+    norm = model.layers[1]
+    del model.layers[1]  # the model changed after the patch
+    model.norm.forward = model.norm.forward.func.__get__(model.norm)  # someone else's forward since
+    patched.undo()
+    assert "forward" not in norm.__dict__ and "forward" in model.norm.__dict__
 
 
 def test_patch_needs_a_loaded_export_and_a_module(monkeypatch):
@@ -106,3 +119,18 @@ def test_functional_forms_take_every_call_torch_takes():
     torch.testing.assert_close(TF.generalized_box_iou_loss(a[0], b[0], eps=1e-3),
                                tv.generalized_box_iou_loss(a[0], b[0], eps=1e-3))
     assert set(dir(TF)) >= {"rms_norm", "embedding_bag", "generalized_box_iou_loss"}
+    for dtype in (torch.float16, torch.bfloat16):  # torchvision computes these in float32
+        got = TF.generalized_box_iou_loss(a.to(dtype), b.to(dtype), "mean")
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, tv.generalized_box_iou_loss(a.to(dtype), b.to(dtype), "mean"))
+    assert float(TF.generalized_box_iou_loss(a[:0], b[:0], "mean")) == 0.0  # no boxes: 0, as torchvision
+
+
+def test_rms_norm_default_eps_is_torch_s():
+    """eps=None (nn.RMSNorm's default): torch's is float32's epsilon for 16-bit x, not the dtype's."""
+    x = torch.randn(4, 8, dtype=torch.float16) * 0.01
+    norm = torch.nn.RMSNorm(8, dtype=torch.float16)
+    torch.testing.assert_close(TF.rms_norm(x, (8,), norm.weight), F.rms_norm(x, (8,), norm.weight))
+    assert TF.rms_norm.__module__ == "tuner.families.rms_norm.op"
+    from tuner.families.rms_norm import op
+    assert op._FLOAT32_EPS == torch.finfo(torch.float32).eps

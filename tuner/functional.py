@@ -34,9 +34,11 @@ def __getattr__(name: str) -> Callable:
     if name.startswith("__"):
         raise AttributeError(name)
     try:
-        return functions()[name]
+        found = functions()[name]
     except KeyError:
         raise AttributeError(f"tuner.functional has no {name!r}; it has {', '.join(sorted(functions()))}") from None
+    globals()[name] = found  # found once: a later lookup is a module attribute's
+    return found
 
 
 def __dir__() -> list[str]:

@@ -8,9 +8,9 @@
 Each family names, in `tuner/families/<name>/patch.py`, the module classes its op replaces and
 a forward for each (`MODULES`: the class's qualified name -> forward(self, *args)), matched by a
 module's exact class: a subclass with a forward of its own is not the class the family knows.
-A matched module gets that forward bound to it as an instance attribute in place of its class's:
-its parameters, buffers, state_dict and hooks stay as they were, a deep copy of the model keeps
-it, and undo() deletes it again. The forward calls the tuned op with the module's settings, and
+A matched module gets that forward bound to it (functools.partial(forward, module): a deep copy
+or a pickle of the model keeps it, bound to the copy) as an instance attribute in place of its
+class's: its parameters, buffers, state_dict and hooks stay as they were, and undo() deletes it. The forward calls the tuned op with the module's settings, and
 where the op has no variant for a call (another device or dtype, an argument it does not take),
 torch's function or the module's own forward serves it.
 
@@ -19,7 +19,7 @@ Only families with a loaded export are patched; modules of other families are li
 
 from __future__ import annotations
 
-import types
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -52,12 +52,15 @@ class Patched:
     model: object
     modules: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    _installed: list = field(default_factory=list, repr=False)  # (module, the forward given it)
 
     def undo(self) -> None:
-        named = dict(self.model.named_modules())
-        for name, _ in self.modules:
-            named[name].__dict__.pop("forward", None)
-        self.modules = []
+        """Each patched module's own forward again, wherever it now sits in the model; a forward
+        that something else has put there since is left as it is."""
+        for module, forward in self._installed:
+            if module.__dict__.get("forward") is forward:
+                del module.__dict__["forward"]
+        self.modules, self._installed = [], []
 
     def __enter__(self) -> "Patched":
         return self
@@ -98,6 +101,7 @@ def patch(model, *exports, **load) -> Patched:
         if family not in runtime.loaded_families():
             patched.skipped.append((name, family))
             continue
-        module.forward = types.MethodType(forward, module)
+        module.forward = functools.partial(forward, module)
         patched.modules.append((name, family))
+        patched._installed.append((module, module.forward))
     return patched

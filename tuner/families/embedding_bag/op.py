@@ -40,10 +40,11 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float =
     def named(t, names):
         return str(t.dtype).removeprefix("torch.") in names
 
-    if (max_norm is not None or scale_grad_by_freq or sparse or not weight.is_cuda
-            or not named(weight, WEIGHT_DTYPES) or not named(input, INDEX_DTYPES)
-            or (offsets is not None and not named(offsets, INDEX_DTYPES))
-            or (per_sample_weights is not None and per_sample_weights.dtype != weight.dtype)):
+    if (max_norm is not None or scale_grad_by_freq or sparse or not weight.is_cuda or input.is_nested
+            or input.device != weight.device or not named(weight, WEIGHT_DTYPES) or not named(input, INDEX_DTYPES)
+            or (offsets is not None and (not named(offsets, INDEX_DTYPES) or offsets.device != weight.device))
+            or (per_sample_weights is not None and (per_sample_weights.dtype != weight.dtype or mode != "sum"
+                                                    or per_sample_weights.device != weight.device))):
         return F.embedding_bag(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse,
                                per_sample_weights, include_last_offset, padding_idx)
     return torch.ops.tuner.embedding_bag(weight, input, offsets, mode, per_sample_weights, include_last_offset,

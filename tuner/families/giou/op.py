@@ -27,8 +27,8 @@ NAMESPACE = "tuner_giou"  # the binding's own ops: stage, publish, set_check, ta
 
 def generalized_box_iou_loss(boxes1, boxes2, reduction: str = "none", eps: float = 1e-7):
     """`torchvision.ops.generalized_box_iou_loss`'s signature and meaning on the tuned op (load an
-    export first): boxes [N, 4] or [4], every box a real one (no padding), the loss in the boxes'
-    dtype. A CUDA call in the op's dtypes, with no gradient wanted for boxes2, goes to
+    export first): boxes [N, 4] or [4], every box a real one (no padding), the loss in float32
+    (float64 for float64 boxes), as torchvision gives it. A CUDA call in the op's dtypes, with no gradient wanted for boxes2, goes to
     `torch.ops.tuner.giou_loss` as one image of N boxes; every other call is computed as
     torchvision writes it (spec.giou_loss_elementwise)."""
     import torch
@@ -42,32 +42,39 @@ def generalized_box_iou_loss(boxes1, boxes2, reduction: str = "none", eps: float
         str(boxes2.dtype).removeprefix("torch.") in TARGET_DTYPES)
     if not (boxes1.is_cuda and named and boxes1.shape == boxes2.shape and boxes1.dim() in (1, 2)
             and boxes1.shape[-1] == 4 and boxes2.device == boxes1.device and not boxes2.requires_grad):
-        b1 = boxes1 if boxes1.is_floating_point() else boxes1.float()
-        b2 = boxes2 if boxes2.is_floating_point() else boxes2.float()
-        loss = giou_loss_elementwise(b1, b2, eps)
-        return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
-    n = boxes1.numel() // 4
+        def upcast(t):  # torchvision's _upcast_non_float: anything but float32/float64 computes in float32
+            return t if t.dtype in (torch.float32, torch.float64) else t.float()
+        loss = giou_loss_elementwise(upcast(boxes1), upcast(boxes2), eps)
+        if reduction == "none":
+            return loss
+        if reduction == "sum":
+            return loss.sum()
+        return loss.mean() if loss.numel() else 0.0 * loss.sum()
+    n = boxes1.numel() // 4  # the op's loss is float32, as torchvision's is for these dtypes
     loss = torch.ops.tuner.giou_loss(boxes1.reshape(1, n, 4), boxes2.reshape(1, n, 4), _count(n, boxes1.device),
                                      reduction, eps)
-    if reduction == "none":
-        loss = loss.reshape(boxes1.shape[:-1])
-    dtype = torch.promote_types(boxes1.dtype, boxes2.dtype if boxes2.is_floating_point() else torch.float32)
-    return loss if loss.dtype == dtype else loss.to(dtype)
+    return loss.reshape(boxes1.shape[:-1]) if reduction == "none" else loss
 
 
 _counts: dict = {}
 
 
 def _count(n: int, device):
-    """num_boxes [1] = n on the device, made once per (n, device): a call pays no fill."""
+    """num_boxes [1] = n on the device, made once per (n, device) so that a call pays no fill: a
+    plain tensor even under inference_mode (a later training call saves it for backward), and
+    not kept when made inside a CUDA graph's capture (it holds n only once the graph runs)."""
     import torch
 
     key = (n, device)
-    if key not in _counts:
+    if key in _counts:
+        return _counts[key]
+    with torch.inference_mode(False):
+        count = torch.full((1,), n, dtype=torch.int32, device=device)
+    if not torch.cuda.is_current_stream_capturing():
         if len(_counts) > 256:
             _counts.clear()
-        _counts[key] = torch.full((1,), n, dtype=torch.int32, device=device)
-    return _counts[key]
+        _counts[key] = count
+    return count
 
 
 FUNCTIONS = {"generalized_box_iou_loss": generalized_box_iou_loss}

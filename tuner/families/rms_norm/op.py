@@ -23,12 +23,16 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     import torch.nn.functional as F
 
     shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else ()
-    if eps is None:  # F.rms_norm's default, the dtype's machine epsilon
-        eps = torch.finfo(input.dtype).eps if input.is_floating_point() else None
-    if (len(shape) != 1 or eps is None or not input.is_cuda or input.dim() < 1 or shape[0] != input.shape[-1]
+    if (len(shape) != 1 or not input.is_cuda or input.dim() < 1 or shape[0] != input.shape[-1]
+            or str(input.dtype).removeprefix("torch.") not in DTYPES
             or (weight is not None and tuple(weight.shape) != shape)):
         return F.rms_norm(input, normalized_shape, weight, eps)
+    if eps is None:  # torch's default: the machine epsilon of the dtype it computes in, float32 here
+        eps = _FLOAT32_EPS
     return torch.ops.tuner.rms_norm(input, weight, eps)
+
+
+_FLOAT32_EPS = 2.0 ** -23  # torch.finfo(torch.float32).eps
 
 
 FUNCTIONS = {"rms_norm": rms_norm}
