@@ -4,7 +4,7 @@ device code alone (-cubin), and NVRTC in this process (the pip wheel's libnvrtc,
 JITerator compiles) on the kernels alone; and each way's registers per kernel (ptxas -v), to see
 whether NVRTC's code is the same.
 
-    python tools/nvrtc_probe.py [--variants 4] [--arch sm_90]
+    python tools/nvrtc_probe.py [--variants 4] [--arch sm_90] [--batch 24]
 
 NVRTC compiles device code only: a variant's host part (its launches and C table) would need the
 driver API (cuLaunchKernel) instead, which this probe does not write. Here the rendered source is
@@ -105,6 +105,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", type=int, default=4)
     p.add_argument("--arch", default="sm_90")
+    p.add_argument("--batch", type=int, default=0, metavar="N",
+                   help="then N variants as a search builds them, against NVRTC with a thread per core")
     args = p.parse_args()
     lib = nvrtc_library()
     nvcc = toolkit.nvcc()
@@ -133,6 +135,38 @@ def main() -> None:
     for how, values in times.items():
         print(f"{how:>20}: median {statistics.median(values):.2f} s per variant (min {min(values):.2f}, "
               f"max {max(values):.2f}, {len(values)} variants)")
+    if args.batch:
+        batch(lib, include, args.arch, args.batch)
+
+
+def batch(lib, include: str, arch: str, count: int) -> None:
+    """`count` variants as a search builds them (tuner.build: nvcc units of several variants, one
+    per core, in a fresh folder) against the same variants' kernels by NVRTC in a thread per core."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tuner.families.rms_norm import all_spaces
+
+    spread = [v for space in all_spaces() for v in space]
+    variants = [spread[i * len(spread) // count] for i in range(count)]
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        built = build.build(variants, arch, jobs=cores, root=Path(tmp))
+        nvcc_s = time.perf_counter() - t0
+    assert all(b.ok for b in built), [b.error for b in built if not b.ok][:1]
+
+    def one(variant):
+        source = render.render(variant)
+        kernels = re.sub(r'#include (<initializer_list>|<cuda_runtime.h>|"rms_norm_abi.h")\n', "",
+                         source[:HOST_START.search(source).start()])
+        return nvrtc_compile(lib, kernels + "}  // namespace\n", arch, include)[0]
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(cores) as pool:
+        list(pool.map(one, variants))
+    nvrtc_s = time.perf_counter() - t0
+    print(f"{count} variants on {cores} cores: tuner.build (nvcc units) {nvcc_s:.1f} s, {nvcc_s / count:.2f} s a "
+          f"variant; NVRTC, a thread per core, kernels only {nvrtc_s:.1f} s, {nvrtc_s / count:.2f} s a variant")
 
 
 if __name__ == "__main__":
