@@ -92,7 +92,7 @@ def test_a_problem_whose_op_was_slower_than_torch_when_checked_goes_to_torch(tmp
     big = giou.Problem().__dict__
     cells = {"fwd GPU": 0.6, "fwd+bwd GPU": 0.7, "fwd wall": 0.9}
     for wall, served in ((0.95, "variant"), (1.2, "torch"), (None, "torch")):
-        out = export.export(names, tmp_path / "out", checked={serving.key(big): {**cells, "fwd+bwd wall": wall}},
+        out = export.export(names, tmp_path / "out", checked={export.problem_key(big): {**cells, "fwd+bwd wall": wall}},
                             binaries=False)
         entry = next(e for e in export.read(out)["entries"] if e["problem"] == big)
         assert entry["served_by"] == served and entry["checked"]["fwd+bwd wall"] == wall

@@ -23,7 +23,6 @@ from tuner import binaries as _binaries
 from tuner import study as studies
 from tuner.errors import TunerError
 from tuner.records import served_by
-from tuner.serving import key as serving_key
 from tuner.render import header_text, render, templates_dir
 from tuner.variant import Variant
 
@@ -31,6 +30,11 @@ MANIFEST = runtime.MANIFEST
 FORMAT = 2  # 2: binaries beside the sources; format 1 (sources only) still loads
 FORMATS = (1, 2)
 manifest_checksum = runtime.manifest_checksum
+
+
+def problem_key(problem: dict) -> str:
+    """A problem as the export's check (tuner.serving) names it."""
+    return json.dumps(problem, sort_keys=True)
 
 
 def sha256(text: str) -> str:
@@ -105,7 +109,7 @@ def export(study_names: list[str], out: Path, storage: str | None = None, binari
         raise TunerError("no studies to export: run `tuner search` first, or name one with --study")
     winners = [_winner(studies.load(name, storage)) for name in study_names]
     for w in winners:
-        cells = (checked or {}).get(serving_key(w["problem"]))
+        cells = (checked or {}).get(problem_key(w["problem"]))
         if cells is not None:
             w["checked"] = cells
             if any(r is None or r > SLOWER for r in cells.values()):

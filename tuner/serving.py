@@ -22,10 +22,6 @@ from tuner import families
 from tuner.errors import SpaceError
 
 
-def key(problem: dict) -> str:
-    return json.dumps(problem, sort_keys=True)
-
-
 def checkable(manifest: dict) -> str | None:
     """Why the export's problems cannot be checked here (no bench of its family's problems, no GPU
     of its architecture), or None."""
@@ -61,6 +57,8 @@ def check(directory: Path, timeout: float = 900) -> dict[str, dict[str, float | 
 
 def _main(directory: str, out: str) -> None:
     from tuner import bench, export
+
+    key = export.problem_key
 
     manifest = export.read(Path(directory))
     fam = families.part(manifest["family"], "bench")
