@@ -1,5 +1,7 @@
 # Source this on the GPU machine (no network there): installs optuna and its needs
-# from the wheels carried in .whl/, then the project in editable mode.
+# from the wheels carried in .whl/, then the project in editable mode. The GPU tests of
+# PyTorch's OpInfo samples also need expecttest (a test extra): carry its wheel in .whl/ too
+# (`pip download --no-deps -d .whl expecttest` on a machine with network).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site \
   && python3 -m pip install -q --no-deps --no-build-isolation -e . || return 1
