@@ -58,3 +58,19 @@ def postgres_url():
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def rms_norm_op(tmp_path_factory, shared_home):
+    """tuner.load of an RMSNorm export of one variant (bfloat16, the default problem) built for
+    an H100, loaded on this machine: the op's C++ and CPU paths, no GPU needed."""
+    import tuner
+    from tuner import export
+    from tuner.families import rms_norm
+
+    space = rms_norm.space()
+    winners = [{"variant": space.variant(threads_per_row=256, block_size=256, vec=8, unroll=2, rstd="saved",
+                                         grad_weight="partials", bwd_blocks=2, walk="resident"),
+                "problem": rms_norm.Problem().__dict__}]
+    return tuner.load(export.write(tmp_path_factory.mktemp("rms"), winners,
+                                   {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}))

@@ -10,21 +10,13 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner import export, patching, runtime
+from tuner import patching, runtime
 from tuner.errors import TunerError
-from tuner.families import rms_norm
 import tuner.functional as TF
 
-GPU = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
-
-
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory, shared_home):
-    space = rms_norm.space()
-    winners = [{"variant": space.variant(threads_per_row=256, block_size=256, vec=8, unroll=2, rstd="saved",
-                                         grad_weight="partials", bwd_blocks=2, walk="resident"),
-                "problem": rms_norm.Problem().__dict__}]
-    return tuner.load(export.write(tmp_path_factory.mktemp("rms"), winners, GPU))
+def loaded(rms_norm_op):
+    return rms_norm_op
 
 
 class OwnNorm(torch.nn.RMSNorm):

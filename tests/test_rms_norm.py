@@ -55,12 +55,8 @@ def test_every_dtype_pair_compiles(tuner_home):
 
 
 @pytest.fixture(scope="module")
-def op(tmp_path_factory, shared_home):
-    space = rms_norm.space()
-    winners = [{"variant": space.variant(threads_per_row=256, block_size=256, vec=8, unroll=2, rstd="saved",
-                                         grad_weight="partials", bwd_blocks=2, walk="resident"),
-                "problem": rms_norm.Problem().__dict__}]
-    return tuner.load(export.write(tmp_path_factory.mktemp("rms"), winners, GPU))
+def op(rms_norm_op):
+    return rms_norm_op
 
 
 def test_the_op_is_native(op):

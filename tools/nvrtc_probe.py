@@ -74,6 +74,14 @@ def nvrtc_compile(lib, source: str, arch: str, include: str) -> tuple[float, str
     return seconds, log.value.decode(errors="replace")
 
 
+def kernels_of(source: str) -> str:
+    """A rendered RMSNorm variant's device part: cut before its host part, without the host
+    headers, its anonymous namespace closed."""
+    kernels = source[:HOST_START.search(source).start()]
+    kernels = re.sub(r'#include (<initializer_list>|<cuda_runtime.h>|"rms_norm_abi.h")\n', "", kernels)
+    return kernels + "}  // namespace\n"
+
+
 def check(lib, rc: int) -> None:
     if rc != 0:
         lib.nvrtcGetErrorString.restype = ctypes.c_char_p
@@ -124,9 +132,7 @@ def main() -> None:
             device = [f for f in flags if f not in ("-shared", "-Xcompiler", "-fPIC", "-fvisibility=hidden")]
             seconds, nvcc_log = timed([nvcc, *device, "-cubin", "-o", str(cu.with_suffix(".cubin")), str(cu)])
             times["nvcc -cubin"].append(seconds)
-            kernels = source[:HOST_START.search(source).start()]
-            kernels = re.sub(r'#include (<initializer_list>|<cuda_runtime.h>|"rms_norm_abi.h")\n', "", kernels)
-            seconds, nvrtc_log = nvrtc_compile(lib, kernels + "}  // namespace\n", args.arch, include)
+            seconds, nvrtc_log = nvrtc_compile(lib, kernels_of(source), args.arch, include)
             times["NVRTC"].append(seconds)
             a, b = registers(nvcc_log), registers(nvrtc_log)
             same = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))}
@@ -156,10 +162,7 @@ def batch(lib, include: str, arch: str, count: int) -> None:
     assert all(b.ok for b in built), [b.error for b in built if not b.ok][:1]
 
     def one(variant):
-        source = render.render(variant)
-        kernels = re.sub(r'#include (<initializer_list>|<cuda_runtime.h>|"rms_norm_abi.h")\n', "",
-                         source[:HOST_START.search(source).start()])
-        return nvrtc_compile(lib, kernels + "}  // namespace\n", arch, include)[0]
+        return nvrtc_compile(lib, kernels_of(render.render(variant)), arch, include)[0]
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(cores) as pool:

@@ -18,6 +18,7 @@ of this file (so it must import nothing from tuner). What it does:
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import sys
@@ -83,6 +84,15 @@ _loaded: dict[str, Loaded] = {}  # family -> what this copy of the runtime bound
 
 
 # ----------------------------------------------------------------- identity and checks
+
+@functools.cache
+def dtypes(names: tuple[str, ...]) -> frozenset:
+    """The torch dtypes of names such as ("float32", "bfloat16"): what the ops' torch signatures
+    test a call's tensors against, made once."""
+    import torch
+
+    return frozenset(getattr(torch, n) for n in names)
+
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()

@@ -37,12 +37,10 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float =
     import torch
     import torch.nn.functional as F
 
-    def named(t, names):
-        return str(t.dtype).removeprefix("torch.") in names
-
+    weights, indices = runtime.dtypes(WEIGHT_DTYPES), runtime.dtypes(INDEX_DTYPES)
     if (max_norm is not None or scale_grad_by_freq or sparse or not weight.is_cuda or input.is_nested
-            or input.device != weight.device or not named(weight, WEIGHT_DTYPES) or not named(input, INDEX_DTYPES)
-            or (offsets is not None and (not named(offsets, INDEX_DTYPES) or offsets.device != weight.device))
+            or input.device != weight.device or weight.dtype not in weights or input.dtype not in indices
+            or (offsets is not None and (offsets.dtype not in indices or offsets.device != weight.device))
             or (per_sample_weights is not None and (per_sample_weights.dtype != weight.dtype or mode != "sum"
                                                     or per_sample_weights.device != weight.device))):
         return F.embedding_bag(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse,

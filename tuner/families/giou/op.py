@@ -38,8 +38,7 @@ def generalized_box_iou_loss(boxes1, boxes2, reduction: str = "none", eps: float
     if reduction not in REDUCTIONS:  # torchvision's words
         raise ValueError(f"Invalid Value for arg 'reduction': '{reduction} \n Supported reduction modes: "
                          "'none', 'mean', 'sum'")
-    named = str(boxes1.dtype).removeprefix("torch.") in PRED_DTYPES and (
-        str(boxes2.dtype).removeprefix("torch.") in TARGET_DTYPES)
+    named = boxes1.dtype in runtime.dtypes(PRED_DTYPES) and boxes2.dtype in runtime.dtypes(TARGET_DTYPES)
     if not (boxes1.is_cuda and named and boxes1.shape == boxes2.shape and boxes1.dim() in (1, 2)
             and boxes1.shape[-1] == 4 and boxes2.device == boxes1.device and not boxes2.requires_grad):
         def upcast(t):  # torchvision's _upcast_non_float: anything but float32/float64 computes in float32

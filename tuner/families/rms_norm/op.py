@@ -24,7 +24,7 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
 
     shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else ()
     if (len(shape) != 1 or not input.is_cuda or input.dim() < 1 or shape[0] != input.shape[-1]
-            or str(input.dtype).removeprefix("torch.") not in DTYPES
+            or input.dtype not in runtime.dtypes(DTYPES)
             or (weight is not None and tuple(weight.shape) != shape)):
         return F.rms_norm(input, normalized_shape, weight, eps)
     if eps is None:  # torch's default: the machine epsilon of the dtype it computes in, float32 here
@@ -53,7 +53,7 @@ def _check_shapes(x, weight) -> None:
 
 def _outside_variants(x, weight) -> bool:
     """No weight, or a dtype no variant takes: torch's op serves the call (as in C++)."""
-    return weight is None or any(str(t.dtype).removeprefix("torch.") not in DTYPES for t in (x, weight))
+    return weight is None or not {x.dtype, weight.dtype} <= runtime.dtypes(DTYPES)
 
 
 def _check(x, weight) -> None:
