@@ -149,11 +149,13 @@ def test_whole_finalists_are_checked_one_job_each_before_they_are_timed(fakes):
 def test_a_search_builds_only_what_its_problem_runs(fakes, monkeypatch):
     from tuner import binding, build
 
-    asked = []
-    monkeypatch.setattr(binding, "library", lambda family: None)
+    asked, started = [], []
+    monkeypatch.setattr(binding, "library", lambda family: pytest.fail("a search waited for the binding"))
+    monkeypatch.setattr(binding, "build_in_background", started.append)
     monkeypatch.setattr(build, "build", lambda variants, arch, jobs=None, focus=None: asked.append(focus) or [])
     ev = evaluate.LiveEvaluator("H100", giou.Problem(reduction="sum"), "fwd+bwd")
     ev.prepare([])
-    ev.prepare([])  # the binding checked once, the focus every time
+    ev.prepare([])  # the binding's build started once, in the background; the focus every time
     ev.prepare([], whole=True)  # finalists, as the export builds them
     assert asked == [{"only": "sum"}, {"only": "sum"}, None]
+    assert started == ["giou"]

@@ -1,12 +1,23 @@
 """A family's torch binding: its C++ sources (`BINDING` in templates/<family>/), built once per
 torch/CUDA version with cpp_extension (in the per-user build cache) and loaded as a library of
-torch ops. An export carries a copy of the built library (tuner/binaries.py)."""
+torch ops. An export carries a copy of the built library (tuner/binaries.py).
+
+A search does not need it (its variants are called directly: tuner/kernel.py): it starts the
+build in a process of its own (`build_in_background`), which goes on after the search ends, so
+that the export that follows finds it built or waits for the rest. Builders take a lock that
+ends with their process: a killed build never leaves the next one waiting.
+
+    python -m tuner.binding FAMILY    builds FAMILY's binding (what the background build runs)
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from tuner import families, paths, runtime, toolkit
@@ -83,6 +94,41 @@ def library(family: str, verbose: bool = False):
     if found is not None:  # built before: no torch, no ninja, no cpp_extension (milliseconds)
         return found
     path = _library_path(family)
+    with _building(path.parent):  # another process's build of it: waited for
+        if not path.exists():
+            _build(family, path, verbose)
+    return path
+
+
+@contextlib.contextmanager
+def _building(build_dir: Path):
+    """Hold the build folder's lock (fcntl: released when its holder ends, however it ends).
+    cpp_extension's own lock file outlives a killed build and would keep every later one
+    waiting; with this lock held no build is under way, so one found is stale and removed."""
+    import fcntl
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "tuner.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        yield
+
+
+def build_in_background(family: str) -> subprocess.Popen | None:
+    """Start building a family's binding in a process of its own, at low priority, that outlives
+    this one (its log: build.log beside the library); None where it is built or the family has none."""
+    if not families.get(family).BINDING or built(family) is not None:
+        return None
+    path = _library_path(family)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / "build.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "tuner.binding", family], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: os.nice(10))
+
+
+def _build(family: str, path: Path, verbose: bool) -> None:
+    fam = families.get(family)
     build_dir, name = path.parent, path.stem
 
     import torch
@@ -95,7 +141,6 @@ def library(family: str, verbose: bool = False):
     from torch.utils import cpp_extension
 
     cpp_extension.CUDA_HOME = str(toolkit.cuda_home())  # in case it was imported before we set it
-    build_dir.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(
         name=name,
         sources=[str(templates_dir(family) / f) for f in fam.BINDING],
@@ -106,4 +151,7 @@ def library(family: str, verbose: bool = False):
         is_python_module=False,
         verbose=verbose,
     )
-    return path
+
+
+if __name__ == "__main__":
+    library(sys.argv[1], verbose=True)

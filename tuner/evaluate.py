@@ -82,7 +82,7 @@ class LiveEvaluator(Evaluator):
         self.objective = objective
         self.jobs = jobs or os.cpu_count() or 1
         self.batch_size = max(2 * self.jobs, 8)
-        self._binding = False  # built before the first variant: a re-run needs none
+        self._binding = False  # the family's binding, started building with the first variants (for the export)
         self._info: dict | None = None
         self.gpu_name: str | None = None  # nvidia-smi's name for it: known before the workers start
         self._driver: str | None = None
@@ -119,7 +119,7 @@ class LiveEvaluator(Evaluator):
         from tuner.worker import warm_job
 
         if problem.family != self.problem.family:
-            self._binding = False  # another family's binding, built before its first variant
+            self._binding = False  # another family's binding, started with its first variants
         self.problem = problem
         for w in self.workers:
             w.warm = warm_job(problem, self.objective)
@@ -158,20 +158,12 @@ class LiveEvaluator(Evaluator):
         return sum(w.killed for w in self.workers)
 
     def prepare(self, variants, whole=False):
-        if self._binding:
-            return {b.variant.name: _build_result(b) for b in self._build(variants, whole)}
-        import concurrent.futures
+        if not self._binding:  # the export's, built beside the search (nothing here waits for it)
+            self._binding = True
+            from tuner import binding
 
-        from tuner import binding
-
-        # Built here once (the first time: a minute), not in each worker's start; checked beside
-        # the first compiles. The workers load it.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            loaded = pool.submit(binding.library, self.problem.family)
-            built = self._build(variants, whole)
-            loaded.result()
-        self._binding = True
-        return {b.variant.name: _build_result(b) for b in built}
+            binding.build_in_background(self.problem.family)
+        return {b.variant.name: _build_result(b) for b in self._build(variants, whole)}
 
     def _build(self, variants, whole: bool) -> list[build.Build]:
         # Only the kernel instances the problem runs (its reduction, its mode): what is verified

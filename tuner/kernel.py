@@ -1,27 +1,64 @@
-"""A built variant loaded into this process: its C table found in the library (ctypes) and
-checked (the family's C ABI, the variant's name), and the family's torch binding loaded, which
-calls the variant by its table's address. Each family's kernel class names its table's fields
-after `abi` and `name`; those that are not function pointers become attributes."""
+"""A built variant loaded into this process and called directly: its C table found in the
+library (ctypes) and checked (the family's C ABI, the variant's name), its functions called
+with an argument struct of the tensors' pointers on torch's current stream.
+
+No torch binding is involved: a search checks and times variants as soon as the first one is
+compiled, while the family's binding (a minute of C++ the first time) builds in the background
+for the export (tuner/binding.py). Each family's kernel class names its table's fields after
+`abi` and `name` (`fields`, as ctypes types, `Fn(...)` for a function: `<name>_fn`) and mirrors its C
+argument structs (`tests/test_abi_mirror.py` checks the mirrors against the headers)."""
 
 from __future__ import annotations
 
 import ctypes
 from pathlib import Path
 
-from tuner import binding, families, runtime
-from tuner.errors import BuildError
+from tuner import families, runtime
+from tuner.errors import BuildError, KernelInputError
 
-CHECK = {False: 0, "deferred": 0, True: 1, "sync": 1, "async": 2}  # how a call reports bad input
+CHECK = {False: "deferred", "deferred": "deferred", True: "sync", "sync": "sync"}  # how a call reports bad input
+
+
+class Fn:
+    """A function field of a C table: its C result and argument types."""
+
+    def __init__(self, result, *args):
+        self.type = ctypes.CFUNCTYPE(result, *args)
+
+
+def launcher(result=ctypes.c_int):
+    """The type of a variant's `int (*)(const Args*, cudaStream_t)`."""
+    return Fn(result, ctypes.c_void_p, ctypes.c_void_p)
+
+
+def stream(device: int | None = None) -> int:
+    """torch's current CUDA stream (as the raw handle a variant launches on)."""
+    import torch
+
+    index = torch.cuda.current_device() if device is None else device
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def launched(rc: int, name: str, what: str) -> None:
+    """A variant's launch result: 0, or the CUDA error it returned, raised with its text."""
+    if rc:
+        import torch
+
+        text = torch.cuda.cudart().cudaGetErrorString(rc) if hasattr(torch.cuda, "cudart") else f"error {rc}"
+        raise RuntimeError(f"variant {name} {what} failed to launch: {text}")
 
 
 class Kernel:
     family: str = ""
-    fields: list[tuple[str, type]] = []  # the table's fields after (abi, name), as ctypes types
+    fields: list[tuple[str, object]] = []  # the table's fields after (abi, name): ctypes types or Fn
+    error_text: dict[int, str] = {}  # what each error bit of the family's validation means
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls._table = type(f"{cls.__name__}Table", (ctypes.Structure,),
-                          {"_fields_": [("abi", ctypes.c_int), ("name", ctypes.c_char_p), *cls.fields]})
+                          {"_fields_": [("abi", ctypes.c_int), ("name", ctypes.c_char_p),
+                                        *[(n, ctypes.c_void_p if isinstance(k, Fn) else k) for n, k in cls.fields]]})
 
     def __init__(self, so: Path, expected_name: str | None = None, entry: str | None = None):
         fam = families.get(self.family)
@@ -35,12 +72,40 @@ class Kernel:
         table = self._table.from_address(self.address)
         self.name = table.name.decode()
         for name, kind in self.fields:
-            if kind is ctypes.c_void_p:  # the variant's functions: the binding calls them, by the table
-                continue
             value = getattr(table, name)
-            setattr(self, name, value.decode() if isinstance(value, bytes) else value)
-        self.ops = binding.load(self.family)
+            if isinstance(kind, Fn):  # callable as <name>_fn (a kernel's own methods keep the plain names)
+                setattr(self, f"{name}_fn", kind.type(value))
+            else:
+                setattr(self, name, value.decode() if isinstance(value, bytes) else value)
+        self._words = None  # the workspace: a zeroed int32 tensor whose `error_word` validation sets
+        self.error_word = 0
+
+    def workspace(self, words: int, device):
+        """At least `words` zeroed words on `device`, kept between calls (the variants leave them zeroed,
+        all but the error word, which stays set until `take_errors`)."""
+        import torch
+
+        words = max(int(words), self.error_word + 1, 64)
+        ws = self._words
+        if ws is None or ws.numel() < words or ws.device != torch.device(device):
+            fresh = torch.zeros(words, dtype=torch.int32, device=device)
+            if ws is not None and ws.device == fresh.device:
+                fresh[self.error_word] = ws[self.error_word]  # no error lost to a larger workspace
+            self._words = ws = fresh
+        return ws
 
     def take_errors(self) -> int:
         """Error bits the variant's validation flagged since the last call (syncs)."""
-        return int(self.ops.take_errors())
+        if self._words is None:
+            return 0
+        word = self._words[self.error_word]
+        bits = int(word.item()) & 0xFFFFFFFF
+        word.zero_()
+        return bits
+
+    def raise_errors(self) -> None:
+        """KernelInputError for what validation flagged (the check "sync" of a call)."""
+        bits = self.take_errors()
+        if bits:
+            text = "; ".join(t for bit, t in sorted(self.error_text.items()) if bits & bit) or f"error bits {bits}"
+            raise KernelInputError(f"{families.part(self.family, 'op').OP.op}: invalid input: {text}")

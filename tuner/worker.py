@@ -120,11 +120,6 @@ class _Child:
     def warm(self, job: dict) -> dict:
         """What the first variant's check and timing would make first (the family's state, its
         input sets and answers, the timing inputs), made while the first variants compile."""
-        from tuner import binding, families
-
-        if families.get(job["family"]).BINDING and binding.built(job["family"]) is None:
-            # the search builds it (a minute, the first time) before its first job: never beside it
-            return {"status": "ok", "skipped": "the binding is not built yet"}
         family = self.family(job["family"])
         if hasattr(family, "warm"):
             family.warm(job["problem"])

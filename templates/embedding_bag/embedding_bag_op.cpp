@@ -1,6 +1,5 @@
 // The torch side of the EmbeddingBag family, compiled once per torch/CUDA version: the
-// search's calls of any variant by its table's address (tuner_embedding_bag::forward /
-// backward), and the user's op, tuner::embedding_bag, on the call path of a native op:
+// user's op, tuner::embedding_bag, on the call path of a native op:
 // schema, checks, CUDA and Autograd kernels in C++. The winners bound at tuner.load, the
 // nearest-problem choice, workspaces, validate modes and control ops come from
 // templates/common/tuner_op.h; CPU and fake implementations are registered from Python
@@ -192,23 +191,6 @@ void run_backward(const TunerEmbeddingBagVtable* vt, const at::Tensor& grad, con
   const int rc = vt->backward(&a, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(rc == 0, "embedding_bag: variant ", vt->name, " backward failed to launch: ",
               cudaGetErrorString(static_cast<cudaError_t>(rc)));
-}
-
-// The search's calls: one variant by its table's address, outputs given by the caller.
-void forward_by_address(int64_t variant, const at::Tensor& weight, const at::Tensor& indices,
-                        const at::Tensor& offsets, int64_t mode, const std::optional<at::Tensor>& psw,
-                        int64_t padding_idx, const at::Tensor& out, const at::Tensor& max_indices,
-                        const at::Tensor& bag_count, int64_t check) {
-  run_forward(op.table(variant), weight, indices, with_end(offsets), mode, psw, padding_idx, out, max_indices, bag_count,
-              check);
-}
-
-void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tensor& weight,
-                         const at::Tensor& indices, const at::Tensor& offsets, int64_t mode,
-                         const std::optional<at::Tensor>& psw, int64_t padding_idx, const at::Tensor& max_indices,
-                         const at::Tensor& bag_count, const at::Tensor& grad_weight, const at::Tensor& grad_psw) {
-  run_backward(op.table(variant), grad, weight, indices, with_end(offsets), mode, psw, padding_idx, max_indices,
-               bag_count, grad_weight, grad_psw);
 }
 
 // ------------------------------------------------------------------ the op's winners
@@ -562,16 +544,3 @@ TORCH_LIBRARY_IMPL(tuner, Autograd, m) {
 }
 
 TUNER_OP_CONTROL(tuner_embedding_bag, tuner_embedding_bag::op)
-
-TORCH_LIBRARY_FRAGMENT(tuner_embedding_bag, m) {
-  m.def("forward(int variant, Tensor weight, Tensor indices, Tensor offsets, int mode, Tensor? per_sample_weights, "
-        "int padding_idx, Tensor(a!) out, Tensor(b!) max_indices, Tensor(c!) bag_count, int check) -> ()");
-  m.def("backward(int variant, Tensor grad, Tensor weight, Tensor indices, Tensor offsets, int mode, "
-        "Tensor? per_sample_weights, int padding_idx, Tensor max_indices, Tensor bag_count, "
-        "Tensor(a!) grad_weight, Tensor(b!) grad_per_sample_weights) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(tuner_embedding_bag, CUDA, m) {
-  m.impl("forward", &tuner_embedding_bag::forward_by_address);
-  m.impl("backward", &tuner_embedding_bag::backward_by_address);
-}

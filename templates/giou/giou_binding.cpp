@@ -2,8 +2,8 @@
 // reused: it checks tensors and calls a variant through the C table the variant exports
 // (giou_abi.h), with the per-stream workspace and validate modes of tuner_op.h. Variants themselves
 // are CUDA-headers-only translation units, which keeps their builds at ~2 s.
-// The search calls variants by address through tuner_giou::forward / backward; the
-// user's op (giou_op.cpp) calls the winners bound at load through the same code.
+// The user's op (giou_op.cpp) calls the winners bound at load through this code; the
+// search calls variants directly (tuner/families/giou/kernel.py).
 #include "giou_binding.h"
 
 #include <c10/cuda/CUDAException.h>
@@ -150,34 +150,4 @@ void run_backward(const TunerGiouVtable* vt, const at::Tensor& grad_out, const a
               cudaGetErrorString(static_cast<cudaError_t>(rc)));
 }
 
-namespace {
-
-// The search's calls: one variant by its table's address, outputs given by the caller.
-void forward_by_address(int64_t variant, const at::Tensor& pred, const at::Tensor& target,
-                        const std::optional<at::Tensor>& num_boxes, int64_t reduction, double eps,
-                        const at::Tensor& out, const at::Tensor& count, const at::Tensor& saved_grad, int64_t check) {
-  run_forward(op.table(variant), pred, target, num_boxes, reduction, eps, out, count,
-              saved_grad.numel() > 0 ? &saved_grad : nullptr, check);
-}
-
-void backward_by_address(int64_t variant, const at::Tensor& grad_out, const at::Tensor& pred,
-                         const at::Tensor& target, const std::optional<at::Tensor>& num_boxes,
-                         const at::Tensor& count, const at::Tensor& saved_grad, int64_t reduction, double eps,
-                         const at::Tensor& grad_pred) {
-  run_backward(op.table(variant), grad_out, pred, target, num_boxes, count, saved_grad, reduction, eps, grad_pred);
-}
-
-}  // namespace
 }  // namespace tuner_giou
-
-TORCH_LIBRARY_FRAGMENT(tuner_giou, m) {
-  m.def("forward(int variant, Tensor pred, Tensor target, Tensor? num_boxes, int reduction, float eps, "
-        "Tensor(a!) out, Tensor(b!) count, Tensor(c!) saved_grad, int check) -> ()");
-  m.def("backward(int variant, Tensor grad_out, Tensor pred, Tensor target, Tensor? num_boxes, Tensor count, "
-        "Tensor saved_grad, int reduction, float eps, Tensor(a!) grad_pred) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(tuner_giou, CUDA, m) {
-  m.impl("forward", &tuner_giou::forward_by_address);
-  m.impl("backward", &tuner_giou::backward_by_address);
-}

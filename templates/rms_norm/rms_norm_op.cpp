@@ -1,5 +1,4 @@
-// tuner::rms_norm, the user's op (schema, checks, autograd), and the search's calls of any
-// variant by its table's address; the winners' table, validate modes and control ops come
+// tuner::rms_norm, the user's op (schema, checks, autograd); the winners' table, validate modes and control ops come
 // from templates/common/tuner_op.h. Its baseline is torch's at::rms_norm (F.rms_norm), which
 // serves every call that no variant was tuned to beat.
 #include "rms_norm_abi.h"
@@ -213,18 +212,6 @@ at::Tensor rms_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor
   return RmsNorm::apply(x, *weight, eps);
 }
 
-// The search's calls: one variant by its table's address, outputs given by the caller.
-void forward_by_address(int64_t variant, const at::Tensor& x, const at::Tensor& weight, double eps,
-                        const at::Tensor& y, const at::Tensor& rstd) {
-  run_forward(op.table(variant), x, weight, eps, y, rstd);
-}
-
-void backward_by_address(int64_t variant, const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
-                         const at::Tensor& rstd, double eps, const at::Tensor& grad_x, const at::Tensor& grad_weight,
-                         const at::Tensor& scratch) {
-  run_backward(op.table(variant), grad, x, weight, rstd, eps, grad_x, grad_weight, scratch);
-}
-
 // Who serves a CUDA call of these sizes and dtypes in the live table: a variant's name, or
 // "torch" (what tests and `tuner show`-like tools ask; no tensor needed).
 std::string served(int64_t rows, int64_t width, at::ScalarType x, at::ScalarType weight) {
@@ -233,10 +220,6 @@ std::string served(int64_t rows, int64_t width, at::ScalarType x, at::ScalarType
   const auto& w = op.choose(*t, xi < 0 || wi < 0 ? -1 : xi * 3 + wi, {rows, width}, 0,
                             [&] { return "x " + dtype_name(x) + " and weight " + dtype_name(weight); });
   return w.baseline() ? "torch" : w.vt->name;
-}
-
-int64_t scratch_floats(int64_t variant, int64_t rows, int64_t width) {
-  return op.table(variant)->scratch_floats(rows, width);
 }
 
 }  // namespace
@@ -260,14 +243,5 @@ TORCH_LIBRARY_IMPL(tuner, Autograd, m) { m.impl("rms_norm", &tuner_rms_norm::rms
 TUNER_OP_CONTROL(tuner_rms_norm, tuner_rms_norm::op)
 
 TORCH_LIBRARY_FRAGMENT(tuner_rms_norm, m) {
-  m.def("forward(int variant, Tensor x, Tensor weight, float eps, Tensor(a!) y, Tensor(b!) rstd) -> ()");
-  m.def("backward(int variant, Tensor grad, Tensor x, Tensor weight, Tensor rstd, float eps, Tensor(a!) grad_x, "
-        "Tensor(b!) grad_weight, Tensor(c!) scratch) -> ()");
-  m.def("scratch_floats(int variant, int rows, int width) -> int", &tuner_rms_norm::scratch_floats);
   m.def("served(int rows, int width, ScalarType x, ScalarType weight) -> str", &tuner_rms_norm::served);
-}
-
-TORCH_LIBRARY_IMPL(tuner_rms_norm, CUDA, m) {
-  m.impl("forward", &tuner_rms_norm::forward_by_address);
-  m.impl("backward", &tuner_rms_norm::backward_by_address);
 }

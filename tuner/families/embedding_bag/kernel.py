@@ -1,14 +1,41 @@
-"""A built EmbeddingBag variant loaded into this process, called through the family's torch
-binding by its C table's address (templates/embedding_bag/embedding_bag_op.cpp)."""
+"""A built EmbeddingBag variant, called directly through its C table
+(templates/embedding_bag/embedding_bag_abi.h) as the family's op calls it: the same scratch, split
+and sorting (templates/embedding_bag/embedding_bag_op.cpp's run_forward and run_backward)."""
 
 from __future__ import annotations
 
 import ctypes
 
-from tuner.errors import KernelInputError
 from tuner.families.embedding_bag.op import MODE_CODES
 from tuner.kernel import CHECK as _CHECK
-from tuner.kernel import Kernel
+from tuner.kernel import Kernel, launched, launcher, stream
+
+_P, _L, _I = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
+_SHAPE = [("rows", _L), ("dim", _L), ("bags", _L), ("n", _L), ("bag_length", _L), ("offsets_end", _I), ("mode", _I),
+          ("padding_idx", _L)]
+
+
+class Args(ctypes.Structure):  # TunerEmbeddingBagArgs
+    _fields_ = [("weight", _P), ("indices", _P), ("offsets", _P), ("per_sample_weights", _P), ("out", _P),
+                ("max_indices", _P), ("bag_count", _P), *_SHAPE[:6], ("mode", _I), ("padding_idx", _L),
+                ("error_word", _P), ("error_flags", _P), ("splits", _L), ("partials", _P), ("partial_args", _P),
+                ("partial_counts", _P), ("arrivals", _P)]
+
+
+class BackwardArgs(ctypes.Structure):  # TunerEmbeddingBagBackwardArgs
+    _fields_ = [("grad_out", _P), ("weight", _P), ("indices", _P), ("offsets", _P), ("per_sample_weights", _P),
+                ("max_indices", _P), ("bag_count", _P), ("sorted_rows", _P), ("order", _P), ("bag_of", _P),
+                ("partials", _P), ("grad_weight", _P), ("grad_per_sample_weights", _P), *_SHAPE]
+
+
+DTYPES = {"Float": "float32", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64", "Int": "int32"}
+MAX_SPLITS = 4096
+
+
+def splits(chunk: int, bags: int, n: int) -> int:
+    """Groups per bag for a variant that cuts bags into chunks of `chunk` entries (as the op does)."""
+    longest = 2 * n // bags + 1
+    return max(1, min(-(-longest // chunk), MAX_SPLITS))
 
 
 def flat(indices, offsets=None, include_last_offset: bool = False):
@@ -32,8 +59,21 @@ class EmbeddingBagKernel(Kernel):
     family = "embedding_bag"
     fields = [("weight_dtype", ctypes.c_char_p), ("index_dtype", ctypes.c_char_p), ("vec", ctypes.c_int),
               ("validates", ctypes.c_int), ("sorted", ctypes.c_int), ("piece", ctypes.c_int),
-              ("split", ctypes.c_int),
-              ("forward", ctypes.c_void_p), ("backward", ctypes.c_void_p)]
+              ("split", ctypes.c_int), ("forward", launcher()), ("backward", launcher())]
+    error_text = {1: "an index is outside [0, num_embeddings)",
+                  2: "offsets decrease or fall outside [0, len(indices)]"}
+
+    def _check(self, weight, indices, offsets) -> None:
+        """What the variant takes: its dtypes, a contiguous 2-D weight aligned for its loads, one GPU."""
+        want = (DTYPES[self.weight_dtype], DTYPES[self.index_dtype], DTYPES[self.index_dtype])
+        got = tuple(str(t.dtype).removeprefix("torch.") for t in (weight, indices, offsets))
+        if got != want or weight.dim() != 2 or not weight.is_cuda or len({weight.device, indices.device,
+                                                                           offsets.device}) != 1:
+            raise ValueError(f"embedding_bag: variant {self.name} takes weight, indices and offsets of {want} on one "
+                             f"GPU; got {got}")
+        if weight.data_ptr() % (self.vec * weight.element_size()):
+            raise ValueError(f"embedding_bag: weight must be aligned to {self.vec * weight.element_size()} bytes "
+                             f"for variant {self.name}")
 
     def forward(self, weight, indices, offsets=None, mode: str = "mean", per_sample_weights=None,
                 include_last_offset: bool = False, padding_idx: int | None = None, *, out=None,
@@ -63,14 +103,35 @@ class EmbeddingBagKernel(Kernel):
                      max_indices=torch.empty((bags if mode == "max" else 0, dim), dtype=torch.int64,
                                              device=weight.device),
                      bag_count=torch.empty(bags if mode == "mean" else 0, dtype=torch.float32, device=weight.device))
-        forward, address, level = self.ops.forward, self.address, _CHECK[check]
+        self._check(weight, indices, offsets)
+        n = indices.numel()
+        args = Args(weight.data_ptr(), indices.data_ptr(), offsets.data_ptr(), None if psw is None else psw.data_ptr(),
+                    out.data_ptr(), saved["max_indices"].data_ptr() if code == 2 and saved["max_indices"].numel() else None,
+                    saved["bag_count"].data_ptr() if saved["bag_count"].numel() else None,
+                    weight.shape[0], dim, bags, n, -1, 1, code, saved["padding_idx"])
+        args.splits = splits(self.split, bags, n) if self.split > 0 and bags > 0 else 1
+        scratch = None
+        if args.splits > 1:
+            # One allocation for the chunks' partials: sums (float), then counts and, for max, rows (int64).
+            slots = bags * args.splits
+            sums = (slots * dim * 4 + 15) // 16 * 16
+            scratch = torch.empty(sums + slots * 8 + (slots * dim * 8 if code == 2 else 0), dtype=torch.uint8,
+                                  device=weight.device)
+            base = scratch.data_ptr()
+            args.partials, args.partial_counts = base, base + sums
+            args.partial_args = base + sums + slots * 8 if code == 2 else None
+        ws = self.workspace(1 + bags if args.splits > 1 else 1, weight.device)
+        args.error_word = ws.data_ptr()
+        args.arrivals = ws.data_ptr() + 4 if args.splits > 1 else None
+        forward, pointer, device, name = self.forward_fn, ctypes.addressof(args), weight.device.index, self.name
+        sync = self.validates and _CHECK[check] == "sync"
+        keep = (args, scratch, ws, saved)
 
         def call():
-            try:
-                forward(address, weight, indices, offsets, code, psw, saved["padding_idx"], out,
-                        saved["max_indices"], saved["bag_count"], level)
-            except ValueError as exc:
-                raise KernelInputError(str(exc).split("\n")[0]) from exc
+            launched(forward(pointer, stream(device)), name, "forward")
+            if sync:
+                self.raise_errors()
+            return keep
 
         return call, saved
 
@@ -84,11 +145,32 @@ class EmbeddingBagKernel(Kernel):
         grad_weight = torch.zeros_like(w)
         grad_psw = torch.empty(saved["indices"].numel() if psw_grad and saved["psw"] is not None else 0,
                                dtype=w.dtype, device=w.device)
-        backward, address = self.ops.backward, self.address
+        indices, n, dim = saved["indices"], saved["indices"].numel(), w.shape[1]
+        if grad.data_ptr() % (self.vec * grad.element_size()):
+            grad = grad.clone()
+        code, bags = saved["mode"], saved["offsets"].numel() - 1
+        psw = saved["psw"]
+        args = BackwardArgs(grad.data_ptr(), w.data_ptr(), indices.data_ptr(), saved["offsets"].data_ptr(),
+                            None if psw is None else psw.data_ptr(),
+                            saved["max_indices"].data_ptr() if code == 2 else None,
+                            saved["bag_count"].data_ptr() if code == 1 else None, None, None, None, None,
+                            grad_weight.data_ptr(), grad_psw.data_ptr() if grad_psw.numel() else None,
+                            w.shape[0], dim, bags, n, -1, 1, code, saved["padding_idx"])
+        backward, pointer, device, name = self.backward_fn, ctypes.addressof(args), w.device.index, self.name
+        sort = bool(self.sorted and n > 0)
+        pieces = -(-n // max(self.piece, 1))
 
         def call():
-            backward(address, grad, w, saved["indices"], saved["offsets"], saved["mode"], saved["psw"],
-                     saved["padding_idx"], saved["max_indices"], saved["bag_count"], grad_weight, grad_psw)
+            scratch = None
+            if sort:  # as the op does on every call: the entries sorted by row, and the scratch
+                rows, order = torch.sort(indices.view(-1).to(torch.int64), stable=True)
+                bag_of = torch.full((n,), -1, dtype=torch.int64, device=w.device)  # before the first offset: no bag
+                partials = torch.empty(pieces, dim, dtype=torch.float32, device=w.device)
+                args.sorted_rows, args.order, args.bag_of, args.partials = (
+                    rows.data_ptr(), order.data_ptr(), bag_of.data_ptr(), partials.data_ptr())
+                scratch = (rows, order, bag_of, partials)
+            launched(backward(pointer, stream(device)), name, "backward")
+            return scratch, grad, grad_weight, grad_psw, saved
 
         return call, grad_weight, grad_psw if grad_psw.numel() else None
 

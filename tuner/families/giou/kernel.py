@@ -1,13 +1,27 @@
-"""A built GIoU variant loaded into this process, callable on CUDA tensors."""
+"""A built GIoU variant, called directly through its C table (templates/giou/giou_abi.h)."""
 
 from __future__ import annotations
 
 import ctypes
 
-from tuner.errors import KernelInputError
 from tuner.families.giou import DEFAULT_EPS, REDUCTIONS
 from tuner.kernel import CHECK as _CHECK
-from tuner.kernel import Kernel
+from tuner.kernel import Fn, Kernel, launched, launcher, stream
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+_COMMON = [("pred", _P), ("target", _P), ("num_boxes", _P), ("B", _I), ("S", _I), ("reduction", _I), ("eps", _F)]
+
+
+class Args(ctypes.Structure):  # TunerGiouArgs
+    _fields_ = [*_COMMON, ("out", _P), ("count_out", _P), ("saved_grad", _P), ("workspace", _P), ("error_flags", _P)]
+
+
+class BackwardArgs(ctypes.Structure):  # TunerGiouBackwardArgs
+    _fields_ = [*_COMMON, ("grad_out", _P), ("count", _P), ("saved_grad", _P), ("grad_pred", _P)]
+
+
+WS_ERROR = 1  # TUNER_GIOU_WS_ERROR
+DTYPES = {"Float": "float32", "Half": "float16", "BFloat16": "bfloat16", "Byte": "uint8"}
 
 
 class GiouKernel(Kernel):
@@ -15,22 +29,45 @@ class GiouKernel(Kernel):
 
     Bad input (validation's error bits) is reported by `check`:
       "sync" (or True)  read the error word after the launch (a 4-byte copy, so a sync) and raise;
-      "async"           copy it to pinned memory without waiting; a later call raises it
-                        once the copy has landed (no sync, nothing lost; off under graph capture);
-      "deferred" (or False)  leave it in the workspace until `take_errors()`.
+      "deferred" (or False)  leave it in the workspace until `take_errors()` (the search's way).
+    (The exported op adds "async", which needs no sync: runtime.bind's `validate`.)
     """
 
     family = "giou"
     fields = [("pred_dtype", ctypes.c_char_p), ("target_dtype", ctypes.c_char_p), ("alignment", ctypes.c_int),
-              ("saves_grad", ctypes.c_int), ("validates", ctypes.c_int), ("forward", ctypes.c_void_p),
-              ("backward", ctypes.c_void_p), ("workspace_words", ctypes.c_void_p)]
+              ("saves_grad", ctypes.c_int), ("validates", ctypes.c_int), ("forward", launcher()),
+              ("backward", launcher()), ("workspace_words", Fn(ctypes.c_longlong, _I, _I))]
+    error_text = {1: "num_boxes has a value outside [0, S]", 2: "a valid target box has a non-finite coordinate"}
 
-    def _ready(self, t):
-        """Contiguous and aligned for this variant's loads (a copy only when needed)."""
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.error_word = WS_ERROR
+
+    def _ready(self, t, dtype: str, what: str):
+        """Contiguous [B, S, 4] of the variant's dtype, aligned for its loads (a copy only when needed)."""
+        got = str(t.dtype).removeprefix("torch.")
+        if got != DTYPES[dtype] or t.dim() != 3 or t.shape[2] != 4 or not t.is_cuda:
+            raise ValueError(f"giou_loss: variant {self.name} takes {what} [B, S, 4] {DTYPES[dtype]} on a GPU, "
+                             f"got {tuple(t.shape)} {got} on {t.device}")
         t = t.contiguous()
         if t.data_ptr() % self.alignment:
             t = t.clone()
         return t
+
+    def _common(self, cls, pred, target, num_boxes, reduction: str, eps: float):
+        """(args with the fields both calls share, pred, target, num_boxes) as the variant takes them."""
+        import torch
+
+        pred, target = self._ready(pred, self.pred_dtype, "pred"), self._ready(target, self.target_dtype, "target")
+        if target.shape != pred.shape:
+            raise ValueError(f"giou_loss: pred {tuple(pred.shape)} and target {tuple(target.shape)} must have the same shape")
+        if num_boxes is not None:
+            num_boxes = num_boxes.to(device=pred.device, dtype=torch.int64).contiguous()
+            if num_boxes.shape != (pred.shape[0],):
+                raise ValueError(f"giou_loss: num_boxes must have shape [B] = [{pred.shape[0]}]")
+        args = cls(pred.data_ptr(), target.data_ptr(), None if num_boxes is None else num_boxes.data_ptr(),
+                   pred.shape[0], pred.shape[1], _reduction_code(reduction), eps)
+        return args, pred, target, num_boxes
 
     def forward(self, pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS, *,
                 need_grad: bool = False, check: bool | str = True, out=None, count=None, saved_grad=None):
@@ -38,10 +75,8 @@ class GiouKernel(Kernel):
         import torch
 
         code = _reduction_code(reduction)
-        pred, target = self._ready(pred), self._ready(target)
-        if num_boxes is not None:
-            num_boxes = num_boxes.to(torch.int64).contiguous()
-        B, S = pred.shape[0], pred.shape[1] if pred.dim() >= 2 else 0
+        args, pred, target, num_boxes = self._common(Args, pred, target, num_boxes, reduction, eps)
+        B, S = pred.shape[0], pred.shape[1]
         f32 = dict(device=pred.device, dtype=torch.float32)
         if out is None:
             out = torch.empty((B, S) if code == 0 else (), **f32)
@@ -49,27 +84,32 @@ class GiouKernel(Kernel):
             count = torch.empty((), **f32)
         if saved_grad is None:
             saved_grad = torch.empty(pred.shape if need_grad and self.saves_grad else (0,), **f32)
-        try:
-            self.ops.forward(self.address, pred, target, num_boxes, code, eps, out, count, saved_grad,
-                             _CHECK[check])
-        except ValueError as exc:
-            raise KernelInputError(str(exc).split("\n")[0]) from exc
+        if B * S == 0:  # nothing to launch: an empty mean or sum is 0
+            out.zero_()
+            count.zero_()
+            return out, count, saved_grad
+        ws = self.workspace(self.workspace_words_fn(B, S), pred.device)
+        args.out, args.count_out, args.workspace = out.data_ptr(), count.data_ptr(), ws.data_ptr()
+        args.saved_grad = saved_grad.data_ptr() if saved_grad.numel() else None
+        launched(self.forward_fn(ctypes.addressof(args), stream(pred.device.index)), self.name, "forward")
+        if self.validates and _CHECK[check] == "sync":
+            self.raise_errors()
         return out, count, saved_grad
 
     def backward(self, grad_out, pred, target, num_boxes, count, saved_grad, reduction: str = "mean",
                  eps: float = DEFAULT_EPS, grad_pred=None):
         import torch
 
-        pred, target = self._ready(pred), self._ready(target)
-        if num_boxes is not None:
-            num_boxes = num_boxes.to(torch.int64).contiguous()
+        args, pred, target, num_boxes = self._common(BackwardArgs, pred, target, num_boxes, reduction, eps)
         grad_out = grad_out.to(torch.float32).contiguous()
         if grad_pred is None:
             grad_pred = torch.empty_like(pred)
-        self.ops.backward(self.address, grad_out, pred, target, num_boxes, count, saved_grad,
-                          _reduction_code(reduction), eps, grad_pred)
+        if pred.numel() == 0:
+            return grad_pred
+        args.grad_out, args.count, args.grad_pred = grad_out.data_ptr(), count.data_ptr(), grad_pred.data_ptr()
+        args.saved_grad = saved_grad.data_ptr() if self.saves_grad else None
+        launched(self.backward_fn(ctypes.addressof(args), stream(pred.device.index)), self.name, "backward")
         return grad_pred
-
 
 
 def _reduction_code(reduction: str) -> int:

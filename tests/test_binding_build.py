@@ -1,0 +1,72 @@
+"""The family's torch binding is built beside a search, in a process of its own, and whoever
+needs it next (the export, `tuner.load`) waits for that build instead of starting another; a
+killed build leaves nothing that blocks the next one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tuner import binding
+
+
+def test_a_build_killed_before_leaves_no_lock_that_blocks_the_next(fresh_cache, monkeypatch):
+    path = binding._library_path("rms_norm")
+    path.parent.mkdir(parents=True)
+    (path.parent / "lock").write_text("")  # cpp_extension's lock file, left by a killed build
+    built = []
+    monkeypatch.setattr(binding, "_build", lambda family, p, verbose: built.append(family) or p.write_bytes(b"so"))
+    assert binding.library("rms_norm") == path and built == ["rms_norm"]
+    assert not (path.parent / "lock").exists()
+    assert binding.library("rms_norm") == path and built == ["rms_norm"]  # built: nothing to do
+
+
+HOLDER = """
+import sys, time
+from tuner import binding
+path = binding._library_path("rms_norm")
+with binding._building(path.parent):
+    print("holding", flush=True)
+    time.sleep(float(sys.argv[1]))
+    path.write_bytes(b"so")
+"""
+
+
+def test_a_second_builder_waits_for_the_build_under_way(fresh_cache, monkeypatch):
+    monkeypatch.setattr(binding, "_build", lambda *a: pytest.fail("built a second time"))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, "2"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        started = time.monotonic()
+        path = binding.library("rms_norm")
+        assert path.read_bytes() == b"so" and time.monotonic() - started > 1.0
+    finally:
+        holder.wait(60)
+
+
+def test_the_lock_ends_with_a_killed_builder(fresh_cache, monkeypatch):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, "600"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    holder.kill()
+    holder.wait(60)
+    monkeypatch.setattr(binding, "_build", lambda family, p, verbose: p.write_bytes(b"mine"))
+    assert binding.library("rms_norm").read_bytes() == b"mine"
+
+
+def test_the_background_build_makes_the_binding_that_load_uses(fresh_cache):
+    """For real: the process a search starts builds the binding (a minute of C++ on a small
+    machine) while this process asks for it and waits, instead of building it again."""
+    proc = binding.build_in_background("rms_norm")
+    assert proc is not None
+    path = binding._library_path("rms_norm")
+    deadline = time.monotonic() + 60
+    while not (path.parent / "tuner.lock").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the builder has started (importing torch first)
+    time.sleep(5.0)
+    assert proc.poll() is None, (path.parent / "build.log").read_text()[-2000:]
+    assert binding.library("rms_norm") == path and path.exists()
+    assert proc.wait(600) == 0, (path.parent / "build.log").read_text()[-2000:]
+    assert binding.build_in_background("rms_norm") is None  # built: nothing started
