@@ -109,7 +109,12 @@ def _building(build_dir: Path):
 
     build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / "tuner.lock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for the torch binding that another process is building (a search starts it; "
+                  f"its log: {build_dir / 'build.log'})", file=sys.stderr, flush=True)
+            fcntl.flock(held, fcntl.LOCK_EX)
         (build_dir / "lock").unlink(missing_ok=True)
         yield
 
