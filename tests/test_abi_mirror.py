@@ -53,3 +53,20 @@ def test_the_ctypes_mirror_lays_out_as_the_header(tmp_path, family, header, stru
     want = _layout_in_c(tmp_path, family, header, struct, names)
     got = [ctypes.sizeof(mirror)] + [getattr(mirror, n).offset for n in names]
     assert got == want, dict(zip(["sizeof", *names], zip(got, want)))
+
+
+def test_a_built_variant_loads_and_is_called_through_its_table_without_a_binding(tuner_home):
+    """On a machine without a GPU: a variant built and loaded as the search's worker loads it (no
+    torch binding), its table read through the mirror, a host function of it called, and CUDA's
+    text for an error code found through its library (what a failed launch reports)."""
+    from tuner import build
+    from tuner.families import giou
+
+    variant = giou.covering_set()[0]
+    built = build.build([variant], "sm_90", jobs=2)[0]
+    assert built.ok, built.error
+    kernel = giou_kernel.GiouKernel(built.so, variant.name, built.entry)
+    assert kernel.name == variant.name and kernel.pred_dtype in giou_kernel.DTYPES
+    grid = -(-1024 * 256 // (variant["block_size"] * variant["boxes_per_thread"]))
+    assert kernel.workspace_words_fn(1024, 256) == 4 + 2 * grid  # TUNER_GIOU_WS_PARTIALS + 2 a block
+    assert "too many resources" in kernel.error_string(701)

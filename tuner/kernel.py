@@ -40,13 +40,11 @@ def stream(device: int | None = None) -> int:
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
-def launched(rc: int, name: str, what: str) -> None:
-    """A variant's launch result: 0, or the CUDA error it returned, raised with its text."""
+def launched(rc: int, kernel: "Kernel", what: str) -> None:
+    """A variant's launch result: 0, or the CUDA error it returned, raised with CUDA's text for it
+    (the worker tells launch errors by that text)."""
     if rc:
-        import torch
-
-        text = torch.cuda.cudart().cudaGetErrorString(rc) if hasattr(torch.cuda, "cudart") else f"error {rc}"
-        raise RuntimeError(f"variant {name} {what} failed to launch: {text}")
+        raise RuntimeError(f"variant {kernel.name} {what} failed to launch: {kernel.error_string(rc)}")
 
 
 class Kernel:
@@ -79,6 +77,15 @@ class Kernel:
                 setattr(self, name, value.decode() if isinstance(value, bytes) else value)
         self._words = None  # the workspace: a zeroed int32 tensor whose `error_word` validation sets
         self.error_word = 0
+
+    def error_string(self, rc: int) -> str:
+        """CUDA's text for an error code, from the CUDA runtime the variant's library links."""
+        try:
+            fn = self._lib.cudaGetErrorString
+        except AttributeError:
+            return f"CUDA error {rc}"
+        fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int]
+        return fn(rc).decode()
 
     def workspace(self, words: int, device):
         """At least `words` zeroed words on `device`, kept between calls (the variants leave them zeroed,

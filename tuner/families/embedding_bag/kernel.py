@@ -123,12 +123,12 @@ class EmbeddingBagKernel(Kernel):
         ws = self.workspace(1 + bags if args.splits > 1 else 1, weight.device)
         args.error_word = ws.data_ptr()
         args.arrivals = ws.data_ptr() + 4 if args.splits > 1 else None
-        forward, pointer, device, name = self.forward_fn, ctypes.addressof(args), weight.device.index, self.name
+        forward, pointer, device = self.forward_fn, ctypes.addressof(args), weight.device.index
         sync = self.validates and _CHECK[check] == "sync"
         keep = (args, scratch, ws, saved)
 
         def call():
-            launched(forward(pointer, stream(device)), name, "forward")
+            launched(forward(pointer, stream(device)), self, "forward")
             if sync:
                 self.raise_errors()
             return keep
@@ -156,7 +156,7 @@ class EmbeddingBagKernel(Kernel):
                             saved["bag_count"].data_ptr() if code == 1 else None, None, None, None, None,
                             grad_weight.data_ptr(), grad_psw.data_ptr() if grad_psw.numel() else None,
                             w.shape[0], dim, bags, n, -1, 1, code, saved["padding_idx"])
-        backward, pointer, device, name = self.backward_fn, ctypes.addressof(args), w.device.index, self.name
+        backward, pointer, device = self.backward_fn, ctypes.addressof(args), w.device.index
         sort = bool(self.sorted and n > 0)
         pieces = -(-n // max(self.piece, 1))
 
@@ -169,7 +169,7 @@ class EmbeddingBagKernel(Kernel):
                 args.sorted_rows, args.order, args.bag_of, args.partials = (
                     rows.data_ptr(), order.data_ptr(), bag_of.data_ptr(), partials.data_ptr())
                 scratch = (rows, order, bag_of, partials)
-            launched(backward(pointer, stream(device)), name, "backward")
+            launched(backward(pointer, stream(device)), self, "backward")
             return scratch, grad, grad_weight, grad_psw, saved
 
         return call, grad_weight, grad_psw if grad_psw.numel() else None

@@ -91,7 +91,7 @@ class GiouKernel(Kernel):
         ws = self.workspace(self.workspace_words_fn(B, S), pred.device)
         args.out, args.count_out, args.workspace = out.data_ptr(), count.data_ptr(), ws.data_ptr()
         args.saved_grad = saved_grad.data_ptr() if saved_grad.numel() else None
-        launched(self.forward_fn(ctypes.addressof(args), stream(pred.device.index)), self.name, "forward")
+        launched(self.forward_fn(ctypes.addressof(args), stream(pred.device.index)), self, "forward")
         if self.validates and _CHECK[check] == "sync":
             self.raise_errors()
         return out, count, saved_grad
@@ -108,7 +108,7 @@ class GiouKernel(Kernel):
             return grad_pred
         args.grad_out, args.count, args.grad_pred = grad_out.data_ptr(), count.data_ptr(), grad_pred.data_ptr()
         args.saved_grad = saved_grad.data_ptr() if self.saves_grad else None
-        launched(self.backward_fn(ctypes.addressof(args), stream(pred.device.index)), self.name, "backward")
+        launched(self.backward_fn(ctypes.addressof(args), stream(pred.device.index)), self, "backward")
         return grad_pred
 
 

@@ -44,11 +44,11 @@ class RmsNormKernel(Kernel):
         y = torch.empty_like(x) if y is None else y
         rstd = torch.empty(x.shape[0], device=x.device, dtype=torch.float32) if rstd is None else rstd
         args = Args(x.data_ptr(), weight.data_ptr(), y.data_ptr(), rstd.data_ptr(), x.shape[0], x.shape[1], eps)
-        forward, pointer, device, name = self.forward_fn, ctypes.addressof(args), x.device.index, self.name
+        forward, pointer, device = self.forward_fn, ctypes.addressof(args), x.device.index
         keep = (x, weight, y, rstd, args)  # what the pointers point into lives as long as the call
 
         def call():
-            launched(forward(pointer, stream(device)), name, "forward")
+            launched(forward(pointer, stream(device)), self, "forward")
             return keep
 
         return call, y, rstd
@@ -67,11 +67,11 @@ class RmsNormKernel(Kernel):
                             grad_x.data_ptr() if grad_x.numel() else None,
                             grad_weight.data_ptr() if grad_weight.numel() else None,
                             scratch.data_ptr(), rows, width, eps)
-        backward, pointer, device, name = self.backward_fn, ctypes.addressof(args), x.device.index, self.name
+        backward, pointer, device = self.backward_fn, ctypes.addressof(args), x.device.index
         keep = (grad, x, weight, rstd, grad_x, grad_weight, scratch, args)
 
         def call():
-            launched(backward(pointer, stream(device)), name, "backward")
+            launched(backward(pointer, stream(device)), self, "backward")
             return keep
 
         return call, grad_x, grad_weight
