@@ -11,7 +11,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from tuner import journal, searchers, study
+from tuner import journal, study
+from tuner.search import heartbeat
 from tuner.journal_postgres import JournalPostgres
 
 SPACE = {"a": CategoricalDistribution([1, 2, 3]), "b": CategoricalDistribution(["x", "y"])}
@@ -79,16 +80,16 @@ def test_a_searcher_that_stops_beating_has_its_trials_run_again(tmp_path):
     live = studies.claim(shared, {"x": 1}, dists, {"owner": "other-host/1/1"})
     dead = studies.claim(shared, {"x": 2}, dists, {"owner": "other-host/2/2"})
     orphan = shared.ask(dists)  # killed between Optuna's ask and recording its owner
-    beat = searchers.Heartbeat(shared, st)
+    beat = heartbeat.Heartbeat(shared, st)
     try:
         sid = st.get_study_id_from_name("s")
         for tag in ("other-host/1/1", "other-host/2/2"):
             st.set_study_system_attr(sid, beat.key(tag), 1)
         assert beat.watch(now=0.0) == []
         st.set_study_system_attr(sid, beat.key("other-host/1/1"), 2)  # alive: its beat moves
-        assert beat.watch(now=searchers.GRACE_S - 1) == []
+        assert beat.watch(now=heartbeat.GRACE_S - 1) == []
         st.set_study_system_attr(sid, beat.key("other-host/1/1"), 3)
-        assert sorted(beat.watch(now=searchers.GRACE_S + 1)) == sorted([dead.number, orphan.number])
+        assert sorted(beat.watch(now=heartbeat.GRACE_S + 1)) == sorted([dead.number, orphan.number])
     finally:
         beat.close()
     trials = {t.number: t for t in shared.get_trials()}
@@ -97,7 +98,7 @@ def test_a_searcher_that_stops_beating_has_its_trials_run_again(tmp_path):
         assert trials[n].state.name == "FAIL" and studies.interrupted(trials[n])
     queued = [t for t in trials.values() if t.state.name == "WAITING"]
     assert sorted(t.user_attrs["retry_of"] for t in queued) == sorted([dead.number, orphan.number])
-    assert beat.watch(now=2 * searchers.GRACE_S) == []  # failed once, not again
+    assert beat.watch(now=2 * heartbeat.GRACE_S) == []  # failed once, not again
 
 
 def test_the_journal_table_in_postgresql_keeps_records_in_commit_order(postgres_url):

@@ -11,7 +11,7 @@ import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from tuner import report, report_plots, study  # noqa: E402
+from tuner import report_plots, report_tables, study  # noqa: E402
 from tuner.cli import main  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl"
@@ -40,7 +40,7 @@ def made(tmp_path_factory):
 
 def _about(made):
     st, _, frame, _ = made
-    return report.describe(st, frame)
+    return report_tables.describe(st, frame)
 
 
 def test_about_counts_and_names(made):
@@ -54,10 +54,10 @@ def test_about_counts_and_names(made):
 
 
 def test_values_in_the_space_order_then_numeric():
-    assert report.ordered([1024, 128, 512, 256], BLOCKS) == [128, 256, 512, 1024]
-    assert report.ordered(["two_pass", "atomic"], ("atomic", "two_pass")) == ["atomic", "two_pass"]
+    assert report_tables.ordered([1024, 128, 512, 256], BLOCKS) == [128, 256, 512, 1024]
+    assert report_tables.ordered(["two_pass", "atomic"], ("atomic", "two_pass")) == ["atomic", "two_pass"]
     # values the space no longer has: numbers as numbers (not 1024 before 128), then text
-    assert report.ordered([1024, "x", 128, 96], (128,)) == [128, 96, 1024, "x"]
+    assert report_tables.ordered([1024, "x", 128, 96], (128,)) == [128, 96, 1024, "x"]
 
 
 def test_by_dimension_md_stands_alone_in_numeric_order(made):

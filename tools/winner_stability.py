@@ -91,11 +91,11 @@ def _keep(home: str, folder: str | None, name: str) -> None:
 
 def _problem(family, extra: list[str]):
     """The problem the searches tuned, parsed from the extra options as `tuner search` does."""
-    from tuner import cli
+    from tuner import cli, cli_target
 
     p = cli.parser(family.FAMILY)
     args = p.parse_args(["search", "--family", family.FAMILY, "--gpu", "x", *extra])
-    return cli._problem(args)
+    return cli_target.problem(args)
 
 
 if __name__ == "__main__":

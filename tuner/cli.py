@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from tuner import cli_args, cli_problems, gpus
+from tuner import cli_args, cli_problems, cli_target, gpus
 from tuner.cli_build import cmd_bench, cmd_build, cmd_variants
 from tuner.cli_studies import _show, cmd_dashboard, cmd_export_best, cmd_list, cmd_report, cmd_show
 from tuner.errors import TunerError
@@ -50,59 +50,12 @@ def _family_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cli(args):
-    """The family's command-line part (its options, spaces, problem and bench)."""
-    from tuner import families
-
-    return families.part(args.family, "cli")
-
-
 def _study_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--objective", default="fwd+bwd", choices=("fwd", "bwd", "fwd+bwd"))
     p.add_argument("--storage", help=STORAGE_HELP)
     p.add_argument("--study", help="study name (default: family-GPU-problem-objective)")
     return p
-
-
-def _problem(args):
-    return _cli(args).problem(args)
-
-
-# options of show and report that say nothing about which study to read
-NAME_FREE = {"--storage", "--json", "--top-k", "--out", "--debug"}
-
-
-def _study_name(args) -> str:
-    from tuner import study
-
-    if args.study:
-        return args.study
-    if not args.gpu:
-        if not getattr(args, "options", {"?"}) - NAME_FREE:
-            return _only_study(args.storage)
-        raise TunerError("name the study with --study, or give --gpu and the problem options")
-    gpu = args.gpu
-    if gpu.lower() == "auto":
-        gpu = gpus.short_name(gpus.attached(asked="--gpu auto", hint="; name the GPU (--gpu H100) or the study "
-                                                                     "(--study NAME)"))
-    return study.study_name(args.family, gpu, _problem(args).key(), args.objective)
-
-
-def _only_study(storage: str | None) -> str:
-    """The storage's one study, where nothing named one."""
-    from tuner import study
-
-    names = sorted(s.study_name for s in study.summaries(storage))
-    where = study.shown(study.storage_url(storage))
-    if len(names) == 1:
-        return names[0]
-    if not names:
-        raise TunerError(f"no studies in {where}; `tuner search` makes one")
-    listed = ", ".join(names[:10])
-    if len(names) > 10:
-        listed += f" and {len(names) - 10} more (`tuner list` shows them)"
-    raise TunerError(f"{len(names)} studies in {where}: {listed}; pass --study NAME")
 
 
 @command
@@ -121,7 +74,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         captured = cli_problems.read(args.problems, args.family if "--family" in args.options else None)
         problem = captured[0][0]
     else:
-        problem = _problem(args)
+        problem = cli_target.problem(args)
     if not args.simulate:
         gpus.can_search(args.gpu)  # before the storage is opened: a search that cannot run writes nothing
         if args.devices is None:  # its worker starts now, while Optuna is imported and the study read
@@ -191,7 +144,7 @@ def cmd_samplers(args: argparse.Namespace) -> int:
         raise TunerError(f"--first-seed {args.first_seed} --seeds {args.seeds}: seeds go up to 2**32 - 1")
     if args.csv is not None and (args.csv.is_dir() or not args.csv.parent.is_dir()):
         raise TunerError(f"--csv {args.csv}: {'a folder' if args.csv.is_dir() else 'its folder does not exist'}")
-    problem = _problem(args)
+    problem = cli_target.problem(args)
     best = quality.dataset_best(args.simulate, problem, args.objective)
     size = quality.space_size(problem)
     print(f"{args.simulate}: best {args.objective} {best:.2f} us; a run reaches at <= {best * (1 + args.within):.2f} us "

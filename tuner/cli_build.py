@@ -9,11 +9,8 @@ import random
 import sys
 import time
 
-from tuner import gpus, paths
+from tuner import cli_target, gpus, paths
 from tuner.errors import TunerError
-
-# tuner.cli imports this module to register its commands, so the commands import
-# tuner.cli's helpers (_cli) when they run
 
 
 def _spread(variants: list, limit: int | None) -> list:
@@ -28,11 +25,10 @@ def _spread(variants: list, limit: int | None) -> list:
 def cmd_variants(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from tuner.cli import _cli
 
     arch = gpus.resolve(args.gpu, args.arch)
     rows = []
-    for space in _cli(args).spaces(args):
+    for space in cli_target.family_cli(args).spaces(args):
         for v in space:
             rows.append({"name": v.name, **v.as_dict()})
     if args.json:
@@ -61,13 +57,12 @@ def cmd_build(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from tuner import build, families
-    from tuner.cli import _cli
 
     arch = gpus.resolve(args.gpu, args.arch)
     if args.covering:
         variants = families.get(args.family).covering_set()
     else:
-        variants = _spread([v for s in _cli(args).spaces(args) for v in s], args.limit)
+        variants = _spread([v for s in cli_target.family_cli(args).spaces(args) for v in s], args.limit)
     started, cpu = time.monotonic(), _children_cpu_s()
     results = build.build(variants, arch, jobs=args.jobs)
     wall, cpu = time.monotonic() - started, _children_cpu_s() - cpu
@@ -97,9 +92,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from tuner import deploy
-    from tuner.cli import _cli
 
-    fam = _cli(args)
+    fam = cli_target.family_cli(args)
     # the captured problems are read first: a bad file or family says so before any GPU is looked for
     problems = _captured(fam, args) if args.problems is not None else None
     attached = gpus.attached(asked=f"--gpu {args.gpu}" if args.gpu else "",

@@ -5,11 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from tuner import gpus, paths
+from tuner import cli_target, gpus, paths
 from tuner.errors import TunerError
-
-# tuner.cli imports this module to register its commands, so the commands import
-# tuner.cli's helpers (_study_name) when they run
 
 
 def _show(st, k: int) -> str:
@@ -63,9 +60,8 @@ def _show(st, k: int) -> str:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from tuner import journal, study
-    from tuner.cli import _study_name
 
-    st = study.load(_study_name(args), args.storage)
+    st = study.load(cli_target.study_name(args), args.storage)
     if args.json:
         space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
         frame = study.trials_frame(st, space)
@@ -185,9 +181,8 @@ def _served(entry: dict) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tuner import report, study
-    from tuner.cli import _study_name
 
-    st = study.load(_study_name(args), args.storage)
+    st = study.load(cli_target.study_name(args), args.storage)
     out = args.out or paths.reports_dir() / st.study_name  # made once the study is read
     importance = report.report(st, out)
     print(f"study {st.study_name}: {len(st.trials)} trials")

@@ -39,57 +39,24 @@ is skipped in the same way, with a warning naming its id.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import fcntl
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
 
-from tuner.records import decode, runs
+from tuner.journal_records import JournalDamageWarning, note, parse, unreplayable  # noqa: F401 (the warning: tuner.journal's)
 
 
-class JournalDamageWarning(UserWarning):
-    """A damaged record skipped (the command line shows it in one line: tuner CMD: warning: ...)."""
-
-
-# Optuna's operations (JournalOperation) and the fields its replay reads from each: a record
-# without them would raise in the middle of the replay.
-FIELDS: dict[int, tuple[str, ...]] = {
-    0: ("study_name", "directions"), 1: ("study_id",), 2: ("study_id", "user_attr"),
-    3: ("study_id", "system_attr"), 4: ("study_id", "datetime_start"),
-    5: ("trial_id", "param_name", "param_value_internal", "distribution"),
-    6: ("trial_id", "state", "values"), 7: ("trial_id", "step", "intermediate_value"),
-    8: ("trial_id", "user_attr"), 9: ("trial_id", "system_attr"), 10: ()}
 CREATE_STUDY, DELETE_STUDY, CREATE_TRIAL = 0, 1, 4
 ID = "tuner_id"  # the id a creation gets, as its writer saw the journal
 NUMBER = "tuner_number"  # and a trial's number in its study
 LOST_REASON = "lost in a damaged journal line"
 RECORD_BYTES = 32  # fewer than any record takes: a damaged line of n bytes held at most n // 32 + 1
-
-_warned: set[tuple[str, int]] = set()  # (journal, line) warned about in this process
-
-
-def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
-    """The record on a line, or None and why the line is damaged."""
-    if b"\0" in line:
-        return None, "NUL bytes"
-    record, why = decode(line)
-    if why:
-        return None, why
-    op = record.get("op_code") if isinstance(record, dict) else None
-    if (not isinstance(op, int) or op not in FIELDS or "worker_id" not in record
-            or not all(key in record for key in FIELDS[op])
-            or not all(isinstance(record.get(key, 0), int) for key in ("study_id", "trial_id"))
-            or not isinstance(record.get("study_name", ""), str)):
-        return None, "not a record"
-    return record, ""
-
 
 @dataclasses.dataclass
 class _Place:
@@ -210,36 +177,12 @@ def _lines(f: BinaryIO, place: _Place) -> Iterator[tuple[int, list[dict[str, Any
             return  # being written now, or left by a killed writer (the next append ends it)
         place.offset += len(raw)
         place.line += 1
-        record, why = _parse(raw)
+        record, why = parse(raw)
         if record is None:
             place.slack += len(raw) // RECORD_BYTES + 1
             yield place.line, why
         else:
             yield place.line, place.take(record)
-
-
-def _warn(where: str, unit: str, damaged: list[tuple[int, str]]) -> None:
-    """One warning per run of consecutive damaged lines (or rows)."""
-    for run, whys in runs(damaged):
-        if len(run) == 1:
-            text = f"{where} {unit} {run[0][0]}: damaged record skipped ({whys})"
-        else:
-            text = f"{where} {unit}s {run[0][0]}-{run[-1][0]}: {len(run)} damaged records skipped ({whys})"
-        warnings.warn(text, JournalDamageWarning)
-
-
-def _note(damaged: list[int], key: str, where: str, unit: str, found: list[tuple[int, str]]) -> None:
-    """Add damage found for the first time to the sorted list `damaged`, and warn about what this
-    process has not warned about yet (another storage on the same journal may have)."""
-    for n, _ in found:
-        bisect.insort(damaged, n)
-    found = [(n, why) for n, why in found if (key, n) not in _warned]
-    _warned.update((key, n) for n, _ in found)
-    _warn(where, unit, found)
-
-
-def _unreplayable(exc: Exception) -> str:
-    return f"Optuna cannot replay it: {type(exc).__name__}"
 
 
 class JournalFile(BaseJournalBackend):
@@ -278,14 +221,14 @@ class JournalFile(BaseJournalBackend):
         self._lines = lines
         self._scanned = max(self._scanned, place.line)
         if found:
-            _note(self.damaged, str(self.path.resolve()), str(self.path), "line", found)
+            note(self.damaged, str(self.path.resolve()), str(self.path), "line", found)
         return logs
 
     def refused(self, index: int, exc: Exception) -> None:
         """Optuna's replay refused the `index`th record of the last read."""
         line = self._lines[index]
         if line not in self.damaged:
-            _note(self.damaged, str(self.path.resolve()), str(self.path), "line", [(line, _unreplayable(exc))])
+            note(self.damaged, str(self.path.resolve()), str(self.path), "line", [(line, unreplayable(exc))])
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         try:

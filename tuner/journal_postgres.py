@@ -8,7 +8,7 @@ from typing import Any
 
 from optuna.storages.journal import BaseJournalBackend
 
-from tuner.journal import _note, _parse, _unreplayable
+from tuner.journal_records import note, parse, unreplayable
 
 
 class JournalPostgres(BaseJournalBackend):
@@ -75,20 +75,20 @@ class JournalPostgres(BaseJournalBackend):
                                                      (log_number_from,)).fetchall())
         logs, found = [], []
         for n, text in rows:
-            record, why = _parse(text.encode())
+            record, why = parse(text.encode())
             if record is None and n not in self.damaged:
                 found.append((n, why))
             logs.append(dict(NOOP) if record is None else record)  # numbers are ids: one record a row
         self._ids = [n for n, _ in rows]
         if found:
-            _note(self.damaged, f"{self.dsn} {self.TABLE}", f"table {self.TABLE}", "id", found)
+            note(self.damaged, f"{self.dsn} {self.TABLE}", f"table {self.TABLE}", "id", found)
         return logs
 
     def refused(self, index: int, exc: Exception) -> None:
         """Optuna's replay refused the `index`th record of the last read."""
         if self._ids[index] not in self.damaged:
-            _note(self.damaged, f"{self.dsn} {self.TABLE}", f"table {self.TABLE}", "id",
-                  [(self._ids[index], _unreplayable(exc))])
+            note(self.damaged, f"{self.dsn} {self.TABLE}", f"table {self.TABLE}", "id",
+                  [(self._ids[index], unreplayable(exc))])
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         import uuid

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.report import About, ordered, verified
+from tuner.report_tables import About, ordered, verified
 
 VERIFIED = dict(color="0.35", s=7, alpha=0.45, linewidths=0)
 PRUNED = dict(color="tab:red", marker="x", s=18, linewidths=1.0)

@@ -4,8 +4,8 @@ those timings rather than on the search's single measurement of each. The family
 the torch op it replaces, is timed in the same turns: the export serves the problem with it
 where the winner does not beat it (`records.served_by`).
 
-A family whose search builds and checks only what its problem runs (`FINALISTS_WHOLE`: an
-EmbeddingBag search has its problem's mode alone) has its finalists built whole, as the export
+A family whose search builds and checks only what its problem runs (`FINALISTS_WHOLE`: a search
+builds only its problem's mode of an op with several) has its finalists built whole, as the export
 builds them, and checked in full before they are timed: one that fails is rejected (kept in the
 study's `rejected`, never the winner) and the next best takes its place. The best few so far are
 built whole while the last batch is evaluated (`Search._likely_finalists`), so that most of these
@@ -15,8 +15,8 @@ A family with a `JOINED_TEMPLATE` (a table with the forward of one variant and t
 another) also has, where the search's best forward and best backward are two variants whose times
 add up to clearly less than its best variant's, the two joined (`Variant.joined`) among its
 finalists: built whole, ahead with the others, checked in full and re-timed with them, the
-winner if it is the fastest there. An EmbeddingBag search of 16-bit weights needs this: its
-sorted backward decides the sum and wants a mapping that makes the forward a third slower."""
+winner if it is the fastest there: where a backward that decides the sum wants a parameter that
+makes the forward slower, no single variant is the fastest of both."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from tuner import study as studies
 from tuner.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
 from tuner.pruning import pruner
 from tuner.records import objective_value
-from tuner.search import asking, finalists
+from tuner.search import asking, finalists, heartbeat
 from tuner.search.config import SearchConfig, SearchReport
 from tuner.search.recording import Book
 from tuner.variant import Variant
@@ -50,7 +50,7 @@ class Search:
         self.book.record_identity(self.family.FAMILY, evaluator.gpu_name)
         self.asker = asking.Asker(cfg, self.book, self.space, self.storage, self.family.FAMILY)
         self.joins = finalists.joins(cfg, self.space)  # the halves count apart (pruning, ranked picks)
-        self._heartbeat = searchers.Heartbeat(self.study, self.storage)
+        self._heartbeat = heartbeat.Heartbeat(self.study, self.storage)
         self._lock = threading.Lock()
         self._slots: queue.Queue[int] = queue.Queue()
         for slot in range(evaluator.parallel):
