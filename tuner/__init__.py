@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from tuner.version import __version__  # noqa: F401 (tuner.__version__)
 
 
 def load(directory=None, **kwargs):

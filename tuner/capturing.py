@@ -46,10 +46,10 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-import tuner
 from tuner import families
 from tuner.captured import FORMAT, with_shares, write_json
 from tuner.errors import SpaceError, TunerError
+from tuner.version import __version__
 
 DRAIN_AT = 1024  # CUDA event pairs waiting before the completed ones are read (keeps long runs small)
 
@@ -106,7 +106,7 @@ class Capture(TorchFunctionMode):
         try:
             self._read_events(wait=True)
         finally:  # a GPU that failed in the block fails its sync too: the counts are written still
-            write_json(self.path, {"format": FORMAT, "tuner": tuner.__version__, "torch": torch.__version__,
+            write_json(self.path, {"format": FORMAT, "tuner": __version__, "torch": torch.__version__,
                                     "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
                                     "problems": self._sorted()})
 

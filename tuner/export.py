@@ -18,7 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tuner import __version__, families, paths, runtime
+from tuner import families, paths, runtime
+from tuner.version import __version__
 from tuner import binaries as _binaries
 from tuner import study as studies
 from tuner.errors import TunerError

@@ -84,12 +84,12 @@ def patch(model, *exports, **load) -> Patched:
     it is; TunerError where no export is loaded at all."""
     import torch
 
-    import tuner
+    from tuner import deploy
 
     if not isinstance(model, torch.nn.Module):
         raise TunerError(f"tuner.patch takes a torch.nn.Module, got {type(model).__name__}")
     for directory in exports:
-        tuner.load(directory, **load)
+        deploy.load(directory, **load)  # what tuner.load does with a folder
     if not runtime.loaded_families():
         raise TunerError("no tuned op is loaded: tuner.load(EXPORT) first, or tuner.patch(model, EXPORT)")
     known = forwards()

@@ -22,7 +22,8 @@ import re
 import zipfile
 from pathlib import Path
 
-from tuner import __version__, families
+from tuner import families
+from tuner.version import __version__
 from tuner import export as artifacts
 from tuner.errors import TunerError
 

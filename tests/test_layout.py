@@ -1,0 +1,97 @@
+"""The core's layout: no import circles among tuner's modules (imports inside functions count: they
+tie modules as surely), and no core module importing a family (the core finds families through
+the registry, tuner.families, by name). `pytest tests/test_layout.py` prints a circle it finds."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tuner
+
+ROOT = Path(tuner.__file__).parent
+FAMILIES = ROOT / "families"
+
+
+def _in_a_family(path: Path) -> bool:
+    """A family's own module (the registry, families/__init__.py, is the core's)."""
+    return FAMILIES in path.parents and path != FAMILIES / "__init__.py"
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The tuner modules a file imports, anywhere in it (`from tuner import x` names module x
+    where there is one, else the package)."""
+    found = set()
+    package = _name(path) if path.name == "__init__.py" else _name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's package up
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in modules else base)
+    return {m for m in found if m in modules and m != _name(path)}
+
+
+def _graph(core_only: bool) -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        if core_only and _in_a_family(path):
+            continue
+        graph[name] = {m for m in _imports(path, modules) if not core_only or not _in_a_family(modules[m])}
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports, as the modules around it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_tuners_modules_import_in_no_circle():
+    circle = _circle(_graph(core_only=False))
+    assert circle is None, " -> ".join(circle)
+
+
+def test_no_core_module_imports_a_family():
+    modules = _modules()
+    family_modules = {m for m, p in modules.items() if _in_a_family(p)}
+    offenders = {name: sorted(_imports(path, modules) & family_modules)
+                 for name, path in modules.items() if not _in_a_family(path)}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_check_finds_a_circle():
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b"}, "b": set()}) is None
