@@ -54,28 +54,6 @@ def test_every_dtype_pair_compiles(tuner_home):
     assert all(b.ok for b in builds), [b.error for b in builds if not b.ok][:1]
 
 
-def test_a_search_builds_the_vector_path_alone_and_its_finalists_both(tuner_home):
-    """Where the problem's width takes every vector width, a search's build holds the vector path's
-    kernels alone (its check covers that path: the finalists are built whole and checked on both);
-    a width no vector divides gets both paths, as an export does."""
-    from tuner.families.rms_norm.evaluate import Evaluation
-
-    v = next(v for v in rms_norm.space("bfloat16", "bfloat16") if v.as_dict()["vec"] == 8)
-    problem = rms_norm.Problem().__dict__
-    focused, whole = build.build([v], "sm_90", focus=rms_norm.search_focus(problem))[0], build.build([v], "sm_90")[0]
-    assert focused.ok and whole.ok, focused.error or whole.error
-    def width_one(kernels):  # the instances for widths no vector divides (`<1>`)
-        return {k for k in kernels if k.endswith("_1") or "ILi1E" in k}
-
-    assert width_one(whole.registers) and not width_one(focused.registers)
-    assert len(focused.registers) == len(whole.registers) - len(width_one(whole.registers))
-    assert rms_norm.search_focus(dict(problem, width=771)) == {}
-    assert rms_norm.FINALISTS_WHOLE
-    shapes = [shape for shape, _, _ in Evaluation._checks(problem)]
-    assert all(width == 4096 for _, width in shapes)
-    assert (37, 771) in [shape for shape, _, _ in Evaluation._checks(problem, whole=True)]
-
-
 @pytest.fixture(scope="module")
 def op(rms_norm_op):
     return rms_norm_op

@@ -68,21 +68,7 @@ space_for, all_spaces, covering_set = fixed_spaces(space, x=DTYPES, weight=DTYPE
 def render_context(variant: Variant) -> dict[str, Any]:
     ctx = variant.as_dict()
     return {**ctx, "name": variant.name, "x_ctype": _CTYPE[ctx["x"]], "weight_ctype": _CTYPE[ctx["weight"]],
-            "x_torch": _C10[ctx["x"]], "weight_torch": _C10[ctx["weight"]], "vector_only": False}
-
-
-WIDEST_VEC = max(next(d for d in DIMS if d.name == "vec").values)
-
-
-def search_focus(problem: dict) -> dict[str, Any]:
-    """What a search of `problem` renders: where its width is a multiple of every vector width, the
-    vector path alone (a variant's other path, for widths its loads do not divide, is half its
-    kernels: about a third less to compile). Its check then covers that path, so the finalists are
-    built whole and checked on both paths before one wins (`FINALISTS_WHOLE`); exports build both."""
-    return {"vector_only": True} if problem["width"] % WIDEST_VEC == 0 else {}
-
-
-FINALISTS_WHOLE = True
+            "x_torch": _C10[ctx["x"]], "weight_torch": _C10[ctx["weight"]]}
 
 
 @dataclass(frozen=True)

@@ -53,12 +53,11 @@ class Evaluation:
     def load(self, so: str, name: str, entry: str | None = None) -> RmsNormKernel:
         return RmsNormKernel(so, name, entry)
 
-    def check(self, kernel: RmsNormKernel, problem: dict, whole: bool = False) -> dict[str, Any]:
-        """The problem's shape, then odd ones: rows that do not fill the last block and, with
-        `whole` or where the search builds both paths (`search_focus`), one row of a width no vector
-        divides (the other path's)."""
+    def check(self, kernel: RmsNormKernel, problem: dict) -> dict[str, Any]:
+        """The problem's shape, then odd ones: one row of a width no vector divides, and rows that
+        do not fill the last block."""
         worst = {"loss_error": 0.0, "grad_error": 0.0}
-        for (rows, width), key, make in self._checks(problem, whole):
+        for (rows, width), key, make in self._checks(problem):
             errors, failed = run_case(kernel, self.cases.get(key, make))
             worst = {k: max(v, errors[k]) for k, v in worst.items()}
             if failed:
@@ -68,14 +67,11 @@ class Evaluation:
         return {"ok": True, "reason": "", "message": "", **worst}
 
     @staticmethod
-    def _checks(problem: dict, whole: bool = False) -> list[tuple]:
+    def _checks(problem: dict) -> list[tuple]:
         """((rows, width), key, make(seed)) of each input set a check uses."""
-        shapes = [(problem["rows"], problem["width"]), (37, problem["width"] if rms_norm.search_focus(problem) else 771)]
-        if whole or not rms_norm.search_focus(problem):
-            shapes += [(1, 1027), (37, 771)]
         return [((rows, width), (problem["x"], problem["weight"], rows, width),
                  lambda s, r=rows, w=width: make_case(problem, r, w, s % 2**31))
-                for rows, width in dict.fromkeys(shapes)]
+                for rows, width in ((problem["rows"], problem["width"]), (1, 1027), (37, 771))]
 
     def warm(self, problem: dict) -> None:
         """The input sets, answers and timing inputs the first variants need, made while they compile."""
