@@ -1,6 +1,7 @@
 """A built variant loaded into this process and called directly: its C table found in the
 library (ctypes) and checked (the family's C ABI, the variant's name), its functions called
-with an argument struct of the tensors' pointers on torch's current stream.
+with an argument struct of the tensors' pointers on torch's current stream (of the current
+device, where the tensors must be: a search's worker has one GPU).
 
 No torch binding is involved: a search checks and times variants as soon as the first one is
 compiled, while the family's binding (a minute of C++ the first time) builds in the background
