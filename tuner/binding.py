@@ -16,6 +16,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -126,10 +127,10 @@ def build_in_background(family: str) -> subprocess.Popen | None:
         return None
     path = _library_path(family)
     path.parent.mkdir(parents=True, exist_ok=True)
+    nice = ["nice", "-n", "10"] if shutil.which("nice") else []  # (not preexec_fn: the search has threads)
     with open(path.parent / "build.log", "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "tuner.binding", family], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=lambda: os.nice(10))
+        return subprocess.Popen([*nice, sys.executable, "-m", "tuner.binding", family], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _build(family: str, path: Path, verbose: bool) -> None:
