@@ -152,6 +152,20 @@ def test_cli_variants_json_count(capsys):
     assert "unknown GPU 'V1000'" in capsys.readouterr().err
 
 
+def test_cli_variants_honours_limit_in_json_and_shows_values_as_they_are(capsys):
+    from tuner import cli
+
+    assert cli.main(["variants", "--gpu", "H100", "--json", "--limit", "5"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["count"] == 1136 and len(data["variants"]) == 5
+    assert cli.main(["variants", "--family", "embedding_bag", "--gpu", "H100", "--limit", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header, rows = lines[1].split(), [line.split() for line in lines[2:]]
+    split = [row[header.index("split")] for row in rows]
+    assert set(split) == {"off", "32", "64"}  # no NaN for "off", no 32.0 for 32
+    assert "NaN" not in "\n".join(lines) and ".0 " not in "\n".join(lines)
+
+
 def test_batch_folders_of_killed_builds_are_removed(tuner_home, fresh_cache):
     import time
 

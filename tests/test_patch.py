@@ -86,6 +86,7 @@ def test_patch_loads_the_exports_it_is_given(tmp_path, shared_home):
         tuner.patch(Model(), tmp_path / "no-such-export")
 
 
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")  # torch's, for a form it takes
 def test_functional_forms_take_every_call_torch_takes():
     x = torch.randn(2, 3, 8, requires_grad=True)
     w = torch.randn(8)

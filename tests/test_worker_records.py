@@ -23,6 +23,7 @@ def test_cuda_errors_are_classified_by_their_own_text(message, reason):
     assert classify(message) == reason
 
 
+@pytest.mark.filterwarnings("ignore::tuner.records.RecordDamageWarning")  # the cut line, on purpose
 def test_a_line_cut_by_a_kill_is_skipped(tmp_path):
     path = tmp_path / "m.jsonl"
     records.append(path, {"variant": "a", "x": 1})

@@ -84,9 +84,14 @@ def run(args: list[str], env: dict) -> dict:
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="folder for the summary and the wheels")
+    out = ap.parse_args().out
+
     import torch
 
-    out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     home = Path(os.environ.get("TUNER_HOME", "/tmp/tuner-home"))
     summary = {}

@@ -8,6 +8,7 @@
 #     bash tools/first_search.sh OUT [FAMILY ...]      (default: giou rms_norm embedding_bag)
 #     TUNER="python3 -m tuner" bash tools/first_search.sh ...   another checkout, on PYTHONPATH
 set -u
+case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;; esac
 OUT=${1:?usage: first_search.sh OUT [FAMILY ...]}; shift
 FAMILIES=${*:-giou rms_norm embedding_bag}
 TUNER=${TUNER:-tuner}

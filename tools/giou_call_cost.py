@@ -4,10 +4,21 @@
     python tools/giou_call_cost.py DIR
 """
 
-import sys
+import argparse
 
-from tuner import export, gpus
-from tuner.families import giou
 
-variant = next(v for v in giou.covering_set() if v.as_dict()["pred"] == "bfloat16" and v.as_dict()["target"] == "uint8")
-print(export.write(sys.argv[1], [{"variant": variant, "problem": giou.Problem().__dict__}], gpus.attached().describe()))
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", help="the export's folder")
+    args = ap.parse_args()
+
+    from tuner import export, gpus
+    from tuner.families import giou
+
+    variant = next(v for v in giou.covering_set()
+                   if v.as_dict()["pred"] == "bfloat16" and v.as_dict()["target"] == "uint8")
+    print(export.write(args.dir, [{"variant": variant, "problem": giou.Problem().__dict__}], gpus.attached().describe()))
+
+
+if __name__ == "__main__":
+    main()

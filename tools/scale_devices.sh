@@ -6,6 +6,7 @@
 #
 #     bash tools/scale_devices.sh H200 450 OUT_DIR
 set -u
+case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;; esac
 GPU=${1:-H200}; TRIALS=${2:-450}; OUT=${3:-.}; BASE=${TMPDIR:-/tmp}/scale-devices
 mkdir -p "$OUT"
 for d in 0 all; do

@@ -10,6 +10,7 @@
 # OUT/{shapes,held-out}.json, OUT/search.log, OUT/bench/ and OUT/held-out/, and prints each step's
 # wall time from the start.
 set -euo pipefail
+case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;; esac
 family=$1 out=$2
 shift 2
 mkdir -p "$out"

@@ -144,8 +144,17 @@ def _build(family: str, path: Path, verbose: bool) -> None:
         # The binding holds no device code, but cpp_extension insists on an arch
         # list when it cannot read one off a GPU (e.g. building on a CPU machine).
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-    from torch.utils import cpp_extension
+    import logging
 
+    # Its import says "No CUDA runtime is found" on a machine without a GPU, which builds bindings
+    # (they hold no device code) as well as any: not a warning for the user.
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        logger.setLevel(level)
     cpp_extension.CUDA_HOME = str(toolkit.cuda_home())  # in case it was imported before we set it
     cpp_extension.load(
         name=name,

@@ -14,7 +14,7 @@ from typing import Callable
 from tuner import cli_args, cli_problems, cli_target, gpus
 from tuner.cli_build import cmd_bench, cmd_build, cmd_variants
 from tuner.cli_studies import _show, cmd_dashboard, cmd_export_best, cmd_list, cmd_report, cmd_show
-from tuner.errors import TunerError
+from tuner.errors import TunerError, UsageError
 from tuner.search.config import SAMPLERS
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -64,7 +64,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     if not args.gpu:
-        raise TunerError("name the GPU to tune for: --gpu L4, --gpu H100, ... or --gpu auto"
+        raise UsageError("name the GPU to tune for: --gpu L4, --gpu H100, ... or --gpu auto"
                          + (" (with --simulate: the GPU it was recorded on)" if args.simulate else ""))
     cli_args.recording(args.simulate, "--simulate")
     cli_args.recording(args.import_records, "--import-records")
@@ -185,9 +185,9 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     from tuner import families
 
     fam = families.part(family or families.DEFAULT, "cli")
-    p = argparse.ArgumentParser(prog="tuner", description="Tune CUDA kernel variants of PyTorch ops.")
+    p = cli_args.Parser(prog="tuner", description="Tune CUDA kernel variants of PyTorch ops.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.commands = p.add_subparsers(dest="command", required=True)
     target, family_opt = _target_parser(), _family_parser()
     dtypes = argparse.ArgumentParser(add_help=False)
     fam.add_space_args(dtypes)
@@ -326,7 +326,7 @@ def _run(argv: list[str]) -> int:
         if args.debug:
             raise
         print(f"tuner {args.command}: error: {_message(exc, args)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, UsageError) else 1
 
 
 def _message(exc: Exception, args: argparse.Namespace) -> str:

@@ -14,6 +14,23 @@ from typing import Callable
 from tuner.errors import TunerError
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error in one line, exit 2, named by the command it is about (`tuner search: error:
+    ...`), an unknown option included: the usage itself only with --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` shows the usage)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:  # said by the command they were given to, not by the top-level parser
+            commands = getattr(self, "commands", None)
+            command = getattr(parsed, "command", None)
+            owner = commands.choices.get(command, self) if commands is not None and command else self
+            owner.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
 def _quoted(text: str) -> str:
     """The value as typed, cut short: the error stays one line."""
     return repr(text if len(text) <= 40 else text[:40] + "...")

@@ -25,19 +25,20 @@ def _spread(variants: list, limit: int | None) -> list:
 def cmd_variants(args: argparse.Namespace) -> int:
     import pandas as pd
 
-
     arch = gpus.resolve(args.gpu, args.arch)
     rows = []
     for space in cli_target.family_cli(args).spaces(args):
         for v in space:
             rows.append({"name": v.name, **v.as_dict()})
-    if args.json:
-        print(json.dumps({"arch": arch, "count": len(rows), "variants": rows}, indent=1))
+    if args.json:  # every variant, unless --limit says how many
+        shown = rows if args.limit == 0 or "--limit" not in args.options else rows[:args.limit]
+        print(json.dumps({"arch": arch, "count": len(rows), "variants": shown}, indent=1))
         return 0
-    table = pd.DataFrame(rows).drop(columns=["name"])
+    # object columns: a dimension's values as they are (32, not 32.0; None shown as "off", not NaN)
+    table = pd.DataFrame(rows, dtype=object).drop(columns=["name"])
     # opt-in and test-only dimensions say nothing while every row has the same off value
-    table = table.drop(columns=[c for c in table if table[c].isna().all()
-                                or (table[c].dtype == bool and not table[c].any())])
+    table = table.drop(columns=[c for c in table if table[c].map(lambda v: v is None or v is False).all()])
+    table = table.map(lambda v: "off" if v is None else v)
     print(f"{len(rows)} valid variants for {arch}")
     shown = table if args.limit == 0 else table.head(args.limit)
     print(shown.to_string(index=False))

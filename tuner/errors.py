@@ -7,6 +7,11 @@ class TunerError(Exception):
     """Base class: the CLI prints these as a message and exits non-zero."""
 
 
+class UsageError(TunerError):
+    """The command line asks for something it cannot mean (a required option missing): exit 2, as
+    the parser's own usage errors."""
+
+
 class ToolchainError(TunerError):
     """The CUDA toolkit or a compiler is missing or unusable."""
 

@@ -292,7 +292,30 @@ def storage(url: str | os.PathLike) -> JournalStorage:
         from tuner.errors import TunerError
 
         raise TunerError(f"--storage {url}: a journal is a file's path or {POSTGRES_SCHEME}USER@HOST/DB")
+    _refuse_other_files(Path(url))
     return _Storage(JournalFile(url))
+
+
+def _refuse_other_files(path: Path) -> None:
+    """A file none of whose whole lines is a journal record is some other file: refused, rather
+    than read as a journal with every line damaged (and appended to by a search). A partial last
+    line alone (the first append, cut by a kill) is no evidence either way."""
+    try:
+        with open(path, "rb") as f:
+            lines = 0
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break
+                lines += 1
+                if parse(raw)[0] is not None:
+                    return
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return  # no file yet (a search makes it), or a folder: opening it says what is wrong
+    if lines:
+        from tuner.errors import TunerError
+
+        raise TunerError(f"--storage {path}: not a journal (none of its {lines:,} lines is a record of "
+                         "Optuna's journal)")
 
 
 def damaged_lines(storage) -> list[int]:
