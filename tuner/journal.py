@@ -19,7 +19,8 @@ the order they are given to it, a function of the file's whole lines alone, so a
 incremental reads, in any process, number them alike. An append first ends a partial last line
 (a writer killed mid-line: writers take turns under the lock, so none is writing it), so that
 its records start a line of their own; a reader leaves a partial last line for its next read
-(it is being written, or the next append ends it and it is a damaged line).
+(it is being written, or the next append ends it and it is a damaged line). A file none of whose
+whole lines is a record is some other file, not a damaged journal: it is refused, never appended to.
 
 Optuna numbers studies and trials in the order their creations replay, so a creation lost in a
 damaged line would shift the id of every later one, and their records would reach the wrong
