@@ -17,10 +17,12 @@ def test_a_build_killed_before_leaves_no_lock_that_blocks_the_next(fresh_cache, 
     path = binding._library_path("rms_norm")
     path.parent.mkdir(parents=True)
     (path.parent / "lock").write_text("")  # cpp_extension's lock file, left by a killed build
+    path.write_bytes(b"half")  # and the library it was linking
+    assert binding.built("rms_norm") is None
     built = []
     monkeypatch.setattr(binding, "_build", lambda family, p, verbose: built.append(family) or p.write_bytes(b"so"))
-    assert binding.library("rms_norm") == path and built == ["rms_norm"]
-    assert not (path.parent / "lock").exists()
+    assert binding.library("rms_norm") == path and built == ["rms_norm"] and path.read_bytes() == b"so"
+    assert not (path.parent / "lock").exists() and binding.built("rms_norm") == path
     assert binding.library("rms_norm") == path and built == ["rms_norm"]  # built: nothing to do
 
 
@@ -32,6 +34,7 @@ with binding._building(path.parent):
     print("holding", flush=True)
     time.sleep(float(sys.argv[1]))
     path.write_bytes(b"so")
+    binding._done(path).touch()
 """
 
 

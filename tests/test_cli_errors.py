@@ -324,7 +324,7 @@ def test_a_usage_error_is_one_line_of_the_command_it_is_about(home, capsys, argv
     assert err.startswith(f"{name}: error: ")
 
 
-@pytest.mark.parametrize("content", [bytes(range(256)) * 16, b'garbage\n{"op_code": 99}\n'], ids=["binary", "garbage"])
+@pytest.mark.parametrize("content", [bytes(range(256)) * 16, b'garbage\n[1, 2]\n{"not": "a record"}\n'], ids=["binary", "garbage"])
 def test_a_file_that_is_no_journal_is_refused_in_one_line(home, capsys, content):
     path = home / "other.bin"
     path.write_bytes(content)
@@ -334,6 +334,14 @@ def test_a_file_that_is_no_journal_is_refused_in_one_line(home, capsys, content)
         assert code == 1 and out == "" and len(err.splitlines()) == 1, (argv, err)
         assert "not a journal" in err and "damaged" not in err
     assert path.read_bytes() == content  # nothing appended
+
+
+@pytest.mark.filterwarnings("ignore::tuner.journal_records.JournalDamageWarning")  # the cut record, on purpose
+def test_a_journal_whose_only_record_was_cut_is_still_a_journal(home, capsys):
+    path = home / "cut.journal"
+    path.write_bytes(b'{"op_code": 0, "worker_id": "w", "stu\n')  # a disk that filled up mid-append
+    code, out, _ = run(capsys, "list", "--storage", str(path))
+    assert code == 0 and out.startswith("no studies in")
 
 
 def test_a_usage_error_and_a_missing_gpu_as_a_process(tmp_path):

@@ -65,10 +65,16 @@ def _library_path(family: str) -> Path:
     return paths.variants_dir() / "_binding" / key / f"tuner_{family}_binding_{key}.so"
 
 
+def _done(path: Path) -> Path:
+    """Written once the build of `path` has ended well: the linker writes the library in place, so
+    a library without it may be half-written (a build under way, or one killed while linking)."""
+    return path.with_name(path.name + ".done")
+
+
 def built(family: str) -> Path | None:
     """The family's binding library where it is built already, else None (nothing is built)."""
     path = _library_path(family)
-    return path if path.exists() else None
+    return path if path.exists() and _done(path).exists() else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,8 +102,9 @@ def library(family: str, verbose: bool = False):
         return found
     path = _library_path(family)
     with _building(path.parent):  # another process's build of it: waited for
-        if not path.exists():
-            _build(family, path, verbose)
+        if not _done(path).exists():
+            _build(family, path, verbose)  # (ninja relinks a library a killed build left half-written)
+            _done(path).touch()
     return path
 
 
@@ -169,4 +176,10 @@ def _build(family: str, path: Path, verbose: bool) -> None:
 
 
 if __name__ == "__main__":
+    import signal
+
+    # A builder stopped with SIGTERM takes its compilers with it (its own process group: it leads a
+    # session), so that the lock it gives up never lets a second build start beside a first one.
+    signal.signal(signal.SIGTERM, lambda *_: (signal.signal(signal.SIGTERM, signal.SIG_DFL),
+                                              os.killpg(0, signal.SIGTERM)))
     library(sys.argv[1], verbose=True)

@@ -305,11 +305,11 @@ def _refuse_other_files(path: Path) -> None:
         with open(path, "rb") as f:
             lines = 0
             for raw in f:
+                if parse(raw)[0] is not None or raw.lstrip(b"\0 \t\r\n").startswith(b'{"op_code"'):
+                    return  # a record, or one cut short (a kill or a full disk mid-append)
                 if not raw.endswith(b"\n"):
                     break
                 lines += 1
-                if parse(raw)[0] is not None:
-                    return
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return  # no file yet (a search makes it), or a folder: opening it says what is wrong
     if lines:

@@ -77,6 +77,7 @@ class Kernel:
             else:
                 setattr(self, name, value.decode() if isinstance(value, bytes) else value)
         self._words = None  # the workspace: a zeroed int32 tensor whose `error_word` validation sets
+        self._replaced: list = []  # smaller ones before it
         self.error_word = 0
 
     def error_string(self, rc: int) -> str:
@@ -96,19 +97,18 @@ class Kernel:
         words = max(int(words), self.error_word + 1, 64)
         ws = self._words
         if ws is None or ws.numel() < words or ws.device != torch.device(device):
-            fresh = torch.zeros(words, dtype=torch.int32, device=device)
-            if ws is not None and ws.device == fresh.device:
-                fresh[self.error_word] = ws[self.error_word]  # no error lost to a larger workspace
-            self._words = ws = fresh
+            if ws is not None:
+                self._replaced.append(ws)  # calls prepared with it still report there
+            self._words = ws = torch.zeros(words, dtype=torch.int32, device=device)
         return ws
 
     def take_errors(self) -> int:
         """Error bits the variant's validation flagged since the last call (syncs)."""
-        if self._words is None:
-            return 0
-        word = self._words[self.error_word]
-        bits = int(word.item()) & 0xFFFFFFFF
-        word.zero_()
+        bits = 0
+        for ws in [*self._replaced, *([self._words] if self._words is not None else [])]:
+            word = ws[self.error_word]
+            bits |= int(word.item()) & 0xFFFFFFFF
+            word.zero_()
         return bits
 
     def raise_errors(self) -> None:

@@ -92,7 +92,7 @@ class GiouKernel(Kernel):
         args.out, args.count_out, args.workspace = out.data_ptr(), count.data_ptr(), ws.data_ptr()
         args.saved_grad = saved_grad.data_ptr() if saved_grad.numel() else None
         launched(self.forward_fn(ctypes.addressof(args), stream(pred.device.index)), self, "forward")
-        if self.validates and _CHECK[check] == "sync":
+        if self.validates and _CHECK[check] == "sync" and not torch.cuda.is_current_stream_capturing():
             self.raise_errors()
         return out, count, saved_grad
 
@@ -106,6 +106,8 @@ class GiouKernel(Kernel):
             grad_pred = torch.empty_like(pred)
         if pred.numel() == 0:
             return grad_pred
+        if self.saves_grad and saved_grad.numel() != pred.numel():
+            raise ValueError(f"giou_loss: variant {self.name} needs the gradient its forward saves (need_grad=True)")
         args.grad_out, args.count, args.grad_pred = grad_out.data_ptr(), count.data_ptr(), grad_pred.data_ptr()
         args.saved_grad = saved_grad.data_ptr() if self.saves_grad else None
         launched(self.backward_fn(ctypes.addressof(args), stream(pred.device.index)), self, "backward")
