@@ -46,14 +46,9 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return {m for m in found if m in modules and m != _name(path)}
 
 
-def _graph(core_only: bool) -> dict[str, set[str]]:
+def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    graph = {}
-    for name, path in modules.items():
-        if core_only and _in_a_family(path):
-            continue
-        graph[name] = {m for m in _imports(path, modules) if not core_only or not _in_a_family(modules[m])}
-    return graph
+    return {name: _imports(path, modules) for name, path in modules.items()}
 
 
 def _circle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -80,7 +75,7 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_tuners_modules_import_in_no_circle():
-    circle = _circle(_graph(core_only=False))
+    circle = _circle(_graph())
     assert circle is None, " -> ".join(circle)
 
 
