@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from tuner import toolkit
+from tuner.kernel import TORCH_DTYPES
 from tuner.families.embedding_bag import kernel as eb_kernel
 from tuner.families.giou import kernel as giou_kernel
 from tuner.families.rms_norm import kernel as rms_kernel
@@ -66,7 +67,7 @@ def test_a_built_variant_loads_and_is_called_through_its_table_without_a_binding
     built = build.build([variant], "sm_90", jobs=2)[0]
     assert built.ok, built.error
     kernel = giou_kernel.GiouKernel(built.so, variant.name, built.entry)
-    assert kernel.name == variant.name and kernel.pred_dtype in giou_kernel.DTYPES
+    assert kernel.name == variant.name and kernel.pred_dtype in TORCH_DTYPES
     grid = -(-1024 * 256 // (variant["block_size"] * variant["boxes_per_thread"]))
     assert kernel.workspace_words_fn(1024, 256) == 4 + 2 * grid  # TUNER_GIOU_WS_PARTIALS + 2 a block
     assert "too many resources" in kernel.error_string(701)

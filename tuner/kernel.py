@@ -18,6 +18,14 @@ from tuner import families, runtime
 from tuner.errors import BuildError, KernelInputError
 
 CHECK = {False: "deferred", "deferred": "deferred", True: "sync", "sync": "sync"}  # how a call reports bad input
+# c10's dtype names, as a variant's table gives them, to torch's
+TORCH_DTYPES = {"Float": "float32", "Half": "float16", "BFloat16": "bfloat16", "Byte": "uint8", "Long": "int64",
+                "Int": "int32"}
+
+
+def dtype_name(tensor) -> str:
+    """A tensor's dtype as torch names it ("bfloat16")."""
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 class Fn:

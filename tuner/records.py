@@ -37,7 +37,7 @@ def objective_value(result: dict, objective: str) -> float:
 
 
 BASELINE = "baseline: torch"  # the baseline's name among a retime's timings (no variant is named so)
-# What the op pays beside a variant's timed backward (EmbeddingBag: zeroing the weight's gradient),
+# What the op pays beside a variant's timed backward (e.g. zeroing a weight's gradient that the variant adds into),
 # timed with the baseline and kept in its timings as "variant_extra"
 BASELINE_EXTRA = "baseline: the op's share beside a variant's backward"
 

@@ -43,7 +43,7 @@ def checkable(manifest: dict) -> str | None:
 
 def check(directory: Path, timeout: float = 900) -> dict[str, dict[str, float | None]]:
     """Problem key -> tuned/torch ratio per cell, for every problem of the export a variant serves
-    and torch's op can run (torch has no bfloat16 backward of EmbeddingBag max: the variant keeps it)."""
+    and torch's op can run (where torch has no such op, e.g. a backward missing for a dtype, the variant keeps it)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ratios.json"
         run = subprocess.run([sys.executable, "-m", "tuner.serving", str(directory), str(out)], timeout=timeout,

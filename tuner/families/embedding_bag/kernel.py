@@ -8,7 +8,7 @@ import ctypes
 
 from tuner.families.embedding_bag.op import MODE_CODES
 from tuner.kernel import CHECK as _CHECK
-from tuner.kernel import Kernel, launched, launcher, stream
+from tuner.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, launcher, stream
 
 _P, _L, _I = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
 _SHAPE = [("rows", _L), ("dim", _L), ("bags", _L), ("n", _L), ("bag_length", _L), ("offsets_end", _I), ("mode", _I),
@@ -28,7 +28,6 @@ class BackwardArgs(ctypes.Structure):  # TunerEmbeddingBagBackwardArgs
                 ("partials", _P), ("grad_weight", _P), ("grad_per_sample_weights", _P), *_SHAPE]
 
 
-DTYPES = {"Float": "float32", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64", "Int": "int32"}
 MAX_SPLITS = 4096
 
 
@@ -65,8 +64,8 @@ class EmbeddingBagKernel(Kernel):
 
     def _check(self, weight, indices, offsets) -> None:
         """What the variant takes: its dtypes, a contiguous 2-D weight aligned for its loads, one GPU."""
-        want = (DTYPES[self.weight_dtype], DTYPES[self.index_dtype], DTYPES[self.index_dtype])
-        got = tuple(str(t.dtype).removeprefix("torch.") for t in (weight, indices, offsets))
+        want = (TORCH_DTYPES[self.weight_dtype], TORCH_DTYPES[self.index_dtype], TORCH_DTYPES[self.index_dtype])
+        got = tuple(dtype_name(t) for t in (weight, indices, offsets))
         if got != want or weight.dim() != 2 or not weight.is_cuda or len({weight.device, indices.device,
                                                                            offsets.device}) != 1:
             raise ValueError(f"embedding_bag: variant {self.name} takes weight, indices and offsets of {want} on one "

@@ -6,7 +6,7 @@ import ctypes
 
 from tuner.families.giou import DEFAULT_EPS, REDUCTIONS
 from tuner.kernel import CHECK as _CHECK
-from tuner.kernel import Fn, Kernel, launched, launcher, stream
+from tuner.kernel import TORCH_DTYPES, Fn, Kernel, dtype_name, launched, launcher, stream
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _COMMON = [("pred", _P), ("target", _P), ("num_boxes", _P), ("B", _I), ("S", _I), ("reduction", _I), ("eps", _F)]
@@ -21,7 +21,6 @@ class BackwardArgs(ctypes.Structure):  # TunerGiouBackwardArgs
 
 
 WS_ERROR = 1  # TUNER_GIOU_WS_ERROR
-DTYPES = {"Float": "float32", "Half": "float16", "BFloat16": "bfloat16", "Byte": "uint8"}
 
 
 class GiouKernel(Kernel):
@@ -45,9 +44,9 @@ class GiouKernel(Kernel):
 
     def _ready(self, t, dtype: str, what: str):
         """Contiguous [B, S, 4] of the variant's dtype, aligned for its loads (a copy only when needed)."""
-        got = str(t.dtype).removeprefix("torch.")
-        if got != DTYPES[dtype] or t.dim() != 3 or t.shape[2] != 4 or not t.is_cuda:
-            raise ValueError(f"giou_loss: variant {self.name} takes {what} [B, S, 4] {DTYPES[dtype]} on a GPU, "
+        got = dtype_name(t)
+        if got != TORCH_DTYPES[dtype] or t.dim() != 3 or t.shape[2] != 4 or not t.is_cuda:
+            raise ValueError(f"giou_loss: variant {self.name} takes {what} [B, S, 4] {TORCH_DTYPES[dtype]} on a GPU, "
                              f"got {tuple(t.shape)} {got} on {t.device}")
         t = t.contiguous()
         if t.data_ptr() % self.alignment:

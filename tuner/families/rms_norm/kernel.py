@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from tuner.kernel import Fn, Kernel, launched, launcher, stream
+from tuner.kernel import TORCH_DTYPES, Fn, Kernel, dtype_name, launched, launcher, stream
 
 _P, _L = ctypes.c_void_p, ctypes.c_longlong
 
@@ -19,9 +19,6 @@ class BackwardArgs(ctypes.Structure):  # TunerRmsNormBackwardArgs
                 ("scratch", _P), ("rows", _L), ("width", _L), ("eps", ctypes.c_float)]
 
 
-DTYPES = {"Float": "float32", "Half": "float16", "BFloat16": "bfloat16"}
-
-
 class RmsNormKernel(Kernel):
     family = "rms_norm"
     fields = [("x_dtype", ctypes.c_char_p), ("weight_dtype", ctypes.c_char_p), ("saves_rstd", ctypes.c_int),
@@ -29,8 +26,8 @@ class RmsNormKernel(Kernel):
 
     def _check(self, x, weight) -> None:
         """What the variant takes: its dtypes, a contiguous [rows, width] x and [width] weight on one GPU."""
-        got = (str(x.dtype).removeprefix("torch."), str(weight.dtype).removeprefix("torch."))
-        want = (DTYPES[self.x_dtype], DTYPES[self.weight_dtype])
+        got = (dtype_name(x), dtype_name(weight))
+        want = (TORCH_DTYPES[self.x_dtype], TORCH_DTYPES[self.weight_dtype])
         if got != want or x.dim() != 2 or weight.shape != (x.shape[1],) or not (x.is_contiguous() and
                                                                              weight.is_contiguous()):
             raise ValueError(f"rms_norm: variant {self.name} takes contiguous x [rows, width] {want[0]} and weight "
