@@ -17,9 +17,10 @@ from tuner.variant import Variant
 
 
 # Repetitions of a variant in the search: at least 64, at most 192, about 4 ms of measured time a
-# call. Each chunk of 16 waits behind a ~1 ms head start (`timing.CHUNK`), so 500 repetitions of an
-# 8 µs kernel cost ~50 ms of GPU time a call: the GPU's share of a search. The median of 192 moves
-# by a few hundredths of a µs; the finalists are timed again with more (`Evaluator.retime`).
+# call, each behind an L2 flush (~20 µs on an H100), with head starts only where the host would
+# fall behind (`timing._queue`): ~6 ms of GPU time per call of an 8 µs kernel, the GPU's share of
+# a search. The median of 192 moves by a few hundredths of a µs; the finalists are timed again
+# with more (`Evaluator.retime`).
 SEARCH_TIMING = {"min_reps": 64, "max_reps": 192, "budget_ms": 4.0}
 
 
@@ -47,6 +48,11 @@ class Evaluator:
         """Build results by variant name: of what the problem runs (a family's `search_focus`),
         or with `whole` of every kernel instance, as the export builds them."""
         raise NotImplementedError
+
+    def starting(self) -> bool:
+        """Whether the GPUs are still starting (their workers importing torch, warming up): a
+        search keeps its compiler busy meanwhile. Waits for nothing."""
+        return False
 
     def evaluate(self, variant: Variant, prepared: dict, on_probe=None, slot: int = 0) -> dict:
         """Verify then time one variant on the GPU of `slot` (0 .. parallel - 1; one variant at a
@@ -123,6 +129,16 @@ class LiveEvaluator(Evaluator):
         self.problem = problem
         for w in self.workers:
             w.warm = warm_job(problem, self.objective)
+
+    def starting(self) -> bool:
+        from tuner.worker import WorkerError
+
+        if self._info is not None:
+            return False
+        try:
+            return any([w.starting() for w in self.workers])
+        except WorkerError:
+            return False  # said by `gpu_info`, which starts it again or gives up
 
     @property
     def gpu_info(self) -> dict:

@@ -15,18 +15,31 @@ from typing import Callable
 
 DEFAULT_FLUSH_BYTES = 256 * 1024 * 1024  # over any GPU's L2 today; Triton's do_bench uses the same
 HEAD_START_CYCLES = 2_000_000  # about 1-2 ms of GPU clock
-CHUNK = 16  # repetitions queued behind one head start: the host queues them in well under its time
 
 
-def head_start() -> None:
-    """Keep the GPU busy for a moment (a spin kernel, not timed) while the host queues the timed
-    repetitions behind it, so that the events time the GPU's work and not how fast a busy host
-    launches: otherwise the GPU runs ahead and idles inside the timed window."""
+_CYCLE_US: list[float] = []  # µs a spin cycle takes on this process's GPU (measured once)
+
+
+def head_start(us: float | None = None) -> float:
+    """Keep the GPU busy for about `us` µs (a spin kernel, not timed; default ~1 ms) while the
+    host queues the timed repetitions behind it, so that the events time the GPU's work and not
+    how fast a busy host launches: otherwise the GPU runs ahead and idles inside the timed
+    window. Returns the µs it keeps the GPU busy (0 where torch has no spin kernel)."""
     import torch
 
     sleep = getattr(torch.cuda, "_sleep", None)
-    if sleep is not None:
+    if sleep is None:
+        return 0.0
+    if not _CYCLE_US:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         sleep(HEAD_START_CYCLES)
+        end.record()
+        end.synchronize()
+        _CYCLE_US.append(start.elapsed_time(end) * 1000.0 / HEAD_START_CYCLES)
+    cycles = HEAD_START_CYCLES if us is None else max(int(us / _CYCLE_US[0]), 1000)
+    sleep(cycles)
+    return cycles * _CYCLE_US[0]
 
 
 @dataclass(frozen=True)
@@ -51,31 +64,80 @@ class L2Flush:
             l2 = getattr(props, "L2_cache_size", 0) or DEFAULT_FLUSH_BYTES // 2
             nbytes = max(l2, 16 * 1024 * 1024)
         self.buffer = torch.empty(nbytes // 4, dtype=torch.int32, device=device or "cuda")
+        self._us: float | None = None
 
     def __call__(self) -> None:
         self.buffer.fill_(0x5A5A5A5A)
 
+    @property
+    def us(self) -> float:
+        """One flush's GPU time in µs (measured once)."""
+        if self._us is None:
+            self()
+            self._us = _estimate_us(self)
+        return self._us
 
-def _samples(fn: Callable[[], object], flush: L2Flush, reps: int) -> list[float]:
-    """`reps` timings of `fn` in µs, each after an L2 flush, queued in chunks of CHUNK behind a head
-    start each. One head start for hundreds of repetitions is not enough: the host queues a
-    flush and a call in ~30 µs, the GPU runs them in ~25, so after a millisecond the GPU waits
-    on the host and every event pair times the host's launch rate, not the kernel (medians of
-    a 8 µs kernel read 15-27 µs that way, and the ranking followed the host's jitter)."""
+
+SPARE_US = 500.0  # a head start's spin beyond what the next call needs: a GPU-bound call needs one
+GPU_SHARE = 0.8  # of a call's estimated GPU time, counted as queued work (estimates run high)
+
+
+def _queue(order: list, flush: L2Flush, gpu_us: dict) -> dict:
+    """Queue one timed repetition of each `(key, fn)` in `order`, each after an L2 flush, and
+    return key -> [(start, end) events]. The events must time the GPU's work, not how fast the
+    host launches: if the GPU ran out of queued work, an event pair would include the host's
+    time to launch the call (medians of an 8 µs kernel read 15-27 µs that way). So the host
+    keeps count of the GPU work it has queued ahead of itself (each call's estimated GPU time,
+    `gpu_us[key]`, less the host time it took to queue it) and, where that lead is shorter than
+    the time it takes to queue a call, queues a head start long enough to cover it. A call the
+    GPU runs slower than the host queues it (a large kernel) needs one head start in all; one the
+    host queues slower (a Python op, an eager loss) gets a spin as long as the difference."""
+    import time
+
     import torch
 
-    pairs = []
-    for first in range(0, reps, CHUNK):
-        head_start()
-        for _ in range(min(CHUNK, reps - first)):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            flush()
-            s.record()
-            fn()
-            e.record()
-            pairs.append((s, e))
-    torch.cuda.synchronize()
+    pairs: dict = {}
+    lead, host = 0.0, 0.0  # µs of GPU work queued ahead; the slowest recent queueing of one call
+    for key, fn in order:
+        need = host + 50.0
+        if lead < need:
+            lead += head_start(need - lead + SPARE_US)
+        began = time.perf_counter()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        flush()
+        s.record()
+        fn()
+        e.record()
+        took = (time.perf_counter() - began) * 1e6
+        host = max(took, 0.9 * host)
+        lead = max(lead + GPU_SHARE * (gpu_us[key] + flush.us) - took, 0.0)
+        pairs.setdefault(key, []).append((s, e))
+    return pairs
+
+
+def _elapsed(pairs: list) -> list[float]:
     return [s.elapsed_time(e) * 1000.0 for s, e in pairs]
+
+
+def _estimate_us(fn: Callable[[], object]) -> float:
+    """One call's GPU time in µs (events around it; after its warm-up)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return max(start.elapsed_time(end) * 1000.0, 1.0)
+
+
+def _samples(fn: Callable[[], object], flush: L2Flush, reps: int, gpu_us: float) -> list[float]:
+    """`reps` timings of `fn` in µs, each after an L2 flush (`_queue`)."""
+    import torch
+
+    pairs = _queue([(0, fn)] * reps, flush, {0: gpu_us})
+    torch.cuda.synchronize()
+    return _elapsed(pairs[0])
 
 
 def _summary(samples: list[float]) -> Timing:
@@ -93,16 +155,11 @@ def bench(fn: Callable[[], object], *, flush: L2Flush | None = None, warmup: int
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    # Estimate one call to size the batch of repetitions (between syncs, so that
-    # a slow kernel does not run thousands of times).
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    estimate_ms = max(start.elapsed_time(end), 1e-3)
-    reps = int(min(max_reps, max(min_reps, budget_ms / estimate_ms)))
-    return _summary(_samples(fn, flush, reps))
+    # One call's estimate sizes the repetitions (between syncs, so that a slow kernel does not
+    # run thousands of times) and the head starts they need.
+    estimate_us = _estimate_us(fn)
+    reps = int(min(max_reps, max(min_reps, budget_ms * 1000.0 / estimate_us)))
+    return _summary(_samples(fn, flush, reps, estimate_us))
 
 
 def interleaved(fns: dict[str, Callable[[], object]], *, flush: L2Flush | None = None, rounds: int = 20,
@@ -120,7 +177,10 @@ def interleaved(fns: dict[str, Callable[[], object]], *, flush: L2Flush | None =
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].extend(_samples(fn, flush, per_round))
+    gpu_us = {name: _estimate_us(fn) for name, fn in fns.items()}
+    for _ in range(rounds):  # a round: each candidate's repetitions in turn, then one sync
+        pairs = _queue([(name, fn) for name, fn in fns.items() for _ in range(per_round)], flush, gpu_us)
+        torch.cuda.synchronize()
+        for name in fns:
+            samples[name].extend(_elapsed(pairs[name]))
     return {name: _summary(samples[name]) for name in fns}
