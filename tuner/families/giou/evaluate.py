@@ -58,25 +58,18 @@ class Evaluation:
         return self.inputs[key]
 
     def calls(self, kernel: GiouKernel, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
-        """Forward and backward calls on fixed inputs with preallocated outputs (no sync)."""
+        """Forward and backward calls on fixed inputs with preallocated outputs (no sync), their
+        arguments laid out once: a timed call is a launch."""
         import torch
 
         red = problem["reduction"]
         pred, target, nb = self.timing_inputs(problem)
         need_grad = objective != "fwd"
-        out, count, saved = kernel.forward(pred, target, nb, red, need_grad=need_grad, check=False)
-
-        def fwd():
-            kernel.forward(pred, target, nb, red, need_grad=need_grad, check=False, out=out, count=count,
-                           saved_grad=saved)
-
+        fwd, out, count, saved = kernel.prepare(pred, target, nb, red, need_grad=need_grad)
         if objective == "fwd":
             return fwd, None
-        grad_out, grad = torch.ones_like(out), torch.empty_like(pred)
-
-        def bwd():
-            kernel.backward(grad_out, pred, target, nb, count, saved, red, grad_pred=grad)
-
+        fwd()  # the backward reads the count (and a fused variant's saved gradient) the forward writes
+        bwd, _ = kernel.prepare_backward(torch.ones_like(out), pred, target, nb, count, saved, red)
         return fwd, bwd
 
     def baseline(self, problem: dict, objective: str) -> tuple[Callable, Callable | None]:

@@ -68,9 +68,11 @@ class GiouKernel(Kernel):
                    pred.shape[0], pred.shape[1], _reduction_code(reduction), eps)
         return args, pred, target, num_boxes
 
-    def forward(self, pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS, *,
-                need_grad: bool = False, check: bool | str = True, out=None, count=None, saved_grad=None):
-        """Returns (loss, count, saved_grad); saved_grad is empty unless a fused variant saves it."""
+    def prepare(self, pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS, *,
+                need_grad: bool = False, out=None, count=None, saved_grad=None):
+        """(call, loss, count, saved_grad): `call()` runs the forward into them, its arguments
+        checked and laid out once (a timed call is the launch alone); saved_grad is empty unless
+        a fused variant saves it."""
         import torch
 
         code = _reduction_code(reduction)
@@ -84,19 +86,37 @@ class GiouKernel(Kernel):
         if saved_grad is None:
             saved_grad = torch.empty(pred.shape if need_grad and self.saves_grad else (0,), **f32)
         if B * S == 0:  # nothing to launch: an empty mean or sum is 0
-            out.zero_()
-            count.zero_()
-            return out, count, saved_grad
+            def call():
+                out.zero_()
+                count.zero_()
+            return call, out, count, saved_grad
         ws = self.workspace(self.workspace_words_fn(B, S), pred.device)
         args.out, args.count_out, args.workspace = out.data_ptr(), count.data_ptr(), ws.data_ptr()
         args.saved_grad = saved_grad.data_ptr() if saved_grad.numel() else None
-        launched(self.forward_fn(ctypes.addressof(args), stream(pred.device.index)), self, "forward")
+        forward, pointer, device = self.forward_fn, ctypes.addressof(args), pred.device.index
+        keep = (pred, target, num_boxes, out, count, saved_grad, ws, args)  # what the pointers point into
+
+        def call():
+            launched(forward(pointer, stream(device)), self, "forward")
+            return keep
+
+        return call, out, count, saved_grad
+
+    def forward(self, pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS, *,
+                need_grad: bool = False, check: bool | str = True, out=None, count=None, saved_grad=None):
+        """Returns (loss, count, saved_grad); saved_grad is empty unless a fused variant saves it."""
+        import torch
+
+        call, out, count, saved_grad = self.prepare(pred, target, num_boxes, reduction, eps, need_grad=need_grad,
+                                                    out=out, count=count, saved_grad=saved_grad)
+        call()
         if self.validates and _CHECK[check] == "sync" and not torch.cuda.is_current_stream_capturing():
             self.raise_errors()
         return out, count, saved_grad
 
-    def backward(self, grad_out, pred, target, num_boxes, count, saved_grad, reduction: str = "mean",
-                 eps: float = DEFAULT_EPS, grad_pred=None):
+    def prepare_backward(self, grad_out, pred, target, num_boxes, count, saved_grad, reduction: str = "mean",
+                         eps: float = DEFAULT_EPS, grad_pred=None):
+        """(call, grad_pred): `call()` runs the backward into grad_pred, its arguments laid out once."""
         import torch
 
         args, pred, target, num_boxes = self._common(BackwardArgs, pred, target, num_boxes, reduction, eps)
@@ -104,12 +124,25 @@ class GiouKernel(Kernel):
         if grad_pred is None:
             grad_pred = torch.empty_like(pred)
         if pred.numel() == 0:
-            return grad_pred
+            return (lambda: None), grad_pred
         if self.saves_grad and saved_grad.numel() != pred.numel():
             raise ValueError(f"giou_loss: variant {self.name} needs the gradient its forward saves (need_grad=True)")
         args.grad_out, args.count, args.grad_pred = grad_out.data_ptr(), count.data_ptr(), grad_pred.data_ptr()
         args.saved_grad = saved_grad.data_ptr() if self.saves_grad else None
-        launched(self.backward_fn(ctypes.addressof(args), stream(pred.device.index)), self, "backward")
+        backward, pointer, device = self.backward_fn, ctypes.addressof(args), pred.device.index
+        keep = (grad_out, pred, target, num_boxes, count, saved_grad, grad_pred, args)
+
+        def call():
+            launched(backward(pointer, stream(device)), self, "backward")
+            return keep
+
+        return call, grad_pred
+
+    def backward(self, grad_out, pred, target, num_boxes, count, saved_grad, reduction: str = "mean",
+                 eps: float = DEFAULT_EPS, grad_pred=None):
+        call, grad_pred = self.prepare_backward(grad_out, pred, target, num_boxes, count, saved_grad, reduction,
+                                                eps, grad_pred)
+        call()
         return grad_pred
 
 
