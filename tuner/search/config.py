@@ -73,6 +73,7 @@ class SearchReport:
     worker_restarts: int = 0
     worker_kills: int = 0
     imported: int = 0
+    early: int = 0  # variants added to the first batch while the GPU started (`Search._while_starting`)
     warm_started: int = 0  # variants tried first because the family's other studies ranked them high
     # (stage, start, end) in time.monotonic() seconds: "compile" (a piece of a batch), "gpu" (its
     # evaluation): what bounded the search, and how long it took to start
@@ -94,6 +95,22 @@ class SearchReport:
         waited = self.busy("gpu start")
         return (f"pipeline: search loop began {self.started - started:.1f} s after the command's start, the GPU "
                 f"{'-' if first_gpu is None else f'{first_gpu - started:.1f} s'} after it"
-                f"{f' (its worker took {waited:.1f} s more than the first compiles)' if waited else ''}; "
+                f"{f' (its worker took {waited:.1f} s more than the first compiles)' if waited else ''}"
+                f"{f', the first batch grown by {self.early} variants meanwhile' if self.early else ''}; "
                 f"compiling {self.busy('compile'):.1f} s, GPU work {self.busy('gpu'):.1f} s "
-                f"of the search's {self.wall_s:.1f} s")
+                f"of the search's {self.wall_s:.1f} s\n" + self.timeline(started))
+
+    def timeline(self, started: float) -> str:
+        """Each stage's spans in seconds from the command's start (overlapping ones merged): where
+        the compiler or the GPU waited."""
+        parts = []
+        for stage in ("compile", "gpu start", "gpu", "finalists"):
+            merged: list[list[float]] = []
+            for _, a, b in sorted(s for s in self.spans if s[0] == stage):
+                if merged and a <= merged[-1][1] + 0.05:
+                    merged[-1][1] = max(merged[-1][1], b)
+                else:
+                    merged.append([a, b])
+            if merged:
+                parts.append(f"{stage} " + ", ".join(f"{a - started:.1f}-{b - started:.1f}" for a, b in merged))
+        return "timeline (s from the command's start): " + "; ".join(parts)
