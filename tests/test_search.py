@@ -568,35 +568,3 @@ def test_auto_with_a_recording_names_the_study_as_a_live_search_would(sim, tmp_p
     assert search.run(_cfg(sim, trials=5, gpu="auto")).study_name == named.study_name
     other = simdata.write(tmp_path / "other.jsonl", gpu_name="NVIDIA Quantum X9")  # a GPU tuner has no name for
     assert SimulatedEvaluator(other, giou.Problem(), "fwd+bwd", "auto").gpu_label == "NVIDIA Quantum X9"
-
-
-class _Starting:
-    """A simulated evaluator whose GPU is said to be starting for its first `polls` questions."""
-
-    def __init__(self, inner, polls: int):
-        self.inner, self.polls, self.asked = inner, polls, 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def starting(self) -> bool:
-        self.asked += 1
-        return self.asked <= self.polls
-
-
-@pytest.mark.parametrize("polls, trials, early", [(0, 200, 0), (10**6, 200, 64), (10**6, 40, 8)])
-def test_the_first_batch_grows_while_the_gpu_starts(sim, polls, trials, early):
-    from tuner.evaluate import SimulatedEvaluator
-    from tuner.search.pipeline import EARLY_MORE, Search
-
-    cfg = _cfg(sim, trials=trials)
-    evaluator = _Starting(SimulatedEvaluator(sim, cfg.problem, cfg.objective, cfg.gpu), polls)
-    run = Search(cfg, evaluator)
-    sizes = []
-    ask = run.asker.ask
-    run.asker.ask = lambda n: sizes.append(n) or ask(n)
-    report = run.run()
-    assert report.early == early and early <= EARLY_MORE * asking.FIRST_BATCH
-    assert len(_finished(study.load(report.study_name))) == trials
-    # the growth is asked before the model's first ranked batch (the run's batch, 4 times the GPU's)
-    assert sizes[:1 + early // evaluator.batch_size] == [asking.FIRST_BATCH] + [evaluator.batch_size] * (early // evaluator.batch_size)

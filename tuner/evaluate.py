@@ -49,11 +49,6 @@ class Evaluator:
         or with `whole` of every kernel instance, as the export builds them."""
         raise NotImplementedError
 
-    def starting(self) -> bool:
-        """Whether the GPUs are still starting (their workers importing torch, warming up): a
-        search keeps its compiler busy meanwhile. Waits for nothing."""
-        return False
-
     def evaluate(self, variant: Variant, prepared: dict, on_probe=None, slot: int = 0) -> dict:
         """Verify then time one variant on the GPU of `slot` (0 .. parallel - 1; one variant at a
         time per slot); a failure comes back as data with a reason. With `on_probe`, the first
@@ -129,16 +124,6 @@ class LiveEvaluator(Evaluator):
         self.problem = problem
         for w in self.workers:
             w.warm = warm_job(problem, self.objective)
-
-    def starting(self) -> bool:
-        from tuner.worker import WorkerError
-
-        if self._info is not None:
-            return False
-        try:
-            return any([w.starting() for w in self.workers])
-        except WorkerError:
-            return False  # said by `gpu_info`, which starts it again or gives up
 
     @property
     def gpu_info(self) -> dict:

@@ -9,6 +9,7 @@ until both `min_reps` and `budget_ms` of measured time are reached (capped by
 
 from __future__ import annotations
 
+import collections
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -30,8 +31,9 @@ def head_start(us: float | None = None) -> float:
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None:
         return 0.0
-    if not _CYCLE_US:
+    if not _CYCLE_US:  # the spin's pace, measured behind a first spin (loaded, and the GPU busy)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        sleep(HEAD_START_CYCLES // 2)
         start.record()
         sleep(HEAD_START_CYCLES)
         end.record()
@@ -74,22 +76,24 @@ class L2Flush:
         """One flush's GPU time in µs (measured once)."""
         if self._us is None:
             self()
-            self._us = _estimate_us(self)
+            self._us = _estimate(self).gpu_us
         return self._us
 
 
 SPARE_US = 500.0  # a head start's spin beyond what the next call needs: a GPU-bound call needs one
+MAX_SPIN_US = 5000.0
 GPU_SHARE = 0.8  # of a call's estimated GPU time, counted as queued work (estimates run high)
 
 
-def _queue(order: list, flush: L2Flush, gpu_us: dict) -> dict:
+def _queue(order: list, flush: L2Flush, estimates: dict) -> dict:
     """Queue one timed repetition of each `(key, fn)` in `order`, each after an L2 flush, and
     return key -> [(start, end) events]. The events must time the GPU's work, not how fast the
     host launches: if the GPU ran out of queued work, an event pair would include the host's
     time to launch the call (medians of an 8 µs kernel read 15-27 µs that way). So the host
     keeps count of the GPU work it has queued ahead of itself (each call's estimated GPU time,
-    `gpu_us[key]`, less the host time it took to queue it) and, where that lead is shorter than
-    the time it takes to queue a call, queues a head start long enough to cover it. A call the
+    `estimates[key]` = `_Estimate`, less the host time it took to queue it) and, where that lead
+    is shorter than the time it takes to queue the next call, queues a head start long enough to
+    cover it. A call the
     GPU runs slower than the host queues it (a large kernel) needs one head start in all; one the
     host queues slower (a Python op, an eager loss) gets a spin as long as the difference."""
     import time
@@ -97,9 +101,12 @@ def _queue(order: list, flush: L2Flush, gpu_us: dict) -> dict:
     import torch
 
     pairs: dict = {}
-    lead, host = 0.0, 0.0  # µs of GPU work queued ahead; the slowest recent queueing of one call
+    lead = 0.0  # µs of GPU work queued ahead of the host
     for key, fn in order:
-        need = host + 50.0
+        guess = estimates[key]
+        # a typical call's queueing (one that waited, on a full launch queue or a collection, says
+        # nothing of the next), and at most MAX_SPIN_US: a spin does not wait out a stall
+        need = min(statistics.median_high(guess.host), MAX_SPIN_US) + 50.0
         if lead < need:
             lead += head_start(need - lead + SPARE_US)
         began = time.perf_counter()
@@ -109,8 +116,8 @@ def _queue(order: list, flush: L2Flush, gpu_us: dict) -> dict:
         fn()
         e.record()
         took = (time.perf_counter() - began) * 1e6
-        host = max(took, 0.9 * host)
-        lead = max(lead + GPU_SHARE * (gpu_us[key] + flush.us) - took, 0.0)
+        guess.host.append(took)
+        lead = max(lead + GPU_SHARE * (guess.gpu_us + flush.us) - took, 0.0)
         pairs.setdefault(key, []).append((s, e))
     return pairs
 
@@ -119,23 +126,41 @@ def _elapsed(pairs: list) -> list[float]:
     return [s.elapsed_time(e) * 1000.0 for s, e in pairs]
 
 
-def _estimate_us(fn: Callable[[], object]) -> float:
-    """One call's GPU time in µs (events around it; after its warm-up)."""
+class _Estimate:
+    """A call's GPU time and the host's recent times to queue it, in µs (`_queue` keeps the latter)."""
+
+    def __init__(self, gpu_us: float, host_us: float):
+        self.gpu_us = gpu_us
+        self.host: collections.deque = collections.deque([host_us], maxlen=8)
+
+
+def _estimate(fn: Callable[[], object]) -> _Estimate:
+    """One call's GPU time (after its warm-up): events around it, behind a spin longer than the
+    host takes to queue it, so that neither the launch nor the host's pace counts."""
+    import time
+
     import torch
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return max(start.elapsed_time(end) * 1000.0, 1.0)
+    best, host_us = float("inf"), 0.0
+    for _ in range(2):
+        began = time.perf_counter()
+        fn()
+        host_us = (time.perf_counter() - began) * 1e6
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        head_start(1.5 * host_us + 100.0)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1000.0)
+    return _Estimate(max(best, 1.0), host_us)
 
 
-def _samples(fn: Callable[[], object], flush: L2Flush, reps: int, gpu_us: float) -> list[float]:
+def _samples(fn: Callable[[], object], flush: L2Flush, reps: int, estimate: _Estimate) -> list[float]:
     """`reps` timings of `fn` in µs, each after an L2 flush (`_queue`)."""
     import torch
 
-    pairs = _queue([(0, fn)] * reps, flush, {0: gpu_us})
+    pairs = _queue([(0, fn)] * reps, flush, {0: estimate})
     torch.cuda.synchronize()
     return _elapsed(pairs[0])
 
@@ -157,9 +182,9 @@ def bench(fn: Callable[[], object], *, flush: L2Flush | None = None, warmup: int
     torch.cuda.synchronize()
     # One call's estimate sizes the repetitions (between syncs, so that a slow kernel does not
     # run thousands of times) and the head starts they need.
-    estimate_us = _estimate_us(fn)
-    reps = int(min(max_reps, max(min_reps, budget_ms * 1000.0 / estimate_us)))
-    return _summary(_samples(fn, flush, reps, estimate_us))
+    estimate = _estimate(fn)
+    reps = int(min(max_reps, max(min_reps, budget_ms * 1000.0 / estimate.gpu_us)))
+    return _summary(_samples(fn, flush, reps, estimate))
 
 
 def interleaved(fns: dict[str, Callable[[], object]], *, flush: L2Flush | None = None, rounds: int = 20,
@@ -177,9 +202,9 @@ def interleaved(fns: dict[str, Callable[[], object]], *, flush: L2Flush | None =
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
-    gpu_us = {name: _estimate_us(fn) for name, fn in fns.items()}
+    estimates = {name: _estimate(fn) for name, fn in fns.items()}
     for _ in range(rounds):  # a round: each candidate's repetitions in turn, then one sync
-        pairs = _queue([(name, fn) for name, fn in fns.items() for _ in range(per_round)], flush, gpu_us)
+        pairs = _queue([(name, fn) for name, fn in fns.items() for _ in range(per_round)], flush, estimates)
         torch.cuda.synchronize()
         for name in fns:
             samples[name].extend(_elapsed(pairs[name]))

@@ -301,17 +301,6 @@ class Worker:
         self.hello = hello
         self._greeted = True
 
-    def starting(self) -> bool:
-        """Whether the child is still starting or warming up; waits for nothing (its hello is read
-        here once it has come)."""
-        if self._proc is None or not self._proc.is_alive():
-            return False  # `ready` starts one
-        if not self._greeted:
-            if not self._conn.poll(0):
-                return True
-            self._greet()
-        return self._warming and not self._conn.poll(0)
-
     def ready(self) -> dict:
         """The child's hello, once it has started and run its warm-up (waited for here, or started
         here, when need be)."""

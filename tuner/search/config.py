@@ -73,7 +73,6 @@ class SearchReport:
     worker_restarts: int = 0
     worker_kills: int = 0
     imported: int = 0
-    early: int = 0  # variants added to the first batch while the GPU started (`Search._while_starting`)
     warm_started: int = 0  # variants tried first because the family's other studies ranked them high
     # (stage, start, end) in time.monotonic() seconds: "compile" (a piece of a batch), "gpu" (its
     # evaluation): what bounded the search, and how long it took to start
@@ -95,8 +94,7 @@ class SearchReport:
         waited = self.busy("gpu start")
         return (f"pipeline: search loop began {self.started - started:.1f} s after the command's start, the GPU "
                 f"{'-' if first_gpu is None else f'{first_gpu - started:.1f} s'} after it"
-                f"{f' (its worker took {waited:.1f} s more than the first compiles)' if waited else ''}"
-                f"{f', the first batch grown by {self.early} variants meanwhile' if self.early else ''}; "
+                f"{f' (its worker took {waited:.1f} s more than the first compiles)' if waited else ''}; "
                 f"compiling {self.busy('compile'):.1f} s, GPU work {self.busy('gpu'):.1f} s "
                 f"of the search's {self.wall_s:.1f} s\n" + self.timeline(started))
 

@@ -125,10 +125,7 @@ class Search:
                     break
                 if pending is None and following is not None and self.asker.learns and not book.results:
                     # The first batch is evaluated before the second is asked: a model that ranked
-                    # the second knowing nothing would spend it at random. While the GPU's worker
-                    # still starts, the first batch grows instead of the compiler idling.
-                    left = room - sum(len(part) for part, _ in following) - len(held)
-                    following += self._while_starting(pool, following, left, waiting)
+                    # the second knowing nothing would spend it at random.
                     self._evaluate_pieces(following)
                     following = None
                 if pending is not None:
@@ -166,28 +163,6 @@ class Search:
         self.report.worker_restarts = self.evaluator.restarts
         self.report.worker_kills = self.evaluator.killed
         return self.report
-
-    def _while_starting(self, pool, pieces: list, left: int, waiting: list) -> list:
-        """More pieces of the first batch (the sampler's spread of the space), each asked when the
-        compiler has done the last one and the GPU's worker is still starting (importing torch,
-        making its check cases: seconds the compiler would otherwise idle), up to EARLY_MORE
-        times the first batch and --trials."""
-        more: list = []
-        size = self.evaluator.batch_size
-        cap = min(left, EARLY_MORE * self.asker.first_batch)
-        while cap > 0 and self.evaluator.starting():
-            last = (pieces + more)[-1][1] if pieces or more else None
-            if last is not None and not last.done():
-                time.sleep(0.05)
-                continue
-            new, held = self.book.settle_known(self.asker.ask(min(size, cap)))
-            waiting += held
-            cap -= len(new) + len(held)
-            if not new and not held:
-                break  # the space has no more
-            more.append((new, pool.submit(self._prepare, _unique(new))))
-            self.report.early += len(new)
-        return more
 
     # --------------------------------------------------------- evaluate
 
@@ -283,13 +258,6 @@ class Search:
             if self.joins:
                 return not self.book.behind_in_both(partial, self.cfg.prune)
         return not trial.should_prune()
-
-
-# A ranked search's first batch spreads over the space before its model ranks; while the GPU starts
-# it may grow by up to this many times its size (simulation, bf16/uint8 recording, 20 seeds: a first
-# batch of 64 reached within 3% of the best in a median of 67 trials against 47.5 for 32, and
-# within 200 trials in 19 runs of 20 against 17).
-EARLY_MORE = 2
 
 
 def _unique(batch) -> list[Variant]:
