@@ -16,7 +16,8 @@ def spins(monkeypatch):
     real = timing.head_start
 
     def counted(us=None):
-        calls.append(us)
+        if us is not None and us >= timing.SPARE_US:  # a repetition's head start (not an estimate's)
+            calls.append(us)
         return real(us)
 
     monkeypatch.setattr(timing, "head_start", counted)
@@ -30,7 +31,7 @@ def test_a_call_the_gpu_runs_slower_than_the_host_queues_needs_one_head_start(sp
     dst = torch.empty_like(src)
     flush = timing.L2Flush()
     t = timing.bench(lambda: dst.copy_(src), flush=flush, min_reps=192, max_reps=192, budget_ms=0)
-    assert t.reps == 192 and len(spins) <= 3
+    assert t.reps == 192 and len(spins) <= 2, spins
     # the same copy back to back between one pair of events (each a full HBM pass either way)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -57,7 +58,7 @@ def test_a_call_the_host_queues_slower_than_the_gpu_runs_is_timed_on_the_gpu(spi
 
     t = timing.bench(slow_host, min_reps=64, max_reps=64, budget_ms=0)
     assert t.median_us < 50.0, t
-    assert len(spins) > 3  # the host fell behind: head starts were queued on the way
+    assert len(spins) > 3, spins  # the host fell behind: head starts were queued on the way
     rounds = timing.interleaved({"slow": slow_host, "tiny": lambda: x.add_(1.0)}, rounds=4, min_reps=32)
     assert rounds["slow"].median_us < 50.0 and rounds["tiny"].median_us < 50.0
     assert rounds["slow"].reps == rounds["tiny"].reps == 32
