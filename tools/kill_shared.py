@@ -70,6 +70,7 @@ def main() -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     started = time.monotonic()
     procs, logs = [], []
+    os.makedirs(args.logs, exist_ok=True)
     for i in range(args.searchers):
         logs.append(open(os.path.join(args.logs, f"searcher{i}.log"), "w"))
         env = {**os.environ, **({"TUNER_HOST": f"host{i}"} if args.as_hosts else {})}
@@ -112,7 +113,7 @@ def main() -> int:
              if final[n].state.name == "FAIL" and studies.interrupted(final[n]) and n in retried]
     crashes = [n for n, t in final.items() if t.user_attrs.get("reason") == "crash"]
     done = studies.finished_count(optuna.load_study(study_name=name, storage=studies.storage(url)))
-    measured = collections.Counter(r["variant"] for r in records.read(studies.records_path(name)))
+    measured = collections.Counter(r["variant"] for r in records.read(studies.records_path(name)) if "variant" in r)
     twice = [v for v, c in measured.items() if c > 1]
     # a worker killed between two variants is restarted without a re-run to show: that proves nothing
     reran = args.kill != "worker" or "(0 killed from outside" not in open(logs[0].name).read()

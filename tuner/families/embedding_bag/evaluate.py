@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from tuner import timing
 from tuner.cases import Cases
 from tuner.families import embedding_bag as eb
 from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
@@ -172,7 +173,7 @@ class Evaluation:
         wg = w.detach().requires_grad_()
         out = F.embedding_bag(idx, wg, offs, mode=problem["mode"])
         zeroed = torch.empty_like(w)
-        return fwd, lambda: torch.autograd.grad(out, wg, g, retain_graph=True), zeroed.zero_
+        return fwd, timing.gradient_call((out,), (wg,), (g,)), zeroed.zero_
 
     def errors(self, kernel: EmbeddingBagKernel) -> int:
         return kernel.take_errors()

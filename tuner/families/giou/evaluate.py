@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from tuner import timing
 from tuner.cases import Cases
 from tuner.families.giou.kernel import GiouKernel
 from tuner.families.giou.verify import make_case, run_case
@@ -90,7 +91,7 @@ class Evaluation:
         leaf = pred.detach().requires_grad_()
         loss = eager(leaf, target, nb, red)
         grad_out = torch.ones_like(loss)
-        return fwd, lambda: torch.autograd.grad(loss, leaf, grad_out, retain_graph=True)
+        return fwd, timing.gradient_call((loss,), (leaf,), (grad_out,))
 
     def errors(self, kernel: GiouKernel) -> int:
         """Error bits the kernels flagged since the last call (generated inputs are valid)."""

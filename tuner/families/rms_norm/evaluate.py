@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from tuner.accuracy import check
+from tuner import timing
 from tuner.cases import Cases
 from tuner.families import rms_norm
 from tuner.families.rms_norm.kernel import RmsNormKernel
@@ -114,7 +115,7 @@ class Evaluation:
             return fwd, None
         xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
         y = F.rms_norm(xg, shape, wg, eps)
-        return fwd, lambda: torch.autograd.grad(y, (xg, wg), grad, retain_graph=True)
+        return fwd, timing.gradient_call((y,), (xg, wg), (grad,))
 
     def errors(self, kernel: RmsNormKernel) -> int:
         return 0  # RMSNorm has no input a kernel validates
