@@ -10,12 +10,12 @@ case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next }
 GPU=${1:-H200}; TRIALS=${2:-450}; OUT=${3:-.}; BASE=${TMPDIR:-/tmp}/scale-devices
 mkdir -p "$OUT"
 for d in 0 all; do
-  export TUNER_HOME=$BASE/cold-$d
+  export TUNER_HOME=$BASE/cold-$d TUNER_CACHE=$BASE/cache-$d  # nothing built: the cache is the user's, not the home's
   /usr/bin/time -f "cold --devices $d: command wall %e s" tuner search --gpu "$GPU" --devices $d --trials "$TRIALS" \
     --sampler random --seed 1 --quiet > "$OUT/cold-$d.log" 2>&1
   tail -4 "$OUT/cold-$d.log"
 done
-export TUNER_HOME=$BASE/cold-0  # its variants are built
+export TUNER_HOME=$BASE/cold-0 TUNER_CACHE=$BASE/cache-0  # its variants are built
 for d in 0 all; do
   /usr/bin/time -f "warm --devices $d: command wall %e s" tuner search --gpu "$GPU" --devices $d --trials "$TRIALS" \
     --sampler random --seed 1 --study "warm-$d" --quiet > "$OUT/warm-$d.log" 2>&1
