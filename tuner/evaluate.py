@@ -99,8 +99,12 @@ class LiveEvaluator(Evaluator):
         for w in self.workers:
             w.spawn()
         try:
-            # The GPU's name and arch from nvidia-smi where it tells them; else from a worker's hello.
-            seen = gpus.visible(self.devices[0]) if self.parallel == 1 else None
+            # The GPU's name and arch from nvidia-smi where it tells them; else from a worker's hello
+            # (waited for: nothing compiles meanwhile). Several devices are told that way when
+            # nvidia-smi shows them all as one model (its numbering may differ from CUDA's only
+            # between models); the workers' hellos are checked against it later all the same.
+            shown = [gpus.visible(i) for i in self.devices]
+            seen = shown[0] if all(shown) and len({s.name for s in shown}) == 1 else None
             if seen is not None and not gpus.name_matches(seen.name, gpu):
                 raise gpus.mismatch(gpu, seen.name)
             if seen is not None:
