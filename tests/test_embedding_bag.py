@@ -231,7 +231,7 @@ def test_op_opcheck_compile_and_cpp_kernels(op):
 
 
 def test_the_gather_ceiling_tool_compiles(tmp_path):
-    """tools/gather_ceiling.cu measures what BENCHMARKS.md holds the forward to: it must build."""
+    """tools/gather_ceiling.cu measures what docs/benchmarks.md holds the forward to: it must build."""
     import subprocess
     from pathlib import Path
 

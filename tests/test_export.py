@@ -166,3 +166,16 @@ def test_cli_export_best(artifact, tuner_home):
     r = subprocess.run([sys.executable, "-m", "tuner", "export-best", "--gpu", "L4"], capture_output=True,
                        text=True, env={**__import__("os").environ, "TUNER_HOME": str(tuner_home)})
     assert r.returncode == 1 and "no studies for L4" in r.stderr
+
+
+@pytest.mark.parametrize("family, says", [
+    ("giou", "other shapes and dtype pairs run the nearest tuned problem's parameters"),
+    ("rms_norm", "dtype pairs and shapes far from every tuned problem are served by torch's op"),
+    ("embedding_bag", "dtype pairs and shapes far from every tuned problem are served by torch's op")])
+def test_export_best_says_what_serves_calls_near_no_tuned_problem(family, says):
+    """GIoU's baseline serves only the problems where it won (no reach, untuned pairs bound to the
+    nearest parameters); RMSNorm's and EmbeddingBag's serve untuned pairs and far shapes too."""
+    from tuner import families
+    from tuner.cli_studies import elsewhere
+
+    assert elsewhere(families.part(family, "op").OP).startswith(says)

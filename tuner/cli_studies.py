@@ -107,6 +107,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def elsewhere(op) -> str | None:
+    """What serves the calls near no tuned problem, as the family's OpSpec says (None: no baseline,
+    the nearest winner serves every call)."""
+    if not op.baseline:
+        return None
+    if op.untuned_by_baseline and op.reach:
+        return "dtype pairs and shapes far from every tuned problem are served by torch's op"
+    if op.untuned_by_baseline:
+        return "untuned dtype pairs are served by torch's op; other shapes run the nearest tuned problem's variant"
+    if op.reach:
+        return ("shapes far from every tuned problem of their dtype pair are served by torch's op; untuned dtype "
+                "pairs run the nearest tuned problem's parameters")
+    return "other shapes and dtype pairs run the nearest tuned problem's parameters (torch's op serves only where it won)"
+
+
 def cmd_export_best(args: argparse.Namespace) -> int:
     from tuner import export, families, serving, study
 
@@ -146,8 +161,9 @@ def cmd_export_best(args: argparse.Namespace) -> int:
     by_torch = sum(e.get("served_by") == "torch" for e in manifest["entries"])
     print(f"exported {len(manifest['entries'])} tuned problem(s) for {manifest['gpu'].get('gpu_name')} to {out}"
           + (f"; torch's op serves {by_torch} of them, where no variant beat it" if by_torch else ""))
-    if families.part(manifest["family"], "op").OP.baseline:
-        print("dtype pairs and shapes far from every tuned problem are served by torch's op")
+    untuned = elsewhere(families.part(manifest["family"], "op").OP)
+    if untuned:
+        print(untuned)
     if manifest.get("binaries"):
         b = manifest["binaries"]["identity"]
         print(f"binaries for {b['arch']}, torch {b['torch']}, CUDA {b['cuda']}, Python {b['python']} "
