@@ -19,7 +19,7 @@ import torch
 
 from tuner import runtime
 
-HBM_TBS = 3.0  # the copy bandwidth measured on our H100s (ANCHORS.md): bandwidth floors are bytes over it
+HBM_TBS = 3.0  # a device-to-device copy's bandwidth measured on the H100 hosts: bandwidth floors are bytes over it
 
 # ------------------------------------------------------------------- timing
 

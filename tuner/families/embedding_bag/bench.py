@@ -6,7 +6,7 @@ with torch.autograd.grad so that no .grad accumulation is timed). Each pair is c
 the other, forward and gradient, before it is timed.
 
 Two floors for the forward's GPU time, both of the bytes of the gathered rows (ids x dim x element
-size): moved once at the copy bandwidth (3.0 TB/s, ANCHORS.md), and a read of as many contiguous
+size): moved once at the copy bandwidth (3.0 TB/s, measured on the H100 hosts), and a read of as many contiguous
 bytes measured in the same run by the same profiler (torch's sum of a buffer that size: a
 streaming read, which a gather of random rows does not beat).
 
