@@ -65,7 +65,7 @@ def rms_norm_op(tmp_path_factory, shared_home):
     """tuner.load of an RMSNorm export of one variant (bfloat16, the default problem) built for
     an H100, loaded on this machine: the op's C++ and CPU paths, no GPU needed."""
     import tuner
-    from tuner import export
+    from tuner.deploy import export
     from tuner.families import rms_norm
 
     space = rms_norm.space()

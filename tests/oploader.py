@@ -21,7 +21,7 @@ _current = {}  # family -> the runtime module that bound it last
 def load(out, validate: str = "async", baseline: bool = True):
     """The op of export `out`, loaded the way this test run checks."""
     import tuner
-    from tuner import export
+    from tuner.deploy import export
     from tuner import runtime as tuner_runtime
 
     family = export.read(out)["family"]
@@ -29,7 +29,7 @@ def load(out, validate: str = "async", baseline: bool = True):
         op = tuner.load(out, validate=validate, baseline=baseline)
         _current[family] = tuner_runtime
         return op
-    from tuner import wheel
+    from tuner.deploy import wheel
 
     name = f"tuned_test_{next(_count)}"
     folder = Path(tempfile.mkdtemp(prefix="wheel-"))

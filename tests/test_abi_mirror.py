@@ -1,5 +1,5 @@
 """The ctypes mirrors of the families' C argument structs and tables (what the search calls
-variants with, tuner/kernel.py) against the C headers themselves: every field at the offset and
+variants with, tuner/measure/kernel.py) against the C headers themselves: every field at the offset and
 of the size the C compiler gives it, and each struct of the C size. A field added to a header and
 not to its mirror (or the reverse) fails here, on a machine without a GPU."""
 
@@ -11,12 +11,12 @@ import subprocess
 
 import pytest
 
-from tuner import toolkit
-from tuner.kernel import TORCH_DTYPES
+from tuner.build import toolkit
+from tuner.measure.kernel import TORCH_DTYPES
 from tuner.families.embedding_bag import kernel as eb_kernel
 from tuner.families.giou import kernel as giou_kernel
 from tuner.families.rms_norm import kernel as rms_kernel
-from tuner.render import templates_dir
+from tuner.build.render import templates_dir
 
 MIRRORS = [
     ("giou", "giou_abi.h", "TunerGiouArgs", giou_kernel.Args),
@@ -60,7 +60,7 @@ def test_a_built_variant_loads_and_is_called_through_its_table_without_a_binding
     """On a machine without a GPU: a variant built and loaded as the search's worker loads it (no
     torch binding), its table read through the mirror, a host function of it called, and CUDA's
     text for an error code found through its library (what a failed launch reports)."""
-    from tuner import build
+    from tuner.build import compile as build
     from tuner.families import giou
 
     variant = giou.covering_set()[0]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tuner import bench
+from tuner.report import bench
 from tuner.families import giou
 from tuner.families.giou import bench as giou_bench
 

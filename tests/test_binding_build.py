@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tuner import binding
+from tuner.build import binding
 
 
 def test_a_build_killed_before_leaves_no_lock_that_blocks_the_next(fresh_cache, monkeypatch):
@@ -28,7 +28,7 @@ def test_a_build_killed_before_leaves_no_lock_that_blocks_the_next(fresh_cache, 
 
 HOLDER = """
 import sys, time
-from tuner import binding
+from tuner.build import binding
 path = binding._library_path("rms_norm")
 with binding._building(path.parent):
     print("holding", flush=True)

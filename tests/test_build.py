@@ -6,7 +6,9 @@ import stat
 
 import pytest
 
-from tuner import build, render, toolkit
+from tuner.build import compile as build
+from tuner.build import render
+from tuner.build import toolkit
 from tuner.errors import BuildError
 from tuner.families import giou
 
@@ -133,7 +135,7 @@ def test_device_assert_variants_compile(tuner_home, fresh_cache):
 
 
 def test_cli_build_failure_names_the_variant_and_exits_non_zero(tuner_home, fresh_cache, monkeypatch, capsys):
-    from tuner import cli
+    from tuner.cli import main as cli
 
     monkeypatch.setattr(build, "render", lambda variant, focus=None: render.render(variant, focus) + "\n#error planted\n")
     assert cli.main(["build", "--gpu", "L4", "--limit", "1"]) == 1
@@ -143,7 +145,7 @@ def test_cli_build_failure_names_the_variant_and_exits_non_zero(tuner_home, fres
 
 
 def test_cli_variants_json_count(capsys):
-    from tuner import cli
+    from tuner.cli import main as cli
 
     assert cli.main(["variants", "--gpu", "L4", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -153,7 +155,7 @@ def test_cli_variants_json_count(capsys):
 
 
 def test_cli_variants_honours_limit_in_json_and_shows_values_as_they_are(capsys):
-    from tuner import cli
+    from tuner.cli import main as cli
 
     assert cli.main(["variants", "--gpu", "H100", "--json", "--limit", "5"]) == 0
     data = json.loads(capsys.readouterr().out)

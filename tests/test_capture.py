@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 import tuner
-import tuner.captured
-import tuner.capturing
+import tuner.deploy.captured
+import tuner.deploy.capturing
 from tuner import families
 from tuner.errors import TunerError
 
@@ -95,10 +95,10 @@ def test_a_training_run_is_recorded_per_problem_and_left_as_it_was(tmp_path):
     times = [p["time_us"] for p in doc["problems"]]
     assert times == sorted(times, reverse=True)
 
-    assert cap.problems == tuner.captured.read(path)
+    assert cap.problems == tuner.deploy.captured.read(path)
     assert sum(p["share"] for p in cap.problems) == pytest.approx(1.0)
     assert [p["share"] for p in cap.problems] == pytest.approx([t / sum(times) for t in times])
-    norms = tuner.captured.problems(path, "rms_norm")
+    norms = tuner.deploy.captured.problems(path, "rms_norm")
     assert {p.key() for p, _ in norms} == {k for k, v in EXPECTED.items() if v[0] == "rms_norm"}
     assert sum(share for _, share in norms) == pytest.approx(1.0)
 
@@ -116,7 +116,7 @@ def test_calls_outside_what_a_family_tunes_are_not_recorded(tmp_path):
         F.layer_norm(x, (64,), w)                              # no family's call at all
     assert cap.problems == [] and json.loads(path.read_text())["problems"] == []
     with pytest.raises(TunerError, match="holds no problems"):
-        tuner.captured.read(path)
+        tuner.deploy.captured.read(path)
 
 
 class Log(TorchFunctionMode):
@@ -127,7 +127,7 @@ class Log(TorchFunctionMode):
         self.seen = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.seen.append(tuner.capturing.qualified_name(func))
+        self.seen.append(tuner.deploy.capturing.qualified_name(func))
         return func(*args, **kwargs or {})
 
 
@@ -151,7 +151,7 @@ def test_an_exception_in_the_block_writes_the_calls_so_far_and_goes_on(tmp_path)
         with tuner.capture(path):
             nn.RMSNorm(16)(torch.randn(3, 16))
             raise RuntimeError("out of memory, say")
-    assert [(p["key"], p["calls"]) for p in tuner.captured.read(path)] == [("R3-W16-float32-float32", 1)]
+    assert [(p["key"], p["calls"]) for p in tuner.deploy.captured.read(path)] == [("R3-W16-float32-float32", 1)]
     assert [f.name for f in tmp_path.iterdir()] == ["partial.json"]  # no temporary left
 
 
@@ -259,23 +259,23 @@ def test_read_names_the_file_and_what_is_wrong_with_it(tmp_path, content, messag
     if content is not None:
         path.write_text(content if isinstance(content, str) else json.dumps(content))
     with pytest.raises(TunerError, match=message) as caught:
-        tuner.captured.read(path)
+        tuner.deploy.captured.read(path)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_read_takes_one_family_and_shares_by_calls_without_times(tmp_path):
     path = _write(tmp_path / "s.json", [_norm(time_us=10.0, rows=1), _norm(time_us=30.0, rows=2)])
-    assert [(p["key"], p["share"]) for p in tuner.captured.read(path, "rms_norm")] == [
+    assert [(p["key"], p["share"]) for p in tuner.deploy.captured.read(path, "rms_norm")] == [
         ("R2-W64-float32-float32", 0.75), ("R1-W64-float32-float32", 0.25)]
     with pytest.raises(TunerError, match=f"capture file {path} holds no giou problems"):
-        tuner.captured.read(path, "giou")
+        tuner.deploy.captured.read(path, "giou")
     untimed = _write(tmp_path / "u.json", [_norm(time_us=0.0, calls=1, rows=1), _norm(time_us=0.0, calls=3, rows=2)])
-    assert [(p.rows, share) for p, share in tuner.captured.problems(untimed, "rms_norm")] == [(2, 0.75), (1, 0.25)]
+    assert [(p.rows, share) for p, share in tuner.deploy.captured.problems(untimed, "rms_norm")] == [(2, 0.75), (1, 0.25)]
 
 
 def test_import_tuner_and_reading_a_capture_leave_torch_alone(tmp_path):
     """`tuner search --problems` reads the file before its worker has started CUDA."""
     path = _write(tmp_path / "s.json", [_norm()])
-    code = (f"import sys, tuner\nfrom tuner import captured\nassert tuner.captured.read({str(path)!r})\n"
+    code = (f"import sys, tuner\nfrom tuner.deploy import captured\nassert captured.read({str(path)!r})\n"
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,6 +1,6 @@
-"""Input sets shared by the variants a worker checks (tuner.cases)."""
+"""Input sets shared by the variants a worker checks (tuner.measure.cases)."""
 
-from tuner.cases import Cases
+from tuner.measure.cases import Cases
 
 
 def test_sets_are_given_in_turn_and_replaced_after_their_uses():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tuner
-from tuner import cli
+from tuner.cli import main as cli
 from tuner.errors import GpuError
 
 REC = Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl"
@@ -90,7 +90,7 @@ def test_an_unreachable_postgres_is_one_line_at_once(home, capsys, url):
     assert code == 1 and "127.0.0.1" in line and "secret" not in line and "***" in line
 
 
-@pytest.mark.filterwarnings("ignore::tuner.journal_records.JournalDamageWarning")  # the damage, on purpose
+@pytest.mark.filterwarnings("ignore::tuner.store.journal_records.JournalDamageWarning")  # the damage, on purpose
 def test_a_damaged_journal_is_no_traceback(home, capsys):
     (home / "bad.journal").write_bytes(b'{"op_code": 0, "worker_id": "w", "study_name": "other", "directions": [1]}\n'
                                        b"garbage\n\x00\xff\xfe\n[1, 2]\n")  # a record, then damage
@@ -100,7 +100,7 @@ def test_a_damaged_journal_is_no_traceback(home, capsys):
 
 
 def test_a_missing_driver_names_the_projects_extra(home, capsys, monkeypatch):
-    from tuner import journal
+    from tuner.store import journal
 
     def no_psycopg(url):
         raise ImportError("No module named 'psycopg'")
@@ -336,7 +336,7 @@ def test_a_file_that_is_no_journal_is_refused_in_one_line(home, capsys, content)
     assert path.read_bytes() == content  # nothing appended
 
 
-@pytest.mark.filterwarnings("ignore::tuner.journal_records.JournalDamageWarning")  # the cut record, on purpose
+@pytest.mark.filterwarnings("ignore::tuner.store.journal_records.JournalDamageWarning")  # the cut record, on purpose
 def test_a_journal_whose_only_record_was_cut_is_still_a_journal(home, capsys):
     path = home / "cut.journal"
     path.write_bytes(b'{"op_code": 0, "worker_id": "w", "stu\n')  # a disk that filled up mid-append

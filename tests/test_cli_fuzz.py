@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuner import cli
+from tuner.cli import main as cli
 
 SEED = 20240611
 GENERATED = 500

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuner import cli, export, families, runtime
-from tuner import wheel as wheels
+from tuner import families, runtime
+from tuner.cli import main as cli
+from tuner.deploy import export
+from tuner.deploy import wheel as wheels
 from tuner.errors import TunerError
 from tuner.families import embedding_bag as eb
 from tuner.families import giou
@@ -242,7 +244,7 @@ def test_another_setup_is_built_from_sources_or_refused_clearly(giou_export, sta
     """Where the identity differs: one warning and a build from sources with a toolchain; without
     one, an error naming what differs and the two ways out."""
     import tuner
-    from tuner import deploy
+    from tuner.deploy import load as deploy
 
     export_dir, _ = giou_export
     real = runtime.identity()

@@ -13,7 +13,8 @@ import optuna
 import pytest
 
 import simdata
-from tuner import records, study
+from tuner.store import records
+from tuner.store import study
 
 TRIALS = 200
 

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner import export, gpus
+from tuner import gpus
+from tuner.deploy import export
 import tuner.functional as TF
 from tuner.families import embedding_bag as eb
 from tuner.families import giou, rms_norm

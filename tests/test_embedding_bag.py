@@ -33,8 +33,8 @@ def test_split_goes_with_warps_and_subwarps_and_keeps_the_names_of_whole_bags():
 
 
 def test_longest_first_orders_whole_bags_and_keeps_the_names_of_bags_in_order():
-    from tuner import binaries
-    from tuner.build import render
+    from tuner.deploy import binaries
+    from tuner.build.compile import render
     from tuner.variant import Variant
 
     s = eb.space("float32", "int64")
@@ -56,7 +56,7 @@ def test_longest_first_orders_whole_bags_and_keeps_the_names_of_bags_in_order():
 
 
 def test_split_variants_render_their_chunks():
-    from tuner.build import render
+    from tuner.build.compile import render
 
     s = eb.space("bfloat16", "int32")
     base = dict(validation="hoisted", mapping="subwarp", vec=8, unroll=4, block_size=128, staging="direct",
@@ -155,7 +155,8 @@ def test_distributions_differ_as_the_pr_describes():
 def op(shared_home, tmp_path_factory):
     """The op with no winners bound: on CPU it runs the float64 reference, through the same C++
     schema and autograd as on CUDA."""
-    from tuner import binding, runtime
+    from tuner import runtime
+    from tuner.build import binding
     from tuner.families.embedding_bag import op as eb_op
 
     return runtime.bind(eb_op.OP, binding.library("embedding_bag"), [], {})
@@ -235,7 +236,7 @@ def test_the_gather_ceiling_tool_compiles(tmp_path):
     import subprocess
     from pathlib import Path
 
-    from tuner import toolkit
+    from tuner.build import toolkit
 
     src = Path(__file__).resolve().parent.parent / "tools" / "gather_ceiling.cu"
     done = subprocess.run([str(toolkit.nvcc()), "-O3", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "g"), str(src)],

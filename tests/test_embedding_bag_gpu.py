@@ -15,7 +15,8 @@ TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 @pytest.fixture(scope="module")
 def kernels(shared_home):
-    from tuner import build, gpus
+    from tuner import gpus
+    from tuner.build import compile as build
     from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
 
     import random
@@ -192,7 +193,8 @@ def test_slices_keep_entry_order_in_ties_and_sum_exactly(shared_home):
     of the first maximum in entry order, which a slice combined out of order would not."""
     import torch
 
-    from tuner import build, gpus
+    from tuner import gpus
+    from tuner.build import compile as build
     from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
 
     built = build.build(_sliced(), gpus.attached().arch)
@@ -343,7 +345,8 @@ def op(shared_home, tmp_path_factory):
     one that cuts bags into chunks for float16; the int32 pairs are torch's. Loaded with
     baseline=False, so that the variants serve every shape and mode of their pairs."""
     import tuner
-    from tuner import export, gpus
+    from tuner import gpus
+    from tuner.deploy import export
     from tuner.variant import Variant
 
     winners = []
@@ -519,7 +522,9 @@ def test_op_call_allocates_only_its_output(op, weight):
 def test_a_search_builds_its_mode_and_checks_its_finalists_whole(shared_home):
     """A search builds and checks only its problem's mode (another mode refuses to launch from
     that build); its finalists are built whole and pass the check of every mode before one wins."""
-    from tuner import build, gpus, search, study
+    from tuner import gpus, search
+    from tuner.build import compile as build
+    from tuner.store import study
     from tuner.families.embedding_bag.evaluate import Evaluation
 
     problem = eb.Problem(rows=50_000, bags=512, bag_size=20, mode="max")
@@ -544,7 +549,8 @@ def test_bench_rows_hold_both_floors_beside_the_tuned_op_and_torch(shared_home, 
     """`tuner bench --family embedding_bag` on a small configuration: both floors, then the tuned op
     and torch, each checked against the other first; the measured read is no faster than HBM3's
     peak (3.35 TB/s) allows, and the bandwidth floor is the gathered bytes at 3.0 TB/s."""
-    from tuner import export, gpus
+    from tuner import gpus
+    from tuner.deploy import export
     from tuner.families.embedding_bag import bench
     from tuner.variant import Variant
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import tuner
-from tuner import binaries, export, search
+from tuner import search
+from tuner.deploy import binaries
+from tuner.deploy import export
 from tuner.errors import TunerError
 from tuner.families import giou
 
@@ -176,6 +178,6 @@ def test_export_best_says_what_serves_calls_near_no_tuned_problem(family, says):
     """GIoU's baseline serves only the problems where it won (no reach, untuned pairs bound to the
     nearest parameters); RMSNorm's and EmbeddingBag's serve untuned pairs and far shapes too."""
     from tuner import families
-    from tuner.cli_studies import elsewhere
+    from tuner.cli.studies import elsewhere
 
     assert elsewhere(families.part(family, "op").OP).startswith(says)

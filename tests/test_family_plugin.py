@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuner import cli, families
+from tuner import families
+from tuner.cli import main as cli
 
 HERE = Path(__file__).parent / "families"
 
@@ -90,7 +91,8 @@ def test_an_unknown_family_is_named_with_the_known_ones(tuner_home, capsys):
 @pytest.mark.gpu
 def test_a_family_outside_tuner_runs_its_winner_on_the_gpu(scale_add, tuner_home):
     import tuner
-    from tuner import export, gpus
+    from tuner import gpus
+    from tuner.deploy import export
 
     v = scale_add.space().variant(block_size=128, items=2)
     out = export.write(tuner_home / "artifact", [{"variant": v, "problem": scale_add.Problem(4096).__dict__}],

@@ -17,7 +17,8 @@ SHAPES = [(1, 1), (1, 7), (3, 256), (3, 300), (1024, 7), (1024, 256), (3, 1), (1
 def kernels(shared_home):
     import torch
 
-    from tuner import build, gpus
+    from tuner import gpus
+    from tuner.build import compile as build
     from tuner.families.giou.kernel import GiouKernel
 
     arch = gpus.attached().arch

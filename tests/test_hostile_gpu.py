@@ -20,7 +20,8 @@ PAIRS = [(p, t) for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES]
 @pytest.fixture(scope="module")
 def op(shared_home, tmp_path_factory):
     import tuner
-    from tuner import export, gpus
+    from tuner import gpus
+    from tuner.deploy import export
 
     winners = [{"variant": v, "problem": giou.Problem(1024, 256, v["pred"], v["target"]).__dict__}
                for v in giou.covering_set()]

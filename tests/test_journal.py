@@ -11,9 +11,10 @@ from optuna.distributions import CategoricalDistribution
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from tuner import journal, study
+from tuner.store import journal
+from tuner.store import study
 from tuner.search import heartbeat
-from tuner.journal_postgres import JournalPostgres
+from tuner.store.journal_postgres import JournalPostgres
 
 SPACE = {"a": CategoricalDistribution([1, 2, 3]), "b": CategoricalDistribution(["x", "y"])}
 
@@ -102,7 +103,7 @@ def test_a_searcher_that_stops_beating_has_its_trials_run_again(tmp_path):
 
 
 def test_the_journal_table_in_postgresql_keeps_records_in_commit_order(postgres_url):
-    from tuner import journal
+    from tuner.store import journal
 
     dsn = "postgresql" + postgres_url[postgres_url.index("://"):]
     a, b = JournalPostgres(dsn), JournalPostgres(dsn)  # two searchers' connections

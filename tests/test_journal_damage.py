@@ -17,7 +17,9 @@ from optuna.distributions import CategoricalDistribution
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from tuner import cli, journal, study
+from tuner.cli import main as cli
+from tuner.store import journal
+from tuner.store import study
 
 SPACE = {"a": CategoricalDistribution([1, 2, 3]), "b": CategoricalDistribution(["x", "y"])}
 REC = Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl"

@@ -90,3 +90,42 @@ def test_no_core_module_imports_a_family():
 def test_the_check_finds_a_circle():
     assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _circle({"a": {"b"}, "b": set()}) is None
+
+
+def _defined(path: Path) -> set[str] | None:
+    """The names a module defines at its top level (None where it answers any name: __getattr__)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):  # names defined under a guard count too
+            names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return None if "__getattr__" in names else names
+
+
+def test_every_import_of_tuner_names_what_is_there():
+    """Imports in functions run only on the paths that reach them (some on a GPU alone): each
+    `from tuner... import name` anywhere in the project names a module, or a name its module
+    defines, and each `import tuner...` a module."""
+    modules = _modules()
+    files = [p for folder in ("tuner", "tests", "tools", "examples", "docs") for p in (ROOT.parent / folder).rglob("*.py")]
+    missing = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                missing += [f"{path.name}: import {a.name}" for a in node.names
+                            if a.name.startswith("tuner") and a.name not in modules]
+            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("tuner"):
+                if node.module not in modules:
+                    missing.append(f"{path.name}: from {node.module}")
+                    continue
+                defined = _defined(modules[node.module])
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" not in modules and defined is not None and alias.name not in defined:
+                        missing.append(f"{path.name}: from {node.module} import {alias.name}")
+    assert missing == []

@@ -3,7 +3,9 @@ the devices (the GPU suite runs the real thing)."""
 
 import pytest
 
-from tuner import evaluate, gpus, worker
+from tuner import gpus
+from tuner.measure import evaluate
+from tuner.measure import worker
 from tuner.errors import GpuError
 from tuner.families import giou
 
@@ -147,7 +149,8 @@ def test_whole_finalists_are_checked_one_job_each_before_they_are_timed(fakes):
 
 
 def test_a_search_builds_only_what_its_problem_runs(fakes, monkeypatch):
-    from tuner import binding, build
+    from tuner.build import binding
+    from tuner.build import compile as build
 
     asked, started = [], []
     monkeypatch.setattr(binding, "library", lambda family: pytest.fail("a search waited for the binding"))

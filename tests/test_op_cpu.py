@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import tuner
-from tuner import binding, export, runtime
+from tuner import runtime
+from tuner.build import binding
+from tuner.deploy import export
 from tuner.errors import KernelInputError
 from tuner.families import giou
 from tuner.families.giou import op as giou_op
@@ -156,7 +158,7 @@ def test_the_eager_loss_serves_where_no_variant_beat_it(tmp_path, shared_home):
     """GIoU's baseline, the eager loss, serves the problems where the search timed it ahead of the
     winner; every other shape and dtype pair runs the nearest tuned parameters (the binding staged
     here, its variants built for sm_90 and never run)."""
-    from tuner.records import served_by
+    from tuner.store.records import served_by
 
     times = {"fwd": {"median_us": 10.0, "spread_us": 0.1}, "bwd": {"median_us": 20.0, "spread_us": 0.1}}
     faster = {"fwd": {"median_us": 5.0, "spread_us": 0.1}, "bwd": {"median_us": 9.0, "spread_us": 0.1}}

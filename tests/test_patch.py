@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner import patching, runtime
+from tuner import runtime
+from tuner.deploy import patching
 from tuner.errors import TunerError
 import tuner.functional as TF
 

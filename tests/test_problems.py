@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tuner import export
+from tuner.deploy import export
 from tuner.families import giou
 from tuner.search import problems
 
@@ -78,10 +78,10 @@ def test_captured_problems_searched_and_exported_with_the_baseline(tmp_path):
 
 
 def test_a_problem_whose_op_was_slower_than_torch_when_checked_goes_to_torch(tmp_path, monkeypatch):
-    """export-best's check (tuner.serving, on the GPU) times the op itself against torch's: a problem
+    """export-best's check (tuner.deploy.serving, on the GPU) times the op itself against torch's: a problem
     slower in any cell, or not timed in one, is served by torch's op; the ratios stay in the manifest."""
-    from tuner import serving
-    from tuner import study as studies
+    from tuner.deploy import serving
+    from tuner.store import study as studies
 
     monkeypatch.setenv("TUNER_HOME", str(tmp_path))
     recording, shapes = _recording(tmp_path)

@@ -1,5 +1,5 @@
 """Search quality in simulation: trials a sampler needs to reach a near-best variant of the
-recorded H100 space (tuner/quality.py, `tuner samplers`)."""
+recorded H100 space (tuner/search/quality.py, `tuner samplers`)."""
 
 import math
 from pathlib import Path
@@ -7,8 +7,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import quality, search
-from tuner.evaluate import SimulatedEvaluator
+from tuner import search
+from tuner.search import quality
+from tuner.measure.evaluate import SimulatedEvaluator
 from tuner.families import giou
 
 DATA = Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl"  # the tuning set

@@ -6,8 +6,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import records, search
-from tuner.evaluate import SimulatedEvaluator
+from tuner import search
+from tuner.store import records
+from tuner.measure.evaluate import SimulatedEvaluator
 from tuner.families import giou
 from tuner.search import asking
 from tuner.search.ranking import Ranker

@@ -7,9 +7,11 @@ import warnings
 
 import pytest
 
-from tuner import quality, records, search
+from tuner import search
+from tuner.search import quality
+from tuner.store import records
 from tuner.errors import TunerError
-from tuner.evaluate import SimulatedEvaluator
+from tuner.measure.evaluate import SimulatedEvaluator
 from tuner.families import giou
 
 import simdata

@@ -11,7 +11,9 @@ EXPECTED = {"compile": "compile error", "oob": "illegal address", "assert": "dev
 
 
 def test_search_survives_every_planted_fault_and_exports_a_good_variant(shared_home, tmp_path):
-    from tuner import export, search, study
+    from tuner import search
+    from tuner.deploy import export
+    from tuner.store import study
 
     cfg = search.SearchConfig(gpu="auto", problem=giou.Problem(), trials=len(EXPECTED) + 8, sampler="random",
                               study="reliability", eval_timeout=15, plant_faults=tuple(EXPECTED), seed=5,
@@ -33,7 +35,8 @@ def test_search_survives_every_planted_fault_and_exports_a_good_variant(shared_h
 
 def test_artifact_for_another_arch_is_rebuilt_or_served_by_the_reference(shared_home, tmp_path):
     import tuner
-    from tuner import export, gpus, runtime
+    from tuner import gpus, runtime
+    from tuner.deploy import export
 
     gpu = {**gpus.attached().describe(), "arch": "sm_80", "gpu_name": "NVIDIA A100-SXM4-80GB"}
     v = giou.covering_set()[-4]  # a bfloat16/uint8 variant

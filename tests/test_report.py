@@ -11,8 +11,10 @@ import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from tuner import report_plots, report_tables, study  # noqa: E402
-from tuner.cli import main  # noqa: E402
+from tuner.report import plots as report_plots
+from tuner.report import tables as report_tables
+from tuner.store import study  # noqa: E402
+from tuner.cli.main import main  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl"
 BLOCKS = (64, 128, 256, 512, 1024)

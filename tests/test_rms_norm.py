@@ -9,10 +9,13 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner import binding, build, export, runtime
+from tuner import runtime
+from tuner.build import binding
+from tuner.build import compile as build
+from tuner.deploy import export
 from tuner.families import rms_norm
 from tuner.families.rms_norm import op as rms_op
-from tuner.records import served_by
+from tuner.store.records import served_by
 
 GPU = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
 DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import tuner
-from tuner import build, export, gpus
+from tuner import gpus
+from tuner.build import compile as build
+from tuner.deploy import export
 from tuner.families import rms_norm
-from tuner.accuracy import check
+from tuner.measure.accuracy import check
 from tuner.families.rms_norm.evaluate import TOL, Evaluation
 
 pytestmark = pytest.mark.gpu

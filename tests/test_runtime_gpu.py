@@ -15,7 +15,8 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def op(shared_home, tmp_path_factory):
     import tuner
-    from tuner import export, gpus
+    from tuner import gpus
+    from tuner.deploy import export
 
     winners = [{"variant": v, "problem": giou.Problem(1024, 256, v["pred"], v["target"]).__dict__}
                for v in giou.covering_set()]
@@ -28,7 +29,8 @@ def validating(op, tmp_path):
     """The op loaded from an artifact whose bfloat16/uint8 winner validates its input (hoisted);
     the module's artifact is loaded again afterwards."""
     import tuner
-    from tuner import export, gpus
+    from tuner import gpus
+    from tuner.deploy import export
 
     _, covering = op
     v = giou.space("bfloat16", "uint8").variant(
@@ -305,7 +307,8 @@ def test_load_gpu_auto_and_an_untuned_pair(shared_home, op):
     import torch
 
     import tuner
-    from tuner import export, gpus
+    from tuner import gpus
+    from tuner.deploy import export
 
     _, covering = op
     v = giou.space("bfloat16", "uint8").variant(

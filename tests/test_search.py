@@ -11,7 +11,10 @@ import time
 import optuna
 import pytest
 
-from tuner import errors, journal, records, search, study
+from tuner import errors, search
+from tuner.store import journal
+from tuner.store import records
+from tuner.store import study
 from tuner.errors import GpuError
 from tuner.families import giou
 from tuner.search import asking
@@ -202,7 +205,7 @@ def test_importing_records_skips_known_variants(tuner_home, tmp_path):
 
 
 def test_report_writes_table_importance_and_plots(tuner_home):
-    from tuner import report
+    from tuner.report import report
 
     result = search.run(_cfg(REAL, trials=60, sampler="random"))
     out = tuner_home / "rep"
@@ -230,7 +233,7 @@ def test_clearly_slow_variants_are_pruned_and_never_win(sim):
 
 
 def test_the_pruner_compares_with_the_best_finished_value():
-    from tuner.pruning import SlowerThanBest
+    from tuner.search.pruning import SlowerThanBest
 
     st = optuna.create_study(pruner=SlowerThanBest(2.0))
     first = st.ask()
@@ -323,7 +326,7 @@ def test_trials_above_the_space_stop_once_every_variant_is_measured(small, capsy
 
 def _failing_whole_checks(monkeypatch, fam, fails):
     """The family's finalists checked whole, and `fails(round, name)` says which fail their check."""
-    from tuner import evaluate
+    from tuner.measure import evaluate
 
     monkeypatch.setattr(fam, "FINALISTS_WHOLE", True, raising=False)
     rounds = []
@@ -342,7 +345,7 @@ def _failing_whole_checks(monkeypatch, fam, fails):
 def test_finalists_that_fail_their_whole_check_never_win(small, monkeypatch, capsys):
     """A search that checked only its problem's part (EmbeddingBag: one mode) checks its finalists
     whole: those that fail are rejected, kept in the study, and the next best take their place."""
-    from tuner import export
+    from tuner.deploy import export
 
     fam, path = small
     rounds = _failing_whole_checks(monkeypatch, fam, lambda r, name: r == 1)
@@ -355,7 +358,7 @@ def test_finalists_that_fail_their_whole_check_never_win(small, monkeypatch, cap
     assert set(st.user_attrs["rejected"]) == set(by_speed[:3])
     assert report.winner["variant"] == by_speed[3] and export._winner(st)["variant"].name == by_speed[3]
     assert capsys.readouterr().err.count("rejected by its whole check: wrong result: forward max") == 3
-    from tuner import cli_studies
+    from tuner.cli import studies as cli_studies
 
     shown = cli_studies._show(st, 5)
     assert "finalists rejected by their whole check (3), never exported:" in shown
@@ -368,7 +371,7 @@ def test_finalists_that_fail_their_whole_check_never_win(small, monkeypatch, cap
 
 
 def test_the_likely_finalists_are_built_whole_while_the_last_batch_is_evaluated(small, monkeypatch):
-    from tuner import evaluate
+    from tuner.measure import evaluate
 
     fam, path = small
     _failing_whole_checks(monkeypatch, fam, lambda r, name: False)
@@ -418,7 +421,9 @@ def opposed(small, tmp_path, monkeypatch):
 
 
 def test_the_best_forward_and_backward_are_joined_when_that_is_faster(opposed, monkeypatch):
-    from tuner import cli_studies, evaluate, export
+    from tuner.cli import studies as cli_studies
+    from tuner.measure import evaluate
+    from tuner.deploy import export
     from tuner.variant import Variant
 
     fam, path = opposed
@@ -451,7 +456,7 @@ def test_the_best_forward_and_backward_are_joined_when_that_is_faster(opposed, m
 
 
 def test_a_joined_variant_that_fails_its_check_is_rejected(opposed, monkeypatch):
-    from tuner import evaluate
+    from tuner.measure import evaluate
 
     fam, path = opposed
     real = evaluate.SimulatedEvaluator.retime
@@ -561,7 +566,7 @@ def test_searchers_sharing_a_study_stop_when_the_space_is_measured(small, tuner_
 
 
 def test_auto_with_a_recording_names_the_study_as_a_live_search_would(sim, tmp_path):
-    from tuner.evaluate import SimulatedEvaluator
+    from tuner.measure.evaluate import SimulatedEvaluator
 
     assert SimulatedEvaluator(sim, giou.Problem(), "fwd+bwd", "auto").gpu_label == "H100"
     named = search.run(_cfg(sim, trials=5))

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tuner import timing
+from tuner.measure import timing
 
 pytestmark = pytest.mark.gpu
 

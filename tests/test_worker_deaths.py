@@ -1,7 +1,7 @@
 """How a worker's parent handles the deaths of its child, with a child that needs no GPU."""
 
 import fakechild
-from tuner.worker import Worker
+from tuner.measure.worker import Worker
 
 
 def _worker():
@@ -61,7 +61,7 @@ def test_the_warm_up_is_answered_before_the_first_job_and_a_child_it_kills_is_re
 def test_a_child_started_ahead_is_taken_over_by_the_worker_of_its_settings():
     """`tuner search` starts its worker's child before Optuna is imported; the search's Worker
     takes that child over (its warm-up reply pending), and one of other settings starts its own."""
-    from tuner import worker
+    from tuner.measure import worker
 
     warm = {"kind": "warm", "name": "warm-up"}
     worker.spawn_ahead(0, None, warm, target=fakechild.main)

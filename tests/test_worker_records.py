@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from tuner import records
-from tuner.worker import classify
+from tuner.store import records
+from tuner.measure.worker import classify
 
 TORCH_SUFFIX = ("\nCUDA kernel errors might be asynchronously reported at some other API call.\n"
                 "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
@@ -23,7 +23,7 @@ def test_cuda_errors_are_classified_by_their_own_text(message, reason):
     assert classify(message) == reason
 
 
-@pytest.mark.filterwarnings("ignore::tuner.records.RecordDamageWarning")  # the cut line, on purpose
+@pytest.mark.filterwarnings("ignore::tuner.store.records.RecordDamageWarning")  # the cut line, on purpose
 def test_a_line_cut_by_a_kill_is_skipped(tmp_path):
     path = tmp_path / "m.jsonl"
     records.append(path, {"variant": "a", "x": 1})

@@ -19,7 +19,7 @@ for family in $FAMILIES; do
   for run in first built; do
     if [ "$run" = built ]; then
       ended=$(date +%s.%N)
-      while pgrep -f "tuner.binding $family" > /dev/null; do sleep 0.5; done
+      while pgrep -f "tuner.build.binding $family" > /dev/null; do sleep 0.5; done
       echo "$family: the binding's background build ended $(python3 -c "print(round($(date +%s.%N) - $ended, 1))") s after the first search"
       rm -rf "$TUNER_CACHE"/variants/sm_*
     fi

@@ -12,7 +12,8 @@ def main() -> None:
     ap.add_argument("dir", help="the export's folder")
     args = ap.parse_args()
 
-    from tuner import export, gpus
+    from tuner import gpus
+    from tuner.deploy import export
     from tuner.families import giou
 
     variant = next(v for v in giou.covering_set()

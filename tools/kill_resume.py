@@ -41,7 +41,7 @@ def main() -> int:
     args = ap.parse_args()
     extra = args.search[1:] if args.search[:1] == ["--"] else args.search
 
-    from tuner import study as studies
+    from tuner.store import study as studies
 
     url = studies.storage_url(None)
     cmd = [sys.executable, "-m", "tuner", "search", "--study", args.study, "--quiet", *extra]

@@ -64,8 +64,8 @@ def main() -> int:
 
     import optuna
 
-    from tuner import records
-    from tuner import study as studies
+    from tuner.store import records
+    from tuner.store import study as studies
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     started = time.monotonic()

@@ -25,7 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tuner import build, render, toolkit
+from tuner.build import compile as build
+from tuner.build import render
+from tuner.build import toolkit
 from tuner.families import rms_norm
 
 HOST_START = re.compile(r"^bool vectors\(", re.M)  # RMSNorm's first host function

@@ -12,8 +12,8 @@ import json
 
 
 def main() -> None:
-    from tuner import study as studies
-    from tuner.evaluate import LiveEvaluator
+    from tuner.store import study as studies
+    from tuner.measure.evaluate import LiveEvaluator
     from tuner.families import giou
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import tuner
-from tuner import cli_args, export, gpus
+from tuner import gpus
+from tuner.cli import args as cli_args
+from tuner.deploy import export
 from tuner.families import rms_norm
 
 EPS = 1e-6

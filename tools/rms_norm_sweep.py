@@ -12,8 +12,9 @@ import random
 
 import torch
 
-from tuner import build, gpus
-from tuner.bench import graph_us
+from tuner import gpus
+from tuner.build import compile as build
+from tuner.report.bench import graph_us
 from tuner.families import rms_norm
 from tuner.families.rms_norm.evaluate import Evaluation
 

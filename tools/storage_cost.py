@@ -32,8 +32,8 @@ def _loop(kind: str, url: str, name: str, trials: int, seed: int, out, start) ->
     import optuna
     from optuna.distributions import CategoricalDistribution
 
-    from tuner import pruning
-    from tuner import study as studies
+    from tuner.search import pruning
+    from tuner.store import study as studies
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     st = studies.storage(url)
@@ -72,7 +72,7 @@ def main() -> int:
 
     import optuna
 
-    from tuner import study as studies
+    from tuner.store import study as studies
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ctx = mp.get_context("spawn")

@@ -40,7 +40,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from tuner import families
-    from tuner.evaluate import LiveEvaluator
+    from tuner.measure.evaluate import LiveEvaluator
 
     family = families.get(args.family)
     picked: dict[str, list[str]] = {}
@@ -91,7 +91,8 @@ def _keep(home: str, folder: str | None, name: str) -> None:
 
 def _problem(family, extra: list[str]):
     """The problem the searches tuned, parsed from the extra options as `tuner search` does."""
-    from tuner import cli, cli_target
+    from tuner.cli import main as cli
+    from tuner.cli import target as cli_target
 
     p = cli.parser(family.FAMILY)
     args = p.parse_args(["search", "--family", family.FAMILY, "--gpu", "x", *extra])

@@ -27,7 +27,8 @@ def main() -> None:
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     lap("CUDA start")
-    from tuner import families, gpus, timing
+    from tuner import families, gpus
+    from tuner.measure import timing
 
     gpus.attached(0).describe(driver="")
     lap("describe the GPU")

@@ -7,7 +7,8 @@ from tuner.version import __version__  # noqa: F401 (tuner.__version__)
 
 def load(directory=None, **kwargs):
     """Load a tuned artifact and return its family's op (see tuner.deploy.load)."""
-    from tuner import deploy, gpus
+    from tuner import gpus
+    from tuner.deploy import load as deploy
 
     gpu = kwargs.get("gpu")
     if directory is None and isinstance(gpu, str) and gpu.lower() == "auto":
@@ -31,8 +32,8 @@ def check_errors() -> None:
 
 def capture(path):
     """Record the shapes the families' ops are called with while a block runs, into `path`
-    (see tuner.capturing): `with tuner.capture("shapes.json"): train_steps()`."""
-    from tuner.capturing import Capture
+    (see tuner.deploy.capturing): `with tuner.capture("shapes.json"): train_steps()`."""
+    from tuner.deploy.capturing import Capture
 
     return Capture(path)
 
@@ -40,7 +41,7 @@ def capture(path):
 def patch(model, *exports, **kwargs):
     """Hand the model's modules that a loaded export serves (nn.RMSNorm, transformers' Llama-style
     RMSNorm, nn.EmbeddingBag, ...) to the tuned ops; returns what it changed, with undo() (see
-    tuner.patching): `tuner.patch(model, "exports/rms_norm-H100")`."""
-    from tuner.patching import patch
+    tuner.deploy.patching): `tuner.patch(model, "exports/rms_norm-H100")`."""
+    from tuner.deploy.patching import patch
 
     return patch(model, *exports, **kwargs)

@@ -19,7 +19,8 @@ def on_page_markdown(markdown: str, page, **_) -> str:
 
 def reference() -> str:
     """The generated part of cli.md, as Markdown."""
-    from tuner import cli, families
+    from tuner import families
+    from tuner.cli import main as cli
 
     names = families.names()
     parsers = {name: cli.parser(name) for name in names}

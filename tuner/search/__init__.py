@@ -2,14 +2,14 @@
 
 The stages, each a module: `config` (what is asked, what is reported), `asking` (which
 variants next, claimed in the study; `ranking`, the default sampler's model), `pipeline`
-(the run loop: compile while the GPUs evaluate; `tuner.evaluate` and `tuner.worker` do the
+(the run loop: compile while the GPUs evaluate; `tuner.measure.evaluate` and `tuner.measure.worker` do the
 GPU side), `recording` (telling the study, the measurement log), `finalists` (the best few
 timed again; the winner).
 """
 
 import importlib
 
-from tuner.records import OBJECTIVES, objective_value
+from tuner.store.records import OBJECTIVES, objective_value
 from tuner.search.config import SAMPLERS, SearchConfig, SearchReport
 
 # The pipeline (Optuna, the evaluators) is imported on first use: the command line reads the

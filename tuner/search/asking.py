@@ -23,8 +23,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from tuner import searchers
-from tuner import study as studies
+from tuner.search import searchers
+from tuner.store import study as studies
 from tuner.search import finalists
 from tuner.search.config import SearchConfig
 from tuner.search.ranking import Ranker

@@ -13,7 +13,7 @@ from typing import Any, Callable
 # shuffled order.
 SAMPLERS = ("ranked", "tpe", "random", "grid")
 
-# A variant whose probe (tuner.pruning) is this much slower than the best is pruned: a
+# A variant whose probe (tuner.search.pruning) is this much slower than the best is pruned: a
 # 10-repetition median is within a few % of the full one, and 1.5x is far behind.
 PRUNE_FACTOR = 1.5
 
@@ -47,7 +47,7 @@ class SearchConfig:
     stop_when: Callable[[float], bool] | None = None
 
     def study_name(self, gpu_label: str) -> str:
-        from tuner import study
+        from tuner.store import study
 
         return self.study or study.study_name(self.problem.family, gpu_label, self.problem.key(), self.objective)
 

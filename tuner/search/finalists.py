@@ -23,9 +23,9 @@ from __future__ import annotations
 import sys
 
 from tuner import families
-from tuner import study as studies
-from tuner import records
-from tuner.records import BASELINE, BASELINE_EXTRA, objective_value
+from tuner.store import study as studies
+from tuner.store import records
+from tuner.store.records import BASELINE, BASELINE_EXTRA, objective_value
 from tuner.search.config import SearchConfig, SearchReport
 from tuner.variant import Variant
 

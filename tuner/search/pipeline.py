@@ -19,11 +19,11 @@ import threading
 import time
 
 from tuner import families, gpus, paths
-from tuner import searchers
-from tuner import study as studies
-from tuner.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
-from tuner.pruning import pruner
-from tuner.records import objective_value
+from tuner.search import searchers
+from tuner.store import study as studies
+from tuner.measure.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
+from tuner.search.pruning import pruner
+from tuner.store.records import objective_value
 from tuner.search import asking, finalists, heartbeat
 from tuner.search.config import SearchConfig, SearchReport
 from tuner.search.recording import Book

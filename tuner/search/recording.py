@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner import records
-from tuner import searchers
-from tuner import study as studies
-from tuner.records import objective_value
+from tuner.store import records
+from tuner.search import searchers
+from tuner.store import study as studies
+from tuner.store.records import objective_value
 from tuner.search.config import SearchConfig, SearchReport
 
 

@@ -117,7 +117,7 @@ def search_focus(problem: dict) -> dict[str, Any]:
 
 
 FINALISTS_WHOLE = True
-# A forward and a backward of different variants in one table (tuner.render, Variant.joined): the
+# A forward and a backward of different variants in one table (tuner.build.render, Variant.joined): the
 # search's finalists may join the best forward to the best backward (tuner.search.finalists).
 JOINED_TEMPLATE = "embedding_bag_joined.cu.j2"
 

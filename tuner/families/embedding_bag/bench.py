@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner.bench import HBM_TBS, _fmt, kernel_us, side_by_side, wall_us, write, write_against
+from tuner.report.bench import HBM_TBS, _fmt, kernel_us, side_by_side, wall_us, write, write_against
 from tuner.families import embedding_bag as eb
 
 PR = eb.Problem()
@@ -115,7 +115,7 @@ def torch_op(mode: str):
 
 
 def run_problems(directory: Path, problems: list[dict], out: Path) -> list[dict]:
-    """The tuned op against F.embedding_bag alone at each captured problem (tuner.captured.read's
+    """The tuned op against F.embedding_bag alone at each captured problem (tuner.deploy.captured.read's
     entries), on the family's inputs for its exact shape, dtypes and mode: what swapping the op
     into that training run changes. Both are checked against torch's forward and gradient first.
     GPU times are the profiler's sum of kernels (kernel_us), as in `run`, not graph replays:

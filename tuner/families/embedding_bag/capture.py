@@ -6,7 +6,7 @@ gradients, other dtypes, or no bags are not this family's: None."""
 
 from __future__ import annotations
 
-from tuner.capturing import dtype_of
+from tuner.deploy.capturing import dtype_of
 from tuner.families.embedding_bag.spec import INDEX_DTYPES, MODES, WEIGHT_DTYPES
 
 

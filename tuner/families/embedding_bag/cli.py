@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuner import cli_args
+from tuner.cli import args as cli_args
 from tuner.families import embedding_bag as eb
 
 

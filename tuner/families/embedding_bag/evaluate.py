@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from tuner import timing
-from tuner.cases import Cases
+from tuner.measure import timing
+from tuner.measure.cases import Cases
 from tuner.families import embedding_bag as eb
 from tuner.families.embedding_bag.kernel import EmbeddingBagKernel
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ctypes
 
 from tuner.families.embedding_bag.op import MODE_CODES
-from tuner.kernel import CHECK as _CHECK
-from tuner.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, launcher, stream
+from tuner.measure.kernel import CHECK as _CHECK
+from tuner.measure.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, launcher, stream
 
 _P, _L, _I = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
 _SHAPE = [("rows", _L), ("dim", _L), ("bags", _L), ("n", _L), ("bag_length", _L), ("offsets_end", _I), ("mode", _I),

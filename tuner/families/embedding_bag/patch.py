@@ -1,4 +1,4 @@
-"""The modules `tuner.patch` hands to the tuned EmbeddingBag op (tuner.patching): torch's
+"""The modules `tuner.patch` hands to the tuned EmbeddingBag op (tuner.deploy.patching): torch's
 nn.EmbeddingBag, matched by its exact class (a subclass with a forward of its own is left
 alone). Each forward here is bound to its module in place of the class's."""
 

@@ -186,6 +186,6 @@ LOSS_TOL = 2e-5
 GRAD_TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
 
-from tuner.accuracy import check, relative_error  # noqa: E402,F401  (verify.py and tests use them from here)
+from tuner.measure.accuracy import check, relative_error  # noqa: E402,F401  (verify.py and tests use them from here)
 
 

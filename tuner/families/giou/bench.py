@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from tuner import runtime
-from tuner.bench import _fmt, kernel_us, no_grad, wall_us, write
+from tuner.report.bench import _fmt, kernel_us, no_grad, wall_us, write
 from tuner.families import giou
 
 EPS = 1e-7
@@ -69,7 +69,8 @@ class SimpleKernel:
     """The article's single CUDA kernel: one thread per slot, fp32 math, the sums done apart."""
 
     def __init__(self, pred_dtype: str, target_dtype: str):
-        from tuner import build, gpus
+        from tuner import gpus
+        from tuner.build import compile as build
         from tuner.families.giou.kernel import GiouKernel
 
         v = giou.space(pred_dtype, target_dtype).variant(

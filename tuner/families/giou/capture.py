@@ -5,7 +5,7 @@ reaches torch function handling, so a mode sees only the small ops inside it, no
 
 from __future__ import annotations
 
-from tuner.capturing import dtype_of
+from tuner.deploy.capturing import dtype_of
 from tuner.families.giou.spec import DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES
 
 

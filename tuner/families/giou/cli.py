@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuner import cli_args
+from tuner.cli import args as cli_args
 from tuner.families import giou
 
 

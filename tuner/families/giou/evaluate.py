@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tuner import timing
-from tuner.cases import Cases
+from tuner.measure import timing
+from tuner.measure.cases import Cases
 from tuner.families.giou.kernel import GiouKernel
 from tuner.families.giou.verify import make_case, run_case
 
@@ -23,7 +23,7 @@ class Evaluation:
 
     def check(self, kernel: GiouKernel, problem: dict) -> dict[str, Any]:
         """Correct first: the problem's own shape, then an odd one that ends mid-block, each on an
-        input set shared with a few other variants (`tuner.cases`). Returns
+        input set shared with a few other variants (`tuner.measure.cases`). Returns
         {"ok", "reason", "message"} and the worst errors seen (`loss_error`, `grad_error`)."""
         worst = {"loss_error": 0.0, "grad_error": 0.0}
         for key, make in self._checks(problem):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ctypes
 
 from tuner.families.giou import DEFAULT_EPS, REDUCTIONS
-from tuner.kernel import CHECK as _CHECK
-from tuner.kernel import TORCH_DTYPES, Fn, Kernel, dtype_name, launched, launcher, stream
+from tuner.measure.kernel import CHECK as _CHECK
+from tuner.measure.kernel import TORCH_DTYPES, Fn, Kernel, dtype_name, launched, launcher, stream
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _COMMON = [("pred", _P), ("target", _P), ("num_boxes", _P), ("B", _I), ("S", _I), ("reduction", _I), ("eps", _F)]

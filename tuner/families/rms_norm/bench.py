@@ -2,7 +2,7 @@
 F.rms_norm (eager), torch.compile of it, and Liger's Triton kernel (`pip install
 'tuner[bench]'`), beside the bandwidth floor: the bytes a call must move once, at 3.0 TB/s.
 Every row is checked against the float64 reference first; GPU times come from CUDA-graph
-replays (no host overhead), wall times from back-to-back calls (tuner.bench). With `--problems
+replays (no host overhead), wall times from back-to-back calls (tuner.report.bench). With `--problems
 FILE` (tuner.capture's shapes), the op against F.rms_norm alone at each captured shape."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner.accuracy import check
-from tuner.bench import HBM_TBS, _fmt, side_by_side, write, write_against
+from tuner.measure.accuracy import check
+from tuner.report.bench import HBM_TBS, _fmt, side_by_side, write, write_against
 from tuner.families import rms_norm
 from tuner.families.rms_norm.evaluate import TOL
 
@@ -82,7 +82,7 @@ def run(directory: Path, shapes, dtype: str = "bfloat16", out: Path | None = Non
 
 
 def run_problems(directory: Path, problems: list[dict], out: Path) -> list[dict]:
-    """The tuned op against F.rms_norm alone at each captured problem (tuner.captured.read's
+    """The tuned op against F.rms_norm alone at each captured problem (tuner.deploy.captured.read's
     entries), at its exact shape and dtypes: what swapping the op into that training run changes.
     Writes bench.csv and bench.md (the ratios, and how many cells are slower than torch)."""
     op = _load(directory)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from tuner.capturing import dtype_of
+from tuner.deploy.capturing import dtype_of
 from tuner.families.rms_norm.spec import DEFAULT_EPS, DTYPES
 
 

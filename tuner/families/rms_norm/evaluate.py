@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tuner.accuracy import check
-from tuner import timing
-from tuner.cases import Cases
+from tuner.measure.accuracy import check
+from tuner.measure import timing
+from tuner.measure.cases import Cases
 from tuner.families import rms_norm
 from tuner.families.rms_norm.kernel import RmsNormKernel
 

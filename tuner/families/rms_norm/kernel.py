@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from tuner.kernel import TORCH_DTYPES, Fn, Kernel, dtype_name, launched, launcher, stream
+from tuner.measure.kernel import TORCH_DTYPES, Fn, Kernel, dtype_name, launched, launcher, stream
 
 _P, _L = ctypes.c_void_p, ctypes.c_longlong
 

@@ -1,4 +1,4 @@
-"""The modules `tuner.patch` hands to the tuned RMSNorm op (tuner.patching): torch's nn.RMSNorm,
+"""The modules `tuner.patch` hands to the tuned RMSNorm op (tuner.deploy.patching): torch's nn.RMSNorm,
 and transformers' Llama-style RMSNorm modules (LlamaRMSNorm and the copies other models keep of
 it), each matched by its exact class, so that a subclass with a forward of its own is left alone.
 Each forward here is bound to its module in place of the class's."""

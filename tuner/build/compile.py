@@ -1,0 +1,393 @@
+"""Compile variants: several per translation unit, cached per variant by content hash.
+
+nvcc's fixed cost (host preprocessing, cudafe++, the host compiler reading CUDA's
+headers: about 1.5 s) is paid once per translation unit, so a batch is split into
+units of up to MAX_PER_UNIT variants, as many units as there are cores when the
+batch allows. In a unit each variant's source sits in its own namespace, and its
+one C-linkage name (the family's `ENTRY`, the variant's table) is renamed
+`<ENTRY>_<key>` by `#define`, so that every variant's kernels compile exactly as
+they would alone (ptxas compiles each kernel by itself) and each keeps its own
+table. A unit that fails to compile is built again one variant per unit, so one
+bad variant costs its neighbours a retry, never their result. All units of a
+batch go into a single ninja file so ninja spreads them over the cores;
+`torch.utils.cpp_extension` builds the one torch binding (see `tuner.build.binding`),
+which calls any variant through its table.
+
+Files, named by the content hash of everything that can change a variant's binary
+(rendered source, headers, flags, nvcc, torch, arch):
+    variants/<arch>/<family>-<hash>.cu / .log / .json   one variant
+    variants/<arch>/<family>-<hash>.so or <family>-unit-<hash>.so   the library holding it
+The .json is written last, so a build killed half-way is simply built again; a
+variant with a .json is never rebuilt (a failed compile is remembered too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from tuner import families, paths
+from tuner.build import toolkit
+from tuner.errors import BuildError, ToolchainError
+from tuner.build.render import header_text, in_namespace, includes, render, templates_dir
+from tuner.variant import Variant
+
+BASE_FLAGS = (
+    "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+    "-cudart", "shared", "-Xptxas", "-v",
+)
+
+
+@dataclass
+class Build:
+    """The outcome of building one variant (cached or not)."""
+
+    variant: Variant
+    arch: str
+    key: str
+    ok: bool
+    cached: bool = False
+    compile_s: float = 0.0
+    registers: dict[str, int] = field(default_factory=dict)  # kernel kind -> registers
+    spill_bytes: int = 0
+    smem_bytes: int = 0
+    stack_bytes: int = 0
+    error: str = ""
+    folder: Path | None = None  # the arch's cache folder
+    so: Path | None = None  # the library holding the variant (shared with a unit's other variants)
+    entry: str | None = None  # the C name of its table there, when not the family's ENTRY
+    unit_size: int = 1  # variants compiled in its translation unit
+
+    def regs(self, kind: str) -> int | None:
+        """The most registers a kernel of this kind (forward, backward) uses, over its instances."""
+        found = [n for k, n in self.registers.items() if k == kind or k.startswith(kind + "_")]
+        return max(found) if found else None
+
+    def summary(self) -> dict:
+        return {
+            "name": self.variant.name, "key": self.key, "arch": self.arch, "ok": self.ok,
+            "cached": self.cached, "compile_s": round(self.compile_s, 3), "registers": self.registers,
+            "spill_bytes": self.spill_bytes, "smem_bytes": self.smem_bytes, "stack_bytes": self.stack_bytes,
+            "error": self.error, "so": str(self.so) if self.so else None, "entry": self.entry,
+            "unit_size": self.unit_size,
+        }
+
+    def file(self, suffix: str) -> Path:
+        """The variant's own files in the cache: .cu, .log, .json."""
+        return (self.folder or arch_dir(self.arch)) / f"{self.variant.family}-{self.key}{suffix}"
+
+
+def gencode(arch: str) -> str:
+    number = arch.split("_", 1)[1]
+    return f"-gencode=arch=compute_{number},code={arch}"
+
+
+def flags(arch: str) -> list[str]:
+    return [*BASE_FLAGS, gencode(arch)]
+
+
+def torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def content_key(variant: Variant, source: str, arch: str) -> str:
+    h = hashlib.sha256()
+    for part in (source, header_text(variant.family), " ".join(flags(arch)), toolkit.nvcc_version(),
+                 torch_version(), arch):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+# ------------------------------------------------------------------ ptxas
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for")
+_PROPERTIES = re.compile(r"Function properties for (\S+)")
+_REGS = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _kind(mangled: str, labels: dict[str, str]) -> str:
+    """forward/backward/validate + the kernel's integer template argument (named by the family's
+    `KERNEL_ARGS`, e.g. a reduction or a mode) from a mangled kernel name."""
+    for kind in ("forward", "backward", "validate"):
+        if f"{kind}_kernel" in mangled:
+            arg = re.search(r"ILi(\d+)E", mangled)
+            return kind + (f"_{labels.get(arg.group(1), arg.group(1))}" if arg else "")
+    return mangled
+
+
+def parse_ptxas(log: str, labels: dict[str, str] | None = None) -> dict:
+    """Registers per kernel, worst spill (stores + loads), shared memory and stack frame."""
+    regs: dict[str, int] = {}
+    spill = smem = stack = 0
+    current = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current = _kind(m.group(1), labels or {})
+        elif (m := _FRAME.search(line)) and current:
+            stack = max(stack, int(m.group(1)))
+            spill = max(spill, int(m.group(2)) + int(m.group(3)))
+        elif (m := _REGS.search(line)) and current:
+            regs[current] = int(m.group(1))
+            if s := _SMEM.search(line):
+                smem = max(smem, int(s.group(1)))
+    return {"registers": regs, "spill_bytes": spill, "smem_bytes": smem, "stack_bytes": stack}
+
+
+# ------------------------------------------------------------------ build
+
+def arch_dir(arch: str, root: Path | None = None) -> Path:
+    return (root or paths.variants_dir()) / arch
+
+
+def _load_meta(path: Path, variant: Variant, arch: str, key: str) -> Build | None:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    so = path.parent / meta["so"] if meta.get("so") else path.with_suffix(".so")
+    if meta.get("ok") and not so.exists():
+        return None
+    return Build(variant, arch, key, bool(meta["ok"]), cached=True, compile_s=meta.get("compile_s", 0.0),
+                 registers=meta.get("registers", {}), spill_bytes=meta.get("spill_bytes", 0),
+                 smem_bytes=meta.get("smem_bytes", 0), stack_bytes=meta.get("stack_bytes", 0),
+                 error=meta.get("error", ""), folder=path.parent, so=so if meta.get("ok") else None,
+                 entry=meta.get("entry"), unit_size=meta.get("unit_size", 1))
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(f".json.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _ninja() -> str:
+    exe = shutil.which("ninja")
+    if exe is None:
+        try:
+            import ninja  # the PyPI package ships the binary
+
+            exe = str(Path(ninja.BIN_DIR) / "ninja")
+        except ImportError:
+            pass
+    if exe is None:
+        raise ToolchainError("ninja is not installed: pip install ninja")
+    return exe
+
+
+def _ninja_times(log: Path) -> dict[str, float]:
+    """Seconds per output from ninja's own log (start and end in ms)."""
+    times = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            parts = line.split("\t")
+            if len(parts) >= 4 and parts[0].isdigit():
+                times[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000.0
+    return times
+
+
+def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root: Path | None = None,
+          timeout: float = 900.0, sources: dict[str, str] | None = None, focus: dict | None = None) -> list[Build]:
+    """Build variants for `arch`, in parallel, skipping any already built; one Build each, in order.
+
+    Failures (template or compiler) are returned as Builds with ok=False and the
+    message; only a missing toolchain raises. `sources` (variant name -> CUDA source)
+    builds given sources instead of rendering, e.g. those of an exported artifact;
+    `focus` renders only the kernel instances one problem runs (see `render`).
+    """
+    out_dir = arch_dir(arch, root)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_batches(out_dir)
+    slots: list[Build | str] = []  # a Build, or the key of a build still to come
+    todo: dict[str, tuple[Variant, str]] = {}  # key -> (variant, source)
+    for variant in variants:
+        try:
+            source = sources[variant.name] if sources and variant.name in sources else render(variant, focus)
+        except BuildError as exc:
+            slots.append(Build(variant, arch, "", ok=False, error=exc.message))
+            continue
+        key = content_key(variant, source, arch)
+        cached = None if key in todo else _load_meta(out_dir / f"{variant.family}-{key}.json", variant, arch, key)
+        if cached is not None:
+            slots.append(cached)
+        else:
+            todo[key] = (variant, source)
+            slots.append(key)
+    built = {b.key: b for b in _compile(todo, arch, out_dir, jobs, timeout)} if todo else {}
+    return [built[s] if isinstance(s, str) else s for s in slots]
+
+
+STALE_BATCH_S = 6 * 3600
+
+
+def _remove_stale_batches(out_dir: Path) -> None:
+    """Batch folders of builds that were killed (a live build's folder is minutes old)."""
+    now = time.time()
+    for tmp in out_dir.glob(".batch-*"):
+        try:
+            if now - tmp.stat().st_mtime > STALE_BATCH_S:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except FileNotFoundError:
+            pass
+
+
+MAX_PER_UNIT = 16  # nvcc's fixed cost is ~1.5 s, a variant's own ~0.7 s: 16 per unit pays it ~10%
+
+def namespace(key: str) -> str:
+    return f"tuner_variant_{key}"
+
+
+def unit_source(members: list[tuple[str, str]], entry: str) -> str:
+    """Several variants (key, source) as one translation unit.
+
+    Includes move to the top (a header included inside a namespace would declare
+    its names there); each source goes into its own namespace with `entry` renamed
+    `<entry>_<key>`, and the macros it defines are undefined after it. A family's
+    template therefore gives C linkage to its table function only, and includes
+    its headers unconditionally.
+    """
+    parts = [f"// {len(members)} variants, each in its own namespace (tuner/build/compile.py)",
+             *includes([src for _, src in members]), ""]
+    for key, src in members:
+        parts.append(f"#define {entry} {entry}_{key}\n{in_namespace(src, namespace(key))}#undef {entry}\n")
+    return "\n".join(parts)
+
+
+def plan_units(todo: dict[str, tuple[Variant, str]], jobs: int) -> list[list[str]]:
+    """Keys grouped into translation units: per family, as many units as cores while each holds
+    at most MAX_PER_UNIT. A family without an `ENTRY` compiles one variant per unit."""
+    by_family: dict[str, list[str]] = {}
+    for key, (variant, _) in todo.items():
+        by_family.setdefault(variant.family, []).append(key)
+    units = []
+    for family, keys in by_family.items():
+        if not getattr(families.get(family), "ENTRY", None):
+            units += [[k] for k in keys]
+            continue
+        size = min(MAX_PER_UNIT, max(1, -(-len(keys) // jobs)))
+        units += [keys[i:i + size] for i in range(0, len(keys), size)]
+    return units
+
+
+def _unit_name(family: str, keys: list[str]) -> str:
+    if len(keys) == 1:
+        return f"{family}-{keys[0]}"
+    return f"{family}-unit-{hashlib.sha256(' '.join(keys).encode()).hexdigest()[:20]}"
+
+
+def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, jobs: int | None,
+             timeout: float) -> list[Build]:
+    jobs = jobs or os.cpu_count() or 1
+    units = plan_units(todo, jobs)
+    built = _compile_units(units, todo, arch, out_dir, jobs, timeout)
+    # A unit that failed as a whole: its variants again, one per unit, for their own verdicts.
+    retry = [[k] for unit in units if len(unit) > 1 and not built[unit[0]].ok for k in unit]
+    if retry:
+        built.update(_compile_units(retry, todo, arch, out_dir, jobs, timeout))
+    return [built[k] for k in todo]
+
+
+def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path,
+                   jobs: int, timeout: float) -> dict[str, Build]:
+    """One ninja run over `units`; a Build per key. Only single-variant units remember failures."""
+    nvcc = toolkit.nvcc()
+    tmp = Path(tempfile.mkdtemp(prefix=".batch-", dir=out_dir))
+    try:
+        lines = [
+            "ninja_required_version = 1.3",
+            f"nvcc = {nvcc}",
+            f"flags = {' '.join(flags(arch))}",
+            "rule nvcc",
+            "  command = $nvcc $flags $include -o $out $in > $out.log 2>&1",
+            "  description = nvcc $out",
+        ]
+        for unit in units:
+            family = todo[unit[0]][0].family
+            name = _unit_name(family, unit)
+            if len(unit) == 1:
+                text = todo[unit[0]][1]
+            else:
+                text = unit_source([(k, todo[k][1]) for k in unit], families.get(family).ENTRY)
+            (tmp / f"{name}.cu").write_text(text)
+            lines.append(f"build {name}.so: nvcc {name}.cu")
+            lines.append(f"  include = -I{templates_dir(family)}")
+        (tmp / "build.ninja").write_text("\n".join(lines) + "\n")
+        # At low priority: a search times kernels while its next batch compiles, and a timing
+        # process starved of CPU launches late, so that the GPU idles inside the timed window.
+        nice = ["nice", "-n", "10"] if shutil.which("nice") else []
+        cmd = [*nice, _ninja(), "-C", str(tmp), "-k", "0", "-j", str(jobs)]
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            ninja_out = proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            ninja_out = f"ninja timed out after {timeout:.0f} s\n{exc.stdout or ''}"
+        wall = time.monotonic() - started
+        times = _ninja_times(tmp / ".ninja_log")
+        results = {}
+        for unit in units:
+            family = todo[unit[0]][0].family
+            name = _unit_name(family, unit)
+            so, log = tmp / f"{name}.so", tmp / f"{name}.so.log"
+            log_text = log.read_text(errors="replace") if log.exists() else ""
+            ok = f"{name}.so" in times and so.exists()
+            if ok:
+                os.replace(so, out_dir / so.name)
+            labels = getattr(families.get(family), "KERNEL_ARGS", {})
+            for key in unit:
+                variant, source = todo[key]
+                stem = f"{family}-{key}"
+                own_log = log_text if len(unit) == 1 else member_log(log_text, namespace(key))
+                ptx = parse_ptxas(own_log, labels)
+                entry = f"{families.get(family).ENTRY}_{key}" if len(unit) > 1 else None
+                meta = {"name": variant.name, "params": variant.as_dict(), "key": key, "arch": arch, "ok": ok,
+                        "compile_s": times.get(f"{name}.so", wall) / len(unit), **ptx,
+                        "so": so.name if ok else None, "entry": entry, "unit_size": len(unit),
+                        "error": "" if ok else (_compiler_error(log_text) or ninja_out.strip()[-4000:])}
+                (out_dir / f"{stem}.cu").write_text(source)
+                (out_dir / f"{stem}.log").write_text(own_log)
+                # A compile that never ran (timeout, kill) is not remembered, nor a failed unit's
+                # verdict on its variants (each is tried alone next).
+                if ok or (log_text and len(unit) == 1):
+                    _write_json(out_dir / f"{stem}.json", meta)
+                results[key] = Build(variant, arch, key, ok, cached=False, compile_s=meta["compile_s"],
+                                     registers=ptx["registers"], spill_bytes=ptx["spill_bytes"],
+                                     smem_bytes=ptx["smem_bytes"], stack_bytes=ptx["stack_bytes"],
+                                     error=meta["error"], folder=out_dir, so=out_dir / so.name if ok else None,
+                                     entry=entry, unit_size=len(unit))
+        return results
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def member_log(log: str, ns: str) -> str:
+    """The lines of a unit's ptxas report about one variant's kernels (those named in `ns`)."""
+    keep, mine = [], True
+    for line in log.splitlines():
+        if (m := _ENTRY.search(line)) or (m := _PROPERTIES.search(line)):
+            mine = ns in m.group(1)
+        if mine:
+            keep.append(line)
+    return "\n".join(keep) + ("\n" if keep else "")
+
+
+def _compiler_error(log: str) -> str:
+    """The compiler's error lines (without ptxas' info chatter)."""
+    lines = [line for line in log.splitlines() if "ptxas info" not in line and not line.startswith("    ")]
+    return "\n".join(lines).strip()[-4000:]
+

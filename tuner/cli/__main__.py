@@ -1,0 +1,5 @@
+import sys
+
+from tuner.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,66 @@
+"""`tuner search --problems FILE`: every problem a capture recorded, searched in one command
+(tuner.search.problems), with a line per problem as it starts and a table at the end: each
+problem's winner beside torch's op, and which of the two the export will serve it with."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tuner.search.config import SearchConfig
+
+
+def read(path: Path, family: str | None) -> list[tuple[object, float]]:
+    """(a family's Problem, its share of the captured time) per captured problem, of `family`
+    if given, largest share first."""
+    from tuner import families
+    from tuner.deploy import captured
+
+    return [(families.get(r["family"]).Problem(**r["problem"]), r["share"]) for r in captured.read(path, family)]
+
+
+def _describe(problem) -> str:
+    from tuner import families
+
+    return f"{problem.family} {families.part(problem.family, 'cli').describe(problem.__dict__)}"
+
+
+def search(base: SearchConfig, captured: list[tuple[object, float]], args, started: float) -> int:
+    from tuner.store import study
+    from tuner.store.records import objective_value, served_by
+    from tuner.search import problems
+
+    shares = [share for _, share in captured]
+    cfgs = problems.configs(base, [p for p, _ in captured], shares)
+
+    def on_start(i: int, cfg: SearchConfig) -> None:
+        print(f"[{i + 1}/{len(cfgs)}] {_describe(cfg.problem)}: {shares[i]:.0%} of the captured time, "
+              f"{cfg.trials} trials ({time.monotonic() - started:.0f} s from the command's start)", flush=True)
+
+    def on_end(i: int, report) -> None:
+        compiled = f", compiling {report.compile_s:.0f} s" if not base.simulate else ""
+        print(f"      {report.trials} trials in {report.wall_s:.1f} s{compiled}: study {report.study_name}",
+              flush=True)
+
+    reports = problems.run(cfgs, on_start, on_end)
+    print(f"\n{len(cfgs)} problems from {args.problems}:")
+    served = 0
+    for cfg, report in zip(cfgs, reports):
+        st = study.load(report.study_name, args.storage)
+        winner, baseline = st.user_attrs.get("winner"), st.user_attrs.get("baseline")
+        if not winner:
+            print(f"  {_describe(cfg.problem)}: no verified variant")
+            continue
+        line = (f"  {_describe(cfg.problem)}: {report.trials} trials ({report.warm_started} warm-started from "
+                f"the others' best), {winner['variant']} {winner['objective_us']:.2f} us")
+        if baseline:
+            who = served_by(winner, baseline, cfg.objective)
+            served += who == "variant"
+            line += (f", torch {objective_value(baseline, cfg.objective):.2f} us: "
+                     + ("the winner serves it" if who == "variant" else "torch's op serves it"))
+        print(line)
+    trials = sum(r.trials for r in reports)
+    wall = time.monotonic() - started
+    print(f"{trials} trials in {wall:.1f} s from the command's start ({60 * trials / wall:.0f}/min); "
+          f"variants serve {served} of {len(cfgs)} problems; `tuner export-best` binds them all")
+    return 0

@@ -1,0 +1,237 @@
+"""`tuner show`, `list`, `export-best`, `report` and `dashboard`: what the stored studies hold."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tuner import gpus, paths
+from tuner.cli import target as cli_target
+from tuner.errors import TunerError
+
+
+def _show(st, k: int) -> str:
+    from tuner.store import study
+
+    space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
+    frame = study.trials_frame(st, space)
+    lines = [f"study {st.study_name}"]
+    gpu = st.user_attrs.get("gpu", {})
+    if gpu:
+        lines.append("  gpu: " + ", ".join(f"{key} {gpu[key]}" for key in
+                                           ("gpu_name", "arch", "driver", "torch", "cuda") if gpu.get(key)))
+    if frame.empty:
+        return "\n".join(lines + ["  no trials yet"])
+    counts = frame["state"].value_counts().to_dict()
+    reasons = frame.loc[frame["state"] == "FAIL", "reason"].value_counts().to_dict()
+    lines.append(f"  trials: {counts}; failures by reason: {reasons or 'none'}")
+    best = study.top(frame, k)
+    if best.empty:
+        return "\n".join(lines + ["  no verified variant yet"])
+    cols = [d.name for d in space.dims] + ["objective_us", "fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us",
+                                          "regs_fwd", "regs_bwd", "spill_bytes"]
+    lines.append(f"\ntop {len(best)} in the search:")
+    lines.append(best[[c for c in cols if c in best]].round(2).to_string(index=False))
+    retimed = st.user_attrs.get("retimed")
+    if retimed:
+        import pandas as pd
+
+        rows = [{"variant": r["variant"], "objective_us": r["objective_us"],
+                 "fwd_us": r["fwd"]["median_us"], "fwd_spread_us": r["fwd"]["spread_us"],
+                 **({"bwd_us": r["bwd"]["median_us"], "bwd_spread_us": r["bwd"]["spread_us"]} if "bwd" in r else {})}
+                for r in retimed]
+        lines.append("\nre-timed, interleaved (the winner is the first):")
+        lines.append(pd.DataFrame(rows).round(2).to_string(index=False))
+    baseline = st.user_attrs.get("baseline")
+    if baseline and retimed:  # timed in the same turns (tuner.search.finalists)
+        from tuner.store.records import served_by
+
+        times = ", ".join(f"{k} {baseline[k]['median_us']:.2f} us" for k in ("fwd", "bwd") if k in baseline)
+        who = served_by(retimed[0], baseline, st.user_attrs.get("objective") or "fwd+bwd")
+        lines.append(f"\nbaseline, the torch op, timed with them: {times}; the export serves this problem with "
+                     + ("the winner" if who == "variant" else "torch's op (the winner did not beat it)"))
+    rejected = st.user_attrs.get("rejected") or {}
+    if rejected:  # finalists whose whole build failed the check of every mode (tuner.search.finalists)
+        lines.append(f"\nfinalists rejected by their whole check ({len(rejected)}), never exported:")
+        lines += [f"  {name}: {why[:200]}" for name, why in rejected.items()]
+    done = frame[frame["state"] == "COMPLETE"]
+    lines.append(f"\nmedian objective of all {len(done)} verified trials: {done['objective_us'].median():.2f} us")
+    return "\n".join(lines)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from tuner.store import journal
+    from tuner.store import study
+
+    st = study.load(cli_target.study_name(args), args.storage)
+    if args.json:
+        space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
+        frame = study.trials_frame(st, space)
+        print(json.dumps({"study": st.study_name, "attrs": st.user_attrs,
+                          "trials": json.loads(frame.to_json(orient="records"))}, indent=1, default=str))
+    else:
+        print(_show(st, args.top_k))
+        skipped = journal.damaged_lines(st._storage)
+        if skipped:
+            print(f"damaged records skipped: {len(skipped)} (lines {_spans(skipped)} of {study.storage_url(args.storage)})")
+    return 0
+
+
+def _spans(lines: list[int]) -> str:
+    """1, 2, 3, 7 -> '1-3, 7'."""
+    spans: list[list[int]] = []
+    for n in lines:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from tuner.store import study
+
+    url = study.storage_url(args.storage)
+    if study.absent(url):
+        print(f"no studies in {study.shown(url)} (no such file yet)")
+        return 0
+    rows = []
+    for s in study.summaries(url):
+        best = s.best_trial.value if s.best_trial is not None else None
+        rows.append({"study": s.study_name, "trials": s.n_trials, "best_us": best,
+                     "gpu": s.user_attrs.get("gpu", {}).get("gpu_name", "")})
+    if not rows:
+        print(f"no studies in {study.shown(url)}")
+        return 0
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def elsewhere(op) -> str | None:
+    """What serves the calls near no tuned problem, as the family's OpSpec says (None: no baseline,
+    the nearest winner serves every call)."""
+    if not op.baseline:
+        return None
+    if op.untuned_by_baseline and op.reach:
+        return "dtype pairs and shapes far from every tuned problem are served by torch's op"
+    if op.untuned_by_baseline:
+        return "untuned dtype pairs are served by torch's op; other shapes run the nearest tuned problem's variant"
+    if op.reach:
+        return ("shapes far from every tuned problem of their dtype pair are served by torch's op; untuned dtype "
+                "pairs run the nearest tuned problem's parameters")
+    return "other shapes and dtype pairs run the nearest tuned problem's parameters (torch's op serves only where it won)"
+
+
+def cmd_export_best(args: argparse.Namespace) -> int:
+    from tuner import families
+    from tuner.deploy import export
+    from tuner.deploy import serving
+    from tuner.store import study
+
+    if args.wheel and args.sources_only:
+        raise TunerError("--wheel packs the export's binaries, and --sources-only leaves them out: drop one")
+    if args.study:
+        names = [args.study]
+        label = args.gpu or study.load(args.study, args.storage).user_attrs.get("gpu", {}).get("gpu_name", "gpu")
+    elif args.gpu:
+        label = args.gpu
+        if label.lower() == "auto":
+            label = gpus.short_name(gpus.attached(asked="--gpu auto", hint="; name the GPU (--gpu H100) or the "
+                                                                            "study (--study NAME)"))
+        names = export.studies_for(label, args.family, args.storage)
+        if not names:
+            raise TunerError(f"no studies for {label} in {study.shown(study.storage_url(args.storage))}; "
+                             f"run `tuner search --gpu {args.gpu}` first")
+    else:
+        raise TunerError("say what to export: --gpu H100 (all its studies) or --study NAME")
+    out = export.export(names, args.out or export.default_dir(label, args.family), args.storage,
+                        binaries=not args.sources_only)
+    manifest = export.read(out)
+    if not args.sources_only and not args.no_check:
+        why = serving.checkable(manifest)
+        if why is None:  # the op itself against torch's at each problem a variant serves: who serves it
+            ratios = serving.check(out)
+            out = export.export(names, out, args.storage, checked=ratios)
+            manifest = export.read(out)
+            slower = sum(e.get("served_by") == "torch" and "checked" in e for e in manifest["entries"])
+            print(f"checked the op against torch's at its {len(ratios)} variant-served problems: "
+                  f"{slower} slower in a cell (wall or GPU, forward or forward+backward), now served by torch's op")
+        else:
+            print(f"not checked at its problems ({why}): `tuner export-best` on the GPU checks them")
+    describe = families.part(manifest["family"], "cli").describe
+    for e in manifest["entries"]:
+        print(f"{describe(e['problem'])}: {_served(e)}")
+    by_torch = sum(e.get("served_by") == "torch" for e in manifest["entries"])
+    print(f"exported {len(manifest['entries'])} tuned problem(s) for {manifest['gpu'].get('gpu_name')} to {out}"
+          + (f"; torch's op serves {by_torch} of them, where no variant beat it" if by_torch else ""))
+    untuned = elsewhere(families.part(manifest["family"], "op").OP)
+    if untuned:
+        print(untuned)
+    if manifest.get("binaries"):
+        b = manifest["binaries"]["identity"]
+        print(f"binaries for {b['arch']}, torch {b['torch']}, CUDA {b['cuda']}, Python {b['python']} "
+              "(loaded without a toolchain where these match)")
+    print(f'load it with: op = tuner.load("{out}")')
+    if args.wheel:
+        from tuner.deploy import wheel
+
+        path = wheel.write(out, args.wheel, gpu_label=label)
+        print(f"wheel: {path} ({path.stat().st_size / 1e6:.1f} MB); `pip install {path}`, then "
+              f"`import {path.name.split('-')[0]}` registers torch.ops.tuner.{families.part(manifest['family'], 'op').OP.op}")
+    return 0
+
+
+def _served(entry: dict) -> str:
+    """One problem of an export: its winner and time, beside the baseline's where it was timed."""
+    timing = f"{entry['objective']} {entry['objective_us']:.2f} us"
+    base = entry.get("baseline_us")
+    if base:
+        objective = entry.get("objective") or "fwd+bwd"
+        from tuner.store.records import objective_value
+
+        timing += f", torch {objective_value(base, objective):.2f} us"
+    checked = entry.get("checked")
+    if checked:  # the op itself against torch's (tuner.deploy.serving)
+        timing += "; op/torch " + ", ".join(f"{cell} {'-' if r is None else f'{r:.2f}x'}" for cell, r in checked.items())
+    if entry.get("served_by") == "torch":
+        return f"torch's op (the best variant, {entry['variant']}, {timing})"
+    return f"{entry['variant']} ({timing})"
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner.report import report
+    from tuner.store import study
+
+    st = study.load(cli_target.study_name(args), args.storage)
+    out = args.out or paths.reports_dir() / st.study_name  # made once the study is read
+    importance = report.report(st, out)
+    print(f"study {st.study_name}: {len(st.trials)} trials")
+    if importance:
+        print("parameter importance (PED-ANOVA):")
+        for name, value in importance.items():
+            print(f"  {name:<18} {value:.3f}")
+    if (out / "by_dimension.md").exists():
+        print("\nby dimension (registers, spills, occupancy of the best trial of each value):")
+        print((out / "by_dimension.md").read_text())
+    print(f"wrote {out}/trials.csv, importance.json, by_dimension.csv/.md, time_by_dimension.png, "
+          "time_vs_registers.png")
+    print(f"browse the study: tuner dashboard --storage {study.shown(study.storage_url(args.storage))}")
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from tuner.store import study
+
+    try:
+        import optuna_dashboard
+    except ImportError:
+        raise TunerError("the dashboard is a separate package: pip install optuna-dashboard") from None
+    url = study.storage_url(args.storage)
+    if study.absent(url):
+        raise TunerError(f"no studies in {study.shown(url)}: no such file (a search makes it)")
+    storage = study.storage(url)
+    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {study.shown(url)} (Ctrl-C stops it)", flush=True)
+    optuna_dashboard.run_server(storage, host=args.host, port=args.port)
+    return 0

@@ -1,0 +1,53 @@
+"""What a command's arguments point at: the family's command-line part, the problem its options
+describe, and the study they name (shared by every command module, below all of them)."""
+
+from __future__ import annotations
+
+from tuner import gpus
+from tuner.errors import TunerError
+
+# options of show and report that say nothing about which study to read
+NAME_FREE = {"--storage", "--json", "--top-k", "--out", "--debug"}
+
+
+def family_cli(args):
+    """The family's command-line part (its options, spaces, problem and bench)."""
+    from tuner import families
+
+    return families.part(args.family, "cli")
+
+
+def problem(args):
+    return family_cli(args).problem(args)
+
+
+def study_name(args) -> str:
+    from tuner.store import study
+
+    if args.study:
+        return args.study
+    if not args.gpu:
+        if not getattr(args, "options", {"?"}) - NAME_FREE:
+            return only_study(args.storage)
+        raise TunerError("name the study with --study, or give --gpu and the problem options")
+    gpu = args.gpu
+    if gpu.lower() == "auto":
+        gpu = gpus.short_name(gpus.attached(asked="--gpu auto", hint="; name the GPU (--gpu H100) or the study "
+                                                                     "(--study NAME)"))
+    return study.study_name(args.family, gpu, problem(args).key(), args.objective)
+
+
+def only_study(storage: str | None) -> str:
+    """The storage's one study, where nothing named one."""
+    from tuner.store import study
+
+    names = sorted(s.study_name for s in study.summaries(storage))
+    where = study.shown(study.storage_url(storage))
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise TunerError(f"no studies in {where}; `tuner search` makes one")
+    listed = ", ".join(names[:10])
+    if len(names) > 10:
+        listed += f" and {len(names) - 10} more (`tuner list` shows them)"
+    raise TunerError(f"{len(names)} studies in {where}: {listed}; pass --study NAME")

@@ -1,0 +1,120 @@
+"""What an export's op binds, and the binaries that `export-best` writes beside its sources.
+
+The binaries: the family's torch binding (its op in C++) and one library of every variant the
+op binds (the winners, and for a dtype pair that was not tuned, the nearest problem's parameters
+rendered for it), built for the study's GPU architecture. The manifest records their SHA-256
+and the build identity, so that `tuner.runtime` can load them without a toolchain where
+torch, CUDA, Python, platform and GPU match.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tuner import families, paths, runtime
+from tuner.build import binding
+from tuner.build import compile as build
+from tuner.build import toolkit
+from tuner.errors import TunerError
+from tuner.variant import Variant
+
+
+def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
+    """The winners an op binds, in the order the binding gets them: per dtype pair of the family,
+    its tuned entries (those the baseline serves, `served_by` "torch", without a variant). An
+    untuned pair is the baseline's where the op has one (nothing bound; `OpSpec.untuned_by_baseline`);
+    else every entry's parameters are rendered for it (the nearest valid point; of a joined variant,
+    each half's), with `tuned_for` naming the pair they were tuned for."""
+    fam = families.get(family)
+    spec = families.part(family, "op").OP
+    baseline = spec.baseline
+    out = []
+    for space in fam.all_spaces():
+        same = [e for e in entries if fam.space_for(e["problem"]).fixed == space.fixed]
+        for e in same:
+            if baseline and e.get("served_by") == "torch":
+                out.append({"problem": e["problem"], "served_by": "torch"})
+                continue
+            out.append({"problem": e["problem"], "variant": e["variant"], "params": e["params"], "tuned_for": ""})
+        if same or (baseline and spec.untuned_by_baseline):
+            continue
+        for e in entries:
+            if baseline and e.get("served_by") == "torch":  # where torch beat the tuned pair's winner, torch
+                out.append({"problem": {**e["problem"], **space.fixed}, "served_by": "torch"})
+                continue
+            v = _nearest(space, Variant.of(family, e["params"]))
+            out.append({"problem": e["problem"], "variant": v.name, "params": v.as_dict(),
+                        "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))})
+    return out
+
+
+def _nearest(space, v: Variant) -> Variant:
+    """The valid point of `space` nearest to v's parameters; of a joined variant, each half's."""
+    halves = v.halves()
+    if halves:
+        return Variant.joined(*(_nearest(space, h) for h in halves))
+    params = v.as_dict()  # without a dimension added since v was tuned, if that may be None
+    return space.nearest({d.name: params[d.name] for d in space.dims if d.name in params})
+
+
+def build_variants(family: str, winners: list[dict], arch: str, sources: dict[str, str] | None = None,
+                   jobs: int | None = None, root: Path | None = None) -> tuple[list[dict], dict[str, Path]]:
+    """Build the bound winners for `arch` (cached); returns them with the `library` and `entry`
+    of each (none for a problem the baseline serves), and the libraries by name."""
+    variants = {w["variant"]: Variant.of(family, w["params"]) for w in winners if "variant" in w}
+    if not variants:
+        return winners, {}
+    builds = {b.variant.name: b for b in build.build(list(variants.values()), arch, jobs=jobs, root=root,
+                                                       sources=sources)}
+    failed = [b for b in builds.values() if not b.ok]
+    if failed:
+        raise TunerError(f"{family}: building {failed[0].variant.name} for {arch} failed:\n{failed[0].error}")
+    entry = families.get(family).ENTRY
+    placed = [{**w, "library": builds[w["variant"]].so.name, "entry": builds[w["variant"]].entry or entry}
+              if "variant" in w else w for w in winners]
+    return placed, {b.so.name: b.so for b in builds.values()}
+
+
+def write(out: Path, family: str, entries: list[dict], arch: str) -> dict[str, Any]:
+    """Build and copy an export's binaries into `out`; returns the manifest's `binaries`.
+    The variants of one export are compiled together (one translation unit of up to 16)."""
+    winners = bound(family, entries)
+    placed, libraries = build_variants(family, winners, arch, jobs=1, root=paths.cache_dir() / "exports")
+    hashes = {}
+    for name, path in libraries.items():
+        shutil.copyfile(path, out / name)
+        hashes[name] = runtime.sha256_file(out / name)
+    lib = binding.library(family)
+    shutil.copyfile(lib, out / lib.name)
+    return {
+        "identity": {**runtime.identity(), "arch": arch, "nvcc": toolkit.nvcc_version(), "compiler": compiler()},
+        "binding": {"file": lib.name, "sha256": runtime.sha256_file(out / lib.name)},
+        "libraries": hashes,
+        "bound": placed,
+    }
+
+
+def compiler() -> str:
+    """The first line of the C++ compiler's --version (what built the binding)."""
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return cxx
+    return out.splitlines()[0].strip() if out else cxx
+
+
+def toolchain_missing() -> str | None:
+    """Why sources cannot be built here (no nvcc, no C++ compiler), or None."""
+    try:
+        toolkit.cuda_home()
+    except TunerError as exc:
+        return str(exc)
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler ({cxx}) on PATH"
+    return None

@@ -1,0 +1,97 @@
+"""The files `tuner.capture` writes: the problems a training run called the families' ops with,
+per problem its calls and their time (tuner/deploy/capturing.py records them). Reading one needs no
+torch: `tuner search --problems FILE` reads it before its worker starts CUDA.
+
+    {"format": 1, "tuner": ..., "torch": ..., "gpu": ...,
+     "problems": [{"family": "rms_norm", "problem": {"rows": 4096, "width": 4096, "x": "bfloat16",
+                   "weight": "bfloat16"}, "key": "...", "calls": 12, "time_us": 1234.5,
+                   "ops": {"torch.nn.functional.rms_norm": 12}}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from tuner import families
+from tuner.errors import TunerError
+
+FORMAT = 1
+
+
+def write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def with_shares(problems: list[dict]) -> list[dict]:
+    """Each problem's fraction of the total time, or of the calls where no time was measured."""
+    by = "time_us" if any(p["time_us"] > 0 for p in problems) else "calls"
+    total = sum(p[by] for p in problems)
+    return [{**p, "share": p[by] / total if total else 0.0} for p in problems]
+
+
+
+# ---------------------------------------------------------------------- reading
+
+def read(path: str | os.PathLike, family: str | None = None) -> list[dict]:
+    """The problems of a capture file (of one family if given), largest time first, each with
+    "family", "problem", "key", "calls", "time_us", "ops" and "share" (of the returned ones).
+    A file that is missing, damaged or holds none raises TunerError naming it."""
+    path = Path(path)
+    if family is not None:
+        families.get(family)  # an unknown name: SpaceError, listing the known ones
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TunerError(f"capture file {path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TunerError(f"capture file {path} is not JSON: {exc}") from None
+    except OSError as exc:
+        raise TunerError(f"capture file {path} cannot be read: {exc.strerror}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise TunerError(f"capture file {path} has format {found!r}; this tuner reads format {FORMAT}")
+    if not isinstance(doc.get("problems"), list):
+        raise TunerError(f"capture file {path} has no list of problems")
+    problems = [_checked(path, i, p) for i, p in enumerate(doc["problems"], 1)]
+    problems = [p for p in problems if family is None or p["family"] == family]
+    if not problems:
+        raise TunerError(f"capture file {path} holds no {family + ' ' if family else ''}problems")
+    return with_shares(sorted(problems, key=lambda p: (-p["time_us"], -p["calls"])))
+
+
+def problems(path: str | os.PathLike, family: str) -> list[tuple[Any, float]]:
+    """(Problem, share) for each of a family's problems in a capture file, largest first."""
+    cls = families.get(family).Problem
+    return [(cls(**p["problem"]), p["share"]) for p in read(path, family)]
+
+
+def _checked(path: Path, index: int, entry: Any) -> dict:
+    """One problem of a file, checked: a known family, exactly its Problem's fields with values of
+    their defaults' types, a count and a time."""
+    where = f"capture file {path}, problem {index}"
+    if not isinstance(entry, dict) or not isinstance(entry.get("problem"), dict):
+        raise TunerError(f"{where} is not an object with a 'problem' object")
+    family = entry.get("family")
+    if family not in families.names():
+        raise TunerError(f"{where} is of unknown family {family!r}; known: {', '.join(families.names())}")
+    cls, given = families.get(family).Problem, entry["problem"]
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    wrong = ([f"missing {f}" for f in fields if f not in given] + [f"unknown {f}" for f in given if f not in fields]
+             + [f"{f}={v!r} is not {type(fields[f]).__name__}" for f, v in given.items()
+                if f in fields and type(v) is not type(fields[f])])
+    if wrong:
+        raise TunerError(f"{where} is not a {family} problem: {', '.join(wrong)}")
+    calls, time_us = entry.get("calls"), entry.get("time_us")
+    if type(calls) is not int or calls < 1:
+        raise TunerError(f"{where}: calls must be a whole number of at least 1, got {calls!r}")
+    if type(time_us) not in (int, float) or not math.isfinite(time_us) or time_us < 0:
+        raise TunerError(f"{where}: time_us must be a finite number of at least 0, got {time_us!r}")
+    return {"family": family, "problem": dict(given), "key": cls(**given).key(), "calls": calls,
+            "time_us": float(time_us), "ops": entry.get("ops", {})}

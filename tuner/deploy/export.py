@@ -1,0 +1,201 @@
+"""`tuner export-best`: the winners of a GPU's studies as a self-checking artifact.
+
+An artifact is a folder: the rendered CUDA source of each winner (one per tuned
+problem: dtype pair and shape), the ABI header, the binaries built for the study's GPU
+(the family's torch binding and a library of the variants its op binds; tuner/deploy/binaries.py),
+and `manifest.json` with where and how it was measured, the build identity, and a SHA-256
+of every source, every binary and of the manifest itself, so that `tuner.load` and the
+runtime refuse an artifact that was edited. Where the identity matches, loading needs no
+toolchain; elsewhere the sources are built.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tuner import families, paths, runtime
+from tuner.version import __version__
+from tuner.deploy import binaries as _binaries
+from tuner.store import study as studies
+from tuner.errors import TunerError
+from tuner.store.records import served_by
+from tuner.build.render import header_text, render, templates_dir
+from tuner.variant import Variant
+
+MANIFEST = runtime.MANIFEST
+FORMAT = 2  # 2: binaries beside the sources; format 1 (sources only) still loads
+FORMATS = (1, 2)
+manifest_checksum = runtime.manifest_checksum
+
+
+def problem_key(problem: dict) -> str:
+    """A problem as the export's check (tuner.deploy.serving) names it."""
+    return json.dumps(problem, sort_keys=True)
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def default_dir(gpu: str, family: str) -> Path:
+    """Where `export-best` writes and `tuner.load(gpu=...)` looks: exports/<family>-<GPU>."""
+    return paths.home() / "exports" / (family + "-" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-"))
+
+
+def _winner(st) -> dict[str, Any]:
+    """The study's re-timed winner, else its best verified trial (planted faults never)."""
+    problem = st.user_attrs.get("problem")
+    if not problem:
+        raise TunerError(f"study {st.study_name!r} was not made by `tuner search` (no problem recorded)")
+    family = studies.family_of(st)
+    space = family.space_for(problem)
+    frame = studies.trials_frame(st, space)
+    best = studies.top(frame, 1)
+    if best.empty:
+        raise TunerError(f"study {st.study_name!r} has no verified trial to export; run `tuner search` first")
+    row = best.iloc[0]
+    by_name = space.by_name()
+    winner = st.user_attrs.get("winner")
+    variant = None
+    halves = (winner or {}).get("halves")
+    if halves and halves["forward"] in by_name and halves["backward"] in by_name:
+        # the best forward and best backward joined (tuner.search.finalists): checked and timed as one
+        variant = Variant.joined(by_name[halves["forward"]], by_name[halves["backward"]])
+    elif winner and winner["variant"] in by_name:
+        variant = by_name[winner["variant"]]
+    if variant is not None:
+        timings = {k: winner[k] for k in ("fwd", "bwd") if k in winner}
+        objective = winner["objective_us"]
+        retimed = True
+    elif getattr(family, "FINALISTS_WHOLE", False):
+        # its trials were checked in the problem's mode alone: only a finalist checked whole ships
+        raise TunerError(f"study {st.study_name!r} has no winner checked in full yet (its search stopped before "
+                         f"its finalists): run the same `tuner search` again to finish it, then export")
+    else:
+        variant = by_name[row["variant"]]
+        timings = {"fwd": {"median_us": row["fwd_us"], "spread_us": row["fwd_spread_us"]}}
+        if row["bwd_us"] == row["bwd_us"] and row["bwd_us"] is not None:
+            timings["bwd"] = {"median_us": row["bwd_us"], "spread_us": row["bwd_spread_us"]}
+        objective = float(row["objective_us"])
+        retimed = False
+    fwd, bwd = variant.halves() or (variant, variant)  # a joined variant's errors: its forward's and its backward's trial
+    baseline = st.user_attrs.get("baseline") if retimed else None  # timed beside the finalists
+    objective_name = st.user_attrs.get("objective") or "fwd+bwd"
+    return {"variant": variant, "problem": problem, "timings": timings, "objective_us": objective,
+            "retimed": retimed, "objective": st.user_attrs.get("objective"), "study": st.study_name,
+            "baseline_us": baseline, "served_by": served_by(timings, baseline, objective_name),
+            "verification": {"loss_error": _fact(st, fwd, "loss_error"), "grad_error": _fact(st, bwd, "grad_error")}}
+
+
+def _fact(st, variant: Variant, key: str):
+    trial = next(t for t in st.get_trials(deepcopy=False) if t.user_attrs.get("variant") == variant.name
+                 and t.state.name == "COMPLETE")
+    return studies.facts(trial).get(key)
+
+
+SLOWER = 1.0  # a checked problem whose op is slower than torch's in any cell by more than this goes to torch
+
+
+def export(study_names: list[str], out: Path, storage: str | None = None, binaries: bool = True,
+           checked: dict[str, dict] | None = None) -> Path:
+    """Write the artifact for these studies (all of one GPU) into `out`. `checked`: the op's ratios
+    to torch's per cell at its problems (tuner.deploy.serving, by problem key): a problem slower in any is
+    served by torch's op."""
+    if not study_names:
+        raise TunerError("no studies to export: run `tuner search` first, or name one with --study")
+    winners = [_winner(studies.load(name, storage)) for name in study_names]
+    for w in winners:
+        cells = (checked or {}).get(problem_key(w["problem"]))
+        if cells is not None:
+            w["checked"] = cells
+            if any(r is None or r > SLOWER for r in cells.values()):
+                w["served_by"] = "torch"
+    gpus = {json.dumps(studies.load(n, storage).user_attrs.get("gpu", {}), sort_keys=True) for n in study_names}
+    if len(gpus) > 1:
+        raise TunerError("these studies were measured on different GPUs; export one GPU at a time (--study)")
+    return write(out, winners, json.loads(gpus.pop()), binaries)
+
+
+def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = True) -> Path:
+    """Write an artifact: each winner's source, the ABI header, the binaries for the GPU's
+    architecture (`binaries=False`: sources only) and the manifest (written last)."""
+    out = Path(out)
+    names = {w["variant"].family for w in winners}
+    if len(names) != 1:
+        raise TunerError(f"an artifact holds one kernel family; these winners are of {sorted(names)}")
+    family = families.get(names.pop())
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for w in winners:
+        v: Variant = w["variant"]
+        source = render(v)
+        filename = f"{v.name}.cu"
+        (out / filename).write_text(source)
+        entries.append({
+            "problem": w["problem"], "variant": v.name, "params": v.as_dict(), "source": filename,
+            "source_sha256": sha256(source), "timings_us": w.get("timings", {}), "objective": w.get("objective"),
+            "objective_us": w.get("objective_us"), "retimed": w.get("retimed", False), "study": w.get("study"),
+            "verification": w.get("verification", {}),
+            # the baseline's timings beside the winner's, and who serves the problem (tuner.store.records.served_by)
+            "baseline_us": w.get("baseline_us"), "served_by": w.get("served_by", "variant"),
+            **({"checked": w["checked"]} if "checked" in w else {}),  # the op / torch's op, per cell
+        })
+    for name in family.HEADERS:  # the sources include them
+        (out / name).write_text((templates_dir(family.FAMILY) / name).read_text())
+    manifest = {
+        "format": FORMAT, "family": family.FAMILY, "tuner": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu, "arch": gpu.get("arch"), "header_sha256": sha256(header_text(family.FAMILY)),
+        "template_sha256": sha256((templates_dir(family.FAMILY) / family.TEMPLATE).read_text()),
+        "entries": entries,
+    }
+    if binaries:
+        manifest["binaries"] = _binaries.write(out, family.FAMILY, entries, gpu.get("arch"))
+    manifest["checksum"] = manifest_checksum(manifest)
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(out / MANIFEST)
+    return out
+
+
+def studies_for(gpu_label: str, family: str, storage: str | None = None) -> list[str]:
+    """Studies of a family on one GPU (all its problems and shape buckets)."""
+    prefix = f"{family}-{gpu_label}-"
+    return sorted(s.study_name for s in studies.summaries(storage) if s.study_name.startswith(prefix))
+
+
+def read(directory: Path) -> dict:
+    """The manifest of an artifact, checked: manifest checksum, format, every source's and binary's hash."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    try:
+        manifest = runtime.read_manifest(directory)  # JSON, the manifest's checksum, the binaries' hashes
+    except RuntimeError as exc:
+        raise TunerError(str(exc)) from exc
+    if manifest.get("format") not in FORMATS or manifest.get("family") not in families.names():
+        raise TunerError(f"{path}: unsupported artifact (format {manifest.get('format')}, "
+                         f"family {manifest.get('family')}; installed families: {', '.join(families.names())})")
+    if manifest.get("checksum") != manifest_checksum(manifest):
+        raise TunerError(f"{path} was edited after export (its checksum does not match); refusing to load it")
+    headers = families.get(manifest["family"]).HEADERS
+    try:
+        header = "".join((directory / name).read_text() for name in headers)
+    except FileNotFoundError as exc:
+        raise TunerError(f"artifact {directory} is missing {exc.filename}") from exc
+    if sha256(header) != manifest["header_sha256"]:
+        raise TunerError(f"{directory}: {', '.join(headers)} do not match the hash in {MANIFEST}: edited after "
+                         "export; refusing to load it")
+    for name, expected in [(e["source"], e["source_sha256"]) for e in manifest["entries"]]:
+        try:
+            text = (directory / name).read_text()
+        except FileNotFoundError as exc:
+            raise TunerError(f"artifact {directory} is missing {name}") from exc
+        if sha256(text) != expected:
+            raise TunerError(f"{directory / name} does not match the hash in {MANIFEST}: it was edited "
+                             "after export; refusing to load it")
+    return manifest

@@ -1,0 +1,82 @@
+"""The export's last word on who serves each problem: the tuned op itself against torch's op at
+every problem a variant serves, timed as `tuner bench` times them (wall time of back-to-back calls
+and GPU time, forward and forward+backward), on the GPU the export is for. The search timed
+kernels; a training step also pays the op's host path, and where a call is small enough for the
+host to bound it, a faster kernel can still make a slower step. A problem whose op is slower than
+torch's in any of the four cells goes to torch's op (`tuner export-best` writes the export again).
+
+Runs in a process of its own (`python -m tuner.deploy.serving DIR OUT.json`): it loads the export's op,
+which a process holds once, and imports torch, which export-best does not need otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tuner import families
+from tuner.errors import SpaceError
+
+
+def checkable(manifest: dict) -> str | None:
+    """Why the export's problems cannot be checked here (no bench of its family's problems, no GPU
+    of its architecture), or None."""
+    try:
+        bench = families.part(manifest["family"], "bench")
+    except SpaceError:  # a family without a bench.py
+        bench = None
+    if not hasattr(bench, "run_problems"):
+        return f"the {manifest['family']} family has no bench of its problems"
+    from tuner import gpus
+
+    here = gpus.visible()
+    if here is None:
+        return "no GPU is attached"
+    if here.arch != manifest.get("arch"):
+        return f"the attached GPU is {here.name} ({here.arch}), the export is for {manifest.get('arch')}"
+    return None
+
+
+def check(directory: Path, timeout: float = 900) -> dict[str, dict[str, float | None]]:
+    """Problem key -> tuned/torch ratio per cell, for every problem of the export a variant serves
+    and torch's op can run (where torch has no such op, e.g. a backward missing for a dtype, the variant keeps it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ratios.json"
+        run = subprocess.run([sys.executable, "-m", "tuner.deploy.serving", str(directory), str(out)], timeout=timeout,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        if run.returncode != 0:
+            lines = run.stderr.strip().splitlines()
+            raise RuntimeError(f"checking {directory} at its problems failed: {lines[-1] if lines else run.returncode}")
+        return json.loads(out.read_text())
+
+
+def _main(directory: str, out: str) -> None:
+    from tuner.report import bench
+    from tuner.deploy import export
+
+    key = export.problem_key
+
+    manifest = export.read(Path(directory))
+    fam = families.part(manifest["family"], "bench")
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for e in manifest["entries"]:
+            if e.get("served_by", "variant") != "variant":
+                continue
+            try:
+                rows = fam.run_problems(Path(directory), [{"problem": e["problem"]}], Path(tmp))
+            except (NotImplementedError, RuntimeError) as exc:  # torch cannot run it (a bfloat16 max backward)
+                print(f"{key(e['problem'])}: not checked: {str(exc).splitlines()[0]}", file=sys.stderr)
+                continue
+            (_, cells), = bench.ratios(rows, fam.TORCH, fam.TUNED)
+            found[key(e["problem"])] = cells
+    Path(out).write_text(json.dumps(found))
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:3])
