@@ -1,6 +1,7 @@
 """The core's layout: no import circles among tuner's modules (imports inside functions count: they
-tie modules as surely), and no core module importing a family (the core finds families through
-the registry, tuner.families, by name). `pytest tests/test_layout.py` prints a circle it finds."""
+tie modules as surely), no stage of the pipeline importing a later one, no core module importing a
+family (the core finds families through the registry, tuner.families, by name), and every import
+of tuner naming what is there. `pytest tests/test_layout.py` prints a circle it finds."""
 
 from __future__ import annotations
 
@@ -85,6 +86,25 @@ def test_no_core_module_imports_a_family():
     offenders = {name: sorted(_imports(path, modules) & family_modules)
                  for name, path in modules.items() if not _in_a_family(path)}
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+# The pipeline's stages, lowest first: a stage imports only those before it (tuner's other modules,
+# the leaves, come first; the package's face, tuner/__init__ and __main__, and the families, which
+# plug into every stage, are outside the order).
+STAGES = ("build", "store", "measure", "search", "report", "deploy", "cli")
+
+
+def _stage(module: str) -> int | None:
+    parts = module.split(".")
+    if module in ("tuner", "tuner.__main__") or parts[1] == "families":
+        return None
+    return STAGES.index(parts[1]) + 1 if parts[1] in STAGES else 0
+
+
+def test_no_stage_imports_a_later_one():
+    ups = [f"{a} -> {b}" for a, targets in _graph().items() for b in targets
+           if _stage(a) is not None and _stage(b) is not None and _stage(b) > _stage(a)]
+    assert ups == []
 
 
 def test_the_check_finds_a_circle():

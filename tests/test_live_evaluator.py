@@ -4,7 +4,7 @@ the devices (the GPU suite runs the real thing)."""
 import pytest
 
 from tuner import gpus
-from tuner.measure import evaluate
+from tuner.search import evaluate
 from tuner.measure import worker
 from tuner.errors import GpuError
 from tuner.families import giou

@@ -9,7 +9,7 @@ import pytest
 
 from tuner import search
 from tuner.search import quality
-from tuner.measure.evaluate import SimulatedEvaluator
+from tuner.search.evaluate import SimulatedEvaluator
 from tuner.families import giou
 
 DATA = Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl"  # the tuning set

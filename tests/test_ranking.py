@@ -8,7 +8,7 @@ import pytest
 
 from tuner import search
 from tuner.store import records
-from tuner.measure.evaluate import SimulatedEvaluator
+from tuner.search.evaluate import SimulatedEvaluator
 from tuner.families import giou
 from tuner.search import asking
 from tuner.search.ranking import Ranker

@@ -11,7 +11,7 @@ from tuner import search
 from tuner.search import quality
 from tuner.store import records
 from tuner.errors import TunerError
-from tuner.measure.evaluate import SimulatedEvaluator
+from tuner.search.evaluate import SimulatedEvaluator
 from tuner.families import giou
 
 import simdata

@@ -326,7 +326,7 @@ def test_trials_above_the_space_stop_once_every_variant_is_measured(small, capsy
 
 def _failing_whole_checks(monkeypatch, fam, fails):
     """The family's finalists checked whole, and `fails(round, name)` says which fail their check."""
-    from tuner.measure import evaluate
+    from tuner.search import evaluate
 
     monkeypatch.setattr(fam, "FINALISTS_WHOLE", True, raising=False)
     rounds = []
@@ -371,7 +371,7 @@ def test_finalists_that_fail_their_whole_check_never_win(small, monkeypatch, cap
 
 
 def test_the_likely_finalists_are_built_whole_while_the_last_batch_is_evaluated(small, monkeypatch):
-    from tuner.measure import evaluate
+    from tuner.search import evaluate
 
     fam, path = small
     _failing_whole_checks(monkeypatch, fam, lambda r, name: False)
@@ -422,7 +422,7 @@ def opposed(small, tmp_path, monkeypatch):
 
 def test_the_best_forward_and_backward_are_joined_when_that_is_faster(opposed, monkeypatch):
     from tuner.cli import studies as cli_studies
-    from tuner.measure import evaluate
+    from tuner.search import evaluate
     from tuner.deploy import export
     from tuner.variant import Variant
 
@@ -456,7 +456,7 @@ def test_the_best_forward_and_backward_are_joined_when_that_is_faster(opposed, m
 
 
 def test_a_joined_variant_that_fails_its_check_is_rejected(opposed, monkeypatch):
-    from tuner.measure import evaluate
+    from tuner.search import evaluate
 
     fam, path = opposed
     real = evaluate.SimulatedEvaluator.retime
@@ -566,7 +566,7 @@ def test_searchers_sharing_a_study_stop_when_the_space_is_measured(small, tuner_
 
 
 def test_auto_with_a_recording_names_the_study_as_a_live_search_would(sim, tmp_path):
-    from tuner.measure.evaluate import SimulatedEvaluator
+    from tuner.search.evaluate import SimulatedEvaluator
 
     assert SimulatedEvaluator(sim, giou.Problem(), "fwd+bwd", "auto").gpu_label == "H100"
     named = search.run(_cfg(sim, trials=5))

@@ -13,7 +13,7 @@ import json
 
 def main() -> None:
     from tuner.store import study as studies
-    from tuner.measure.evaluate import LiveEvaluator
+    from tuner.search.evaluate import LiveEvaluator
     from tuner.families import giou
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

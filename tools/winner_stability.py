@@ -40,7 +40,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from tuner import families
-    from tuner.measure.evaluate import LiveEvaluator
+    from tuner.search.evaluate import LiveEvaluator
 
     family = families.get(args.family)
     picked: dict[str, list[str]] = {}

@@ -1,10 +1,11 @@
 """`tuner search`: an Optuna study that compiles, verifies and times variants.
 
 The stages, each a module: `config` (what is asked, what is reported), `asking` (which
-variants next, claimed in the study; `ranking`, the default sampler's model), `pipeline`
-(the run loop: compile while the GPUs evaluate; `tuner.measure.evaluate` and `tuner.measure.worker` do the
-GPU side), `recording` (telling the study, the measurement log), `finalists` (the best few
-timed again; the winner).
+variants next, claimed in the study; `ranking`, the default sampler's model), `evaluate`
+(where the measurements come from: the GPUs' workers, `tuner.measure.worker`, or a recording),
+`pipeline` (the run loop: compile while the GPUs evaluate; `pruning`), `recording` (telling the
+study, the measurement log), `finalists` (the best few timed again; the winner), `problems`
+(several problems in one command); `quality` measures the samplers in simulation.
 """
 
 import importlib

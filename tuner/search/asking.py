@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from tuner.search import searchers
+from tuner.store import searchers
 from tuner.store import study as studies
 from tuner.search import finalists
 from tuner.search.config import SearchConfig

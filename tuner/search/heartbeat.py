@@ -1,12 +1,12 @@
 """A searcher's heartbeat in a shared study, and its watch over the other searchers' (who they
-are: tuner/search/searchers.py)."""
+are: tuner/store/searchers.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tuner.store import study as studies
-from tuner.search.searchers import owner
+from tuner.store.searchers import owner
 
 HEARTBEAT_S = 5  # each searcher beats this often, in the study
 GRACE_S = 15  # a searcher whose beat has not changed for this long is dead: its trials run again

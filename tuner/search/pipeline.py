@@ -19,9 +19,9 @@ import threading
 import time
 
 from tuner import families, gpus, paths
-from tuner.search import searchers
+from tuner.store import searchers
 from tuner.store import study as studies
-from tuner.measure.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
+from tuner.search.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
 from tuner.search.pruning import pruner
 from tuner.store.records import objective_value
 from tuner.search import asking, finalists, heartbeat

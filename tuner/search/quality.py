@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 from tuner import families, search
 from tuner.store import records
-from tuner.measure.evaluate import SimulatedEvaluator
+from tuner.search.evaluate import SimulatedEvaluator
 
 
 # The batches a search asks on a 16-core host (`LiveEvaluator.batch_size` 32; ranked asks four

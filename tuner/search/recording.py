@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuner.store import records
-from tuner.search import searchers
+from tuner.store import searchers
 from tuner.store import study as studies
 from tuner.store.records import objective_value
 from tuner.search.config import SearchConfig, SearchReport

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import paths
-from tuner.search.searchers import others_alive, owner, owner_alive
+from tuner.store.searchers import others_alive, owner, owner_alive
 from tuner.errors import TunerError
 
 JOURNAL_NAME = "tuner.journal"

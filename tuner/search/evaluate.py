@@ -13,7 +13,7 @@ from pathlib import Path
 from tuner import families, gpus
 from tuner.build import compile as build
 from tuner.store import records
-from tuner.search import searchers
+from tuner.store import searchers
 from tuner.search.pruning import PROBE_REPS
 from tuner.errors import GpuError, TunerError
 from tuner.variant import Variant
