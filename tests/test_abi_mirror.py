@@ -1,7 +1,7 @@
-"""The ctypes mirrors of the families' C argument structs and tables (what the search calls
-variants with, tuner/measure/kernel.py) against the C headers themselves: every field at the offset and
-of the size the C compiler gives it, and each struct of the C size. A field added to a header and
-not to its mirror (or the reverse) fails here, on a machine without a GPU."""
+"""The ctypes mirrors of the families' C argument structs and tables, read from the C headers
+(tuner/measure/abi.py: what the search calls variants with) against the layout the C compiler
+gives the headers themselves: every field at its offset, each struct of its size. A header the
+reader gets wrong fails here, on a machine without a GPU."""
 
 from __future__ import annotations
 
@@ -12,23 +12,15 @@ import subprocess
 import pytest
 
 from tuner.build import toolkit
-from tuner.measure.kernel import TORCH_DTYPES
-from tuner.families.embedding_bag import kernel as eb_kernel
-from tuner.families.giou import kernel as giou_kernel
-from tuner.families.rms_norm import kernel as rms_kernel
 from tuner.build.render import templates_dir
+from tuner.measure import abi
+from tuner.measure.kernel import TORCH_DTYPES
+from tuner.errors import SpaceError
+from tuner.families.giou import kernel as giou_kernel
 
-MIRRORS = [
-    ("giou", "giou_abi.h", "TunerGiouArgs", giou_kernel.Args),
-    ("giou", "giou_abi.h", "TunerGiouBackwardArgs", giou_kernel.BackwardArgs),
-    ("giou", "giou_abi.h", "TunerGiouVtable", giou_kernel.GiouKernel._table),
-    ("rms_norm", "rms_norm_abi.h", "TunerRmsNormArgs", rms_kernel.Args),
-    ("rms_norm", "rms_norm_abi.h", "TunerRmsNormBackwardArgs", rms_kernel.BackwardArgs),
-    ("rms_norm", "rms_norm_abi.h", "TunerRmsNormVtable", rms_kernel.RmsNormKernel._table),
-    ("embedding_bag", "embedding_bag_abi.h", "TunerEmbeddingBagArgs", eb_kernel.Args),
-    ("embedding_bag", "embedding_bag_abi.h", "TunerEmbeddingBagBackwardArgs", eb_kernel.BackwardArgs),
-    ("embedding_bag", "embedding_bag_abi.h", "TunerEmbeddingBagVtable", eb_kernel.EmbeddingBagKernel._table),
-]
+MIRRORS = [(family, header, name) for family, header in (("giou", "giou_abi.h"), ("rms_norm", "rms_norm_abi.h"),
+                                                         ("embedding_bag", "embedding_bag_abi.h"))
+           for name in abi.declarations(family)]
 
 
 def _layout_in_c(tmp_path, family: str, header: str, struct: str, fields: list[str]) -> list[int]:
@@ -48,8 +40,9 @@ def _layout_in_c(tmp_path, family: str, header: str, struct: str, fields: list[s
     return [int(n) for n in out.split()]
 
 
-@pytest.mark.parametrize("family,header,struct,mirror", MIRRORS, ids=[m[2] for m in MIRRORS])
-def test_the_ctypes_mirror_lays_out_as_the_header(tmp_path, family, header, struct, mirror):
+@pytest.mark.parametrize("family,header,struct", MIRRORS, ids=[m[2] for m in MIRRORS])
+def test_the_ctypes_mirror_lays_out_as_the_header(tmp_path, family, header, struct):
+    mirror = abi.struct(family, struct)
     names = [f[0] for f in mirror._fields_]
     want = _layout_in_c(tmp_path, family, header, struct, names)
     got = [ctypes.sizeof(mirror)] + [getattr(mirror, n).offset for n in names]
@@ -71,3 +64,24 @@ def test_a_built_variant_loads_and_is_called_through_its_table_without_a_binding
     grid = -(-1024 * 256 // (variant["block_size"] * variant["boxes_per_thread"]))
     assert kernel.workspace_words_fn(1024, 256) == 4 + 2 * grid  # TUNER_GIOU_WS_PARTIALS + 2 a block
     assert "too many resources" in kernel.error_string(701)
+
+
+def test_the_reader_takes_the_c_the_headers_write():
+    fields = dict(abi._fields("""
+        const void* x;  // a comment; with a semicolon
+        int B, S;       /* two at once */
+        long long rows, *counts;
+        const char* name;
+        unsigned char* flags;
+        long long (*scratch)(long long rows, const float* w, cudaStream_t);
+        void (*done)(void);
+    """, "test.h: T"))
+    assert fields["x"] is ctypes.c_void_p and fields["B"] is fields["S"] is ctypes.c_int
+    assert fields["rows"] is ctypes.c_longlong and fields["counts"] is ctypes.c_void_p
+    assert fields["name"] is ctypes.c_char_p and fields["flags"] is ctypes.c_void_p
+    scratch = fields["scratch"].type
+    assert scratch._restype_ is ctypes.c_longlong
+    assert scratch._argtypes_ == (ctypes.c_longlong, ctypes.c_void_p, ctypes.c_void_p)
+    assert fields["done"].type._argtypes_ == ()
+    with pytest.raises(SpaceError, match="test.h: T.v: C type 'half' has no ctypes mirror"):
+        abi._fields("half v;", "test.h: T")

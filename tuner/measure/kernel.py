@@ -5,9 +5,9 @@ device, where the tensors must be: a search's worker has one GPU).
 
 No torch binding is involved: a search checks and times variants as soon as the first one is
 compiled, while the family's binding (a minute of C++ the first time) builds in the background
-for the export (tuner/build/binding.py). Each family's kernel class names its table's fields after
-`abi` and `name` (`fields`, as ctypes types, `Fn(...)` for a function: `<name>_fn`) and mirrors its C
-argument structs (`tests/test_abi_mirror.py` checks the mirrors against the headers)."""
+for the export (tuner/build/binding.py). The table and the argument structs are read from the
+family's C ABI header (tuner/measure/abi.py): each plain field of the table is an attribute of the
+kernel, each function `<name>_fn`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import ctypes
 from pathlib import Path
 
 from tuner import families, runtime
+from tuner.measure import abi
 from tuner.errors import BuildError, KernelInputError
 
 CHECK = {False: "deferred", "deferred": "deferred", True: "sync", "sync": "sync"}  # how a call reports bad input
@@ -26,18 +27,6 @@ TORCH_DTYPES = {"Float": "float32", "Half": "float16", "BFloat16": "bfloat16", "
 def dtype_name(tensor) -> str:
     """A tensor's dtype as torch names it ("bfloat16")."""
     return str(tensor.dtype).removeprefix("torch.")
-
-
-class Fn:
-    """A function field of a C table: its C result and argument types."""
-
-    def __init__(self, result, *args):
-        self.type = ctypes.CFUNCTYPE(result, *args)
-
-
-def launcher(result=ctypes.c_int):
-    """The type of a variant's `int (*)(const Args*, cudaStream_t)`."""
-    return Fn(result, ctypes.c_void_p, ctypes.c_void_p)
 
 
 def stream(device: int | None = None) -> int:
@@ -58,14 +47,7 @@ def launched(rc: int, kernel: "Kernel", what: str) -> None:
 
 class Kernel:
     family: str = ""
-    fields: list[tuple[str, object]] = []  # the table's fields after (abi, name): ctypes types or Fn
     error_text: dict[int, str] = {}  # what each error bit of the family's validation means
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        cls._table = type(f"{cls.__name__}Table", (ctypes.Structure,),
-                          {"_fields_": [("abi", ctypes.c_int), ("name", ctypes.c_char_p),
-                                        *[(n, ctypes.c_void_p if isinstance(k, Fn) else k) for n, k in cls.fields]]})
 
     def __init__(self, so: Path, expected_name: str | None = None, entry: str | None = None):
         fam = families.get(self.family)
@@ -76,14 +58,15 @@ class Kernel:
                                          expected_name)
         except RuntimeError as exc:
             raise BuildError(expected_name or str(so), str(exc)) from exc
-        table = self._table.from_address(self.address)
+        name, fields = abi.table(self.family)
+        table = abi.struct(self.family, name).from_address(self.address)
         self.name = table.name.decode()
-        for name, kind in self.fields:
-            value = getattr(table, name)
-            if isinstance(kind, Fn):  # callable as <name>_fn (a kernel's own methods keep the plain names)
-                setattr(self, f"{name}_fn", kind.type(value))
+        for field, kind in fields[2:]:
+            value = getattr(table, field)
+            if isinstance(kind, abi.Function):  # callable as <field>_fn (a kernel's own methods keep the plain names)
+                setattr(self, f"{field}_fn", kind.type(value))
             else:
-                setattr(self, name, value.decode() if isinstance(value, bytes) else value)
+                setattr(self, field, value.decode() if isinstance(value, bytes) else value)
         self._words = None  # the workspace: a zeroed int32 tensor whose `error_word` validation sets
         self._replaced: list = []  # smaller ones before it
         self.error_word = 0

@@ -7,25 +7,12 @@ from __future__ import annotations
 import ctypes
 
 from tuner.families.embedding_bag.op import MODE_CODES
+from tuner.measure import abi
 from tuner.measure.kernel import CHECK as _CHECK
-from tuner.measure.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, launcher, stream
+from tuner.measure.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, stream
 
-_P, _L, _I = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
-_SHAPE = [("rows", _L), ("dim", _L), ("bags", _L), ("n", _L), ("bag_length", _L), ("offsets_end", _I), ("mode", _I),
-          ("padding_idx", _L)]
-
-
-class Args(ctypes.Structure):  # TunerEmbeddingBagArgs
-    _fields_ = [("weight", _P), ("indices", _P), ("offsets", _P), ("per_sample_weights", _P), ("out", _P),
-                ("max_indices", _P), ("bag_count", _P), *_SHAPE[:6], ("mode", _I), ("padding_idx", _L),
-                ("error_word", _P), ("error_flags", _P), ("splits", _L), ("partials", _P), ("partial_args", _P),
-                ("partial_counts", _P), ("arrivals", _P)]
-
-
-class BackwardArgs(ctypes.Structure):  # TunerEmbeddingBagBackwardArgs
-    _fields_ = [("grad_out", _P), ("weight", _P), ("indices", _P), ("offsets", _P), ("per_sample_weights", _P),
-                ("max_indices", _P), ("bag_count", _P), ("sorted_rows", _P), ("order", _P), ("bag_of", _P),
-                ("partials", _P), ("grad_weight", _P), ("grad_per_sample_weights", _P), *_SHAPE]
+Args = abi.struct("embedding_bag", "TunerEmbeddingBagArgs")  # mirrors of the header's structs
+BackwardArgs = abi.struct("embedding_bag", "TunerEmbeddingBagBackwardArgs")
 
 
 MAX_SPLITS = 4096
@@ -56,9 +43,6 @@ class EmbeddingBagKernel(Kernel):
     error word until `take_errors()`; with "sync" the call raises KernelInputError."""
 
     family = "embedding_bag"
-    fields = [("weight_dtype", ctypes.c_char_p), ("index_dtype", ctypes.c_char_p), ("vec", ctypes.c_int),
-              ("validates", ctypes.c_int), ("sorted", ctypes.c_int), ("piece", ctypes.c_int),
-              ("split", ctypes.c_int), ("forward", launcher()), ("backward", launcher())]
     error_text = {1: "an index is outside [0, num_embeddings)",
                   2: "offsets decrease or fall outside [0, len(indices)]"}
 

@@ -5,19 +5,12 @@ from __future__ import annotations
 import ctypes
 
 from tuner.families.giou import DEFAULT_EPS, REDUCTIONS
+from tuner.measure import abi
 from tuner.measure.kernel import CHECK as _CHECK
-from tuner.measure.kernel import TORCH_DTYPES, Fn, Kernel, dtype_name, launched, launcher, stream
+from tuner.measure.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, stream
 
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-_COMMON = [("pred", _P), ("target", _P), ("num_boxes", _P), ("B", _I), ("S", _I), ("reduction", _I), ("eps", _F)]
-
-
-class Args(ctypes.Structure):  # TunerGiouArgs
-    _fields_ = [*_COMMON, ("out", _P), ("count_out", _P), ("saved_grad", _P), ("workspace", _P), ("error_flags", _P)]
-
-
-class BackwardArgs(ctypes.Structure):  # TunerGiouBackwardArgs
-    _fields_ = [*_COMMON, ("grad_out", _P), ("count", _P), ("saved_grad", _P), ("grad_pred", _P)]
+Args = abi.struct("giou", "TunerGiouArgs")  # mirrors of the header's structs
+BackwardArgs = abi.struct("giou", "TunerGiouBackwardArgs")
 
 
 WS_ERROR = 1  # TUNER_GIOU_WS_ERROR
@@ -33,9 +26,6 @@ class GiouKernel(Kernel):
     """
 
     family = "giou"
-    fields = [("pred_dtype", ctypes.c_char_p), ("target_dtype", ctypes.c_char_p), ("alignment", ctypes.c_int),
-              ("saves_grad", ctypes.c_int), ("validates", ctypes.c_int), ("forward", launcher()),
-              ("backward", launcher()), ("workspace_words", Fn(ctypes.c_longlong, _I, _I))]
     error_text = {1: "num_boxes has a value outside [0, S]", 2: "a valid target box has a non-finite coordinate"}
 
     def __init__(self, *args, **kwargs):

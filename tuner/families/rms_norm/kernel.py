@@ -4,25 +4,15 @@ from __future__ import annotations
 
 import ctypes
 
-from tuner.measure.kernel import TORCH_DTYPES, Fn, Kernel, dtype_name, launched, launcher, stream
+from tuner.measure import abi
+from tuner.measure.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, stream
 
-_P, _L = ctypes.c_void_p, ctypes.c_longlong
-
-
-class Args(ctypes.Structure):  # TunerRmsNormArgs
-    _fields_ = [("x", _P), ("weight", _P), ("y", _P), ("rstd", _P), ("rows", _L), ("width", _L),
-                ("eps", ctypes.c_float)]
-
-
-class BackwardArgs(ctypes.Structure):  # TunerRmsNormBackwardArgs
-    _fields_ = [("grad_y", _P), ("x", _P), ("weight", _P), ("rstd", _P), ("grad_x", _P), ("grad_weight", _P),
-                ("scratch", _P), ("rows", _L), ("width", _L), ("eps", ctypes.c_float)]
+Args = abi.struct("rms_norm", "TunerRmsNormArgs")  # mirrors of the header's structs
+BackwardArgs = abi.struct("rms_norm", "TunerRmsNormBackwardArgs")
 
 
 class RmsNormKernel(Kernel):
     family = "rms_norm"
-    fields = [("x_dtype", ctypes.c_char_p), ("weight_dtype", ctypes.c_char_p), ("saves_rstd", ctypes.c_int),
-              ("forward", launcher()), ("backward", launcher()), ("scratch_floats", Fn(_L, _L, _L))]
 
     def _check(self, x, weight) -> None:
         """What the variant takes: its dtypes, a contiguous [rows, width] x and [width] weight on one GPU."""
