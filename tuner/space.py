@@ -7,7 +7,7 @@ Optuna's own constraints are soft, so invalid points never enter a study.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tuner.errors import SpaceError
@@ -167,6 +167,17 @@ def covering(spaces: Sequence[Space]) -> list[Variant]:
             uncovered.discard(pair)
             used[pair] = used.get(pair, 0) + 1
     return picks
+
+
+def option(default, help: str, *, flag: str | None = None, choices: Sequence[str] | None = None,
+           parse: str | None = None, dtype: bool = False):
+    """A field of a family's Problem as the command line offers it (tuner.cli.target): `--<name>`
+    with underscores as dashes, or `flag`; `help`; `choices`; `parse`, the name of a parser in
+    tuner.cli.args ("size", "size_or_zero"; default: "size" for an int, the text as given
+    otherwise); `dtype`, a dtype's name made canonical ('bf16' -> 'bfloat16'). The problem's
+    space (`space_for`) then checks the values together."""
+    return field(default=default, metadata={"option": {"help": help, "flag": flag, "choices": choices,
+                                                       "parse": parse, "dtype": dtype}})
 
 
 def fixed_spaces(make: Callable[..., Space], **choices: Sequence[str]):

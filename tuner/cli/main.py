@@ -209,7 +209,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
                    help="the covering set: every value of every dimension, every dtype pair")
     s.add_argument("--json", action="store_true")
     problem = argparse.ArgumentParser(add_help=False)
-    fam.add_problem_args(problem)
+    cli_target.add_problem_args(problem, family or families.DEFAULT)
     problem = [family_opt, target, problem, _study_parser()]
     s = sub.add_parser("search", parents=problem, help="search for the fastest correct variant")
     s.add_argument("--trials", type=cli_args.count, default=200,
@@ -273,7 +273,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, help="folder (default: reports/<study> under $TUNER_HOME)")
 
     sizes = argparse.ArgumentParser(add_help=False)
-    fam.add_problem_args(sizes)
+    cli_target.add_problem_args(sizes, family or families.DEFAULT)
     s = sub.add_parser("samplers", parents=[family_opt, sizes],
                        help="search quality in simulation: trials each sampler needs to find a near-best variant")
     s.add_argument("--simulate", type=Path, metavar="FILE", required=True,

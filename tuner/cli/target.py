@@ -17,8 +17,45 @@ def family_cli(args):
     return families.part(args.family, "cli")
 
 
+def add_problem_args(parser, family: str) -> None:
+    """The options of the problem a command tunes for: one per field of the family's Problem as it
+    declares them (`tuner.space.option`), or the family's own (its cli part's `add_problem_args`)."""
+    import dataclasses
+
+    from tuner import families
+    from tuner.cli import args as cli_args
+
+    own = getattr(families.part(family, "cli"), "add_problem_args", None)
+    if own is not None:
+        return own(parser)
+    for f in dataclasses.fields(families.get(family).Problem):
+        if "option" not in f.metadata:
+            continue
+        o = f.metadata["option"]
+        parse = o["parse"] or ("size" if isinstance(f.default, int) else None)
+        parser.add_argument(o["flag"] or "--" + f.name.replace("_", "-"), dest=f.name, default=f.default,
+                            type=getattr(cli_args, parse) if parse else None,
+                            choices=o["choices"], help=f"{o['help']} (default {f.default})")
+
+
 def problem(args):
-    return family_cli(args).problem(args)
+    """The problem the options describe, its space's checks passed (dtypes it has variants for)."""
+    import dataclasses
+
+    from tuner import families
+    from tuner.space import dtype_name
+
+    own = getattr(family_cli(args), "problem", None)
+    if own is not None:
+        return own(args)
+    fam = families.get(args.family)
+    values = {}
+    for f in dataclasses.fields(fam.Problem):
+        if "option" in f.metadata:
+            value = getattr(args, f.name)
+            values[f.name] = dtype_name(value) if f.metadata["option"]["dtype"] else value
+    fam.space_for(values)
+    return fam.Problem(**values)
 
 
 def study_name(args) -> str:

@@ -16,7 +16,9 @@ from typing import Callable
 
 DEFAULT_FLUSH_BYTES = 256 * 1024 * 1024  # over any GPU's L2 today; Triton's do_bench uses the same
 HEAD_START_CYCLES = 2_000_000  # about 1-2 ms of GPU clock
-
+SPARE_US = 500.0  # a head start's spin beyond what the next call needs: a GPU-bound call needs one
+MAX_SPIN_US = 5000.0  # a head start covers a call's typical queueing up to this, not a stall
+GPU_SHARE = 0.8  # of a call's estimated GPU time, counted as queued work (estimates run high)
 
 _CYCLE_US: list[float] = []  # µs a spin cycle takes on this process's GPU (measured once)
 
@@ -80,11 +82,6 @@ class L2Flush:
         return self._us
 
 
-SPARE_US = 500.0  # a head start's spin beyond what the next call needs: a GPU-bound call needs one
-MAX_SPIN_US = 5000.0
-GPU_SHARE = 0.8  # of a call's estimated GPU time, counted as queued work (estimates run high)
-
-
 def _queue(order: list, flush: L2Flush, estimates: dict) -> dict:
     """Queue one timed repetition of each `(key, fn)` in `order`, each after an L2 flush, and
     return key -> [(start, end) events]. The events must time the GPU's work, not how fast the
@@ -93,9 +90,9 @@ def _queue(order: list, flush: L2Flush, estimates: dict) -> dict:
     keeps count of the GPU work it has queued ahead of itself (each call's estimated GPU time,
     `estimates[key]` = `_Estimate`, less the host time it took to queue it) and, where that lead
     is shorter than the time it takes to queue the next call, queues a head start long enough to
-    cover it. A call the
-    GPU runs slower than the host queues it (a large kernel) needs one head start in all; one the
-    host queues slower (a Python op, an eager loss) gets a spin as long as the difference."""
+    cover it. A call the GPU runs slower than the host queues it (a large kernel) needs one head
+    start in all; one the host queues slower (a Python op, an eager loss) gets a spin as long as
+    the difference."""
     import time
 
     import torch

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tuner.errors import SpaceError
-from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name  # noqa: F401
+from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option  # noqa: F401
 from tuner.variant import Variant
 
 FAMILY = "embedding_bag"
@@ -127,14 +127,15 @@ class Problem:
     """What a kernel is tuned for. Defaults: the PR's configuration."""
 
     family: ClassVar[str] = FAMILY
-    rows: int = 5_000_000
-    dim: int = 128
-    bags: int = 2048
-    bag_size: int = 150
-    mode: str = "sum"
-    weight: str = "float32"
-    index: str = "int64"
-    distribution: str = "random"
+    rows: int = option(5_000_000, "embedding rows (the PR's)")
+    dim: int = option(128, "embedding dim")
+    bags: int = option(2048, "bags")
+    bag_size: int = option(150, "mean indices per bag", parse="size_or_zero")
+    mode: str = option("sum", "how a bag's rows combine", choices=MODES)
+    weight: str = option("float32", "weight dtype", dtype=True)
+    index: str = option("int64", "index dtype", dtype=True)
+    distribution: str = option("random", "index distribution: random, one_hot, multi_hot", flag="--ids",
+                               choices=DISTRIBUTIONS)
 
     def key(self) -> str:
         return (f"R{self.rows}-D{self.dim}-B{self.bags}-L{self.bag_size}-{self.mode}-{self.weight}-"

@@ -1,4 +1,6 @@
-"""The EmbeddingBag family's command-line options."""
+"""The EmbeddingBag family's command-line options: which spaces `variants`/`build` list, how an
+export's problem reads in a line, and `tuner bench`'s (the problem's are its Problem's declared
+fields)."""
 
 from __future__ import annotations
 
@@ -18,26 +20,6 @@ def spaces(args) -> list:
     if args.all_dtypes:
         return eb.all_spaces()
     return [eb.space(args.weight, args.index)]
-
-
-def add_problem_args(p: argparse.ArgumentParser) -> None:
-    d = eb.Problem()
-    p.add_argument("--rows", type=cli_args.size, default=d.rows, help=f"embedding rows (default {d.rows:,}, the PR's)")
-    p.add_argument("--dim", type=cli_args.size, default=d.dim, help=f"embedding dim (default {d.dim})")
-    p.add_argument("--bags", type=cli_args.size, default=d.bags, help=f"bags (default {d.bags})")
-    p.add_argument("--bag-size", type=cli_args.size_or_zero, default=d.bag_size,
-                   help=f"mean indices per bag (default {d.bag_size})")
-    p.add_argument("--mode", default=d.mode, choices=eb.MODES)
-    p.add_argument("--weight", default=d.weight, help="weight dtype (default float32)")
-    p.add_argument("--index", default=d.index, help="index dtype (default int64)")
-    p.add_argument("--ids", default=d.distribution, choices=eb.DISTRIBUTIONS,
-                   help="index distribution: random (default), one_hot, multi_hot")
-
-
-def problem(args) -> eb.Problem:
-    eb.space(args.weight, args.index)  # checks the dtypes
-    return eb.Problem(args.rows, args.dim, args.bags, args.bag_size, args.mode, eb.dtype_name(args.weight),
-                      eb.dtype_name(args.index), args.ids)
 
 
 def describe(problem: dict) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name  # noqa: F401
+from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option  # noqa: F401
 from tuner.variant import Variant
 
 FAMILY = "giou"
@@ -109,12 +109,13 @@ class Problem:
     """What a kernel is tuned for: sizes, dtypes and how many boxes images hold."""
 
     family: ClassVar[str] = FAMILY
-    batch: int = 1024
-    slots: int = 256
-    pred: str = "bfloat16"
-    target: str = "uint8"
-    distribution: str = "article"
-    reduction: str = "mean"
+    batch: int = option(1024, "images per batch, B")
+    slots: int = option(256, "box slots per image, S")
+    pred: str = option("bfloat16", "pred dtype", dtype=True)
+    target: str = option("uint8", "target dtype", dtype=True)
+    distribution: str = option("article", "boxes per image: article = floor(|N(0,3)|) clipped to the slots, uniform, "
+                               "full", flag="--boxes", choices=DISTRIBUTIONS)
+    reduction: str = option("mean", "the loss's reduction", choices=REDUCTIONS)
 
     def key(self) -> str:
         return f"B{self.batch}-S{self.slots}-{self.pred}-{self.target}-{self.distribution}-{self.reduction}"

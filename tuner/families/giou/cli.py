@@ -1,5 +1,5 @@
-"""The GIoU family's command-line options: which spaces `variants`/`build` list, and the
-problem `search`/`show`/`report` tune for."""
+"""The GIoU family's command-line options: which spaces `variants`/`build` list, how an export's
+problem reads in a line, and `tuner bench`'s (the problem's are its Problem's declared fields)."""
 
 from __future__ import annotations
 
@@ -21,23 +21,6 @@ def spaces(args) -> list:
     if args.all_dtypes:
         return [giou.space(p, t, args.device_assert) for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES]
     return [giou.space(args.pred, args.target, args.device_assert)]
-
-
-def add_problem_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", type=cli_args.size, default=1024, help="images per batch, B (default 1024)")
-    p.add_argument("--slots", type=cli_args.size, default=256, help="box slots per image, S (default 256)")
-    p.add_argument("--pred", default="bfloat16", help="pred dtype (default bfloat16)")
-    p.add_argument("--target", default="uint8", help="target dtype (default uint8)")
-    p.add_argument("--boxes", default="article", choices=giou.DISTRIBUTIONS,
-                   help="boxes per image: article = floor(|N(0,3)|) clipped to the slots (default), "
-                        "uniform, full")
-    p.add_argument("--reduction", default="mean", choices=giou.REDUCTIONS)
-
-
-def problem(args) -> giou.Problem:
-    giou.space(args.pred, args.target)  # checks the dtypes
-    return giou.Problem(args.batch, args.slots, giou.dtype_name(args.pred), giou.dtype_name(args.target),
-                        args.boxes, args.reduction)
 
 
 def describe(problem: dict) -> str:

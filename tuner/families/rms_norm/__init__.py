@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from tuner.errors import SpaceError
 from tuner.families.rms_norm.op import NAMESPACE as OPS_NAMESPACE  # noqa: F401
 from tuner.families.rms_norm.spec import DEFAULT_EPS, DTYPES, reference, reference_backward  # noqa: F401
-from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name
+from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option
 from tuner.variant import Variant
 
 FAMILY = "rms_norm"
@@ -74,10 +74,10 @@ def render_context(variant: Variant) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Problem:
     family: ClassVar[str] = FAMILY
-    rows: int = 4096
-    width: int = 4096
-    x: str = "bfloat16"
-    weight: str = "bfloat16"
+    rows: int = option(4096, "rows: x's leading dimensions multiplied")
+    width: int = option(4096, "the normalized (last) dimension")
+    x: str = option("bfloat16", "x dtype", dtype=True)
+    weight: str = option("bfloat16", "weight dtype", dtype=True)
 
     def key(self) -> str:
         return f"R{self.rows}-W{self.width}-{self.x}-{self.weight}"

@@ -1,4 +1,6 @@
-"""The RMSNorm family's command-line options."""
+"""The RMSNorm family's command-line options: which spaces `variants`/`build` list, how an
+export's problem reads in a line, and `tuner bench`'s (the problem's are its Problem's declared
+fields)."""
 
 from __future__ import annotations
 
@@ -16,21 +18,6 @@ def add_space_args(p: argparse.ArgumentParser) -> None:
 
 def spaces(args) -> list:
     return rms_norm.all_spaces() if args.all_dtypes else [rms_norm.space(args.x, args.weight)]
-
-
-def add_problem_args(p: argparse.ArgumentParser) -> None:
-    d = rms_norm.Problem()
-    p.add_argument("--rows", type=cli_args.size, default=d.rows,
-                   help=f"rows: x's leading dimensions multiplied (default {d.rows})")
-    p.add_argument("--width", type=cli_args.size, default=d.width,
-                   help=f"the normalized (last) dimension (default {d.width})")
-    p.add_argument("--x", default=d.x, help="x dtype (default bfloat16)")
-    p.add_argument("--weight", default=d.weight, help="weight dtype (default bfloat16)")
-
-
-def problem(args) -> rms_norm.Problem:
-    rms_norm.space(args.x, args.weight)  # checks the dtypes
-    return rms_norm.Problem(args.rows, args.width, rms_norm.dtype_name(args.x), rms_norm.dtype_name(args.weight))
 
 
 def describe(problem: dict) -> str:
