@@ -6,7 +6,8 @@
 # and says how long after the first search that ended. Prints each run's summary lines.
 #
 #     bash tools/first_search.sh OUT [FAMILY ...]      (default: giou rms_norm embedding_bag)
-#     TUNER="python3 -m tuner" bash tools/first_search.sh ...   another checkout, on PYTHONPATH
+#     (cd OTHER && TUNER="python3 -m tuner" bash tools/first_search.sh OUT ...)   another checkout: from its folder
+#     (`python -m` puts the working folder first on the path, ahead of PYTHONPATH)
 set -u
 case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;; esac
 OUT=${1:?usage: first_search.sh OUT [FAMILY ...]}; shift
