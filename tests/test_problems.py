@@ -100,3 +100,30 @@ def test_a_problem_whose_op_was_slower_than_torch_when_checked_goes_to_torch(tmp
     assert serving.checkable({"family": "giou", "arch": "sm_90"}) == "the giou family has no bench of its problems"
     why = serving.checkable({"family": "rms_norm", "arch": "sm_2000"})  # no GPU, or none of that arch
     assert why == "no GPU is attached" or why.startswith("the attached GPU is")
+
+
+@pytest.mark.parametrize("family, argv, want", [
+    ("giou", ["--pred", "bf16", "--target", "u8", "--boxes", "full", "--batch", "64"],
+     {"pred": "bfloat16", "target": "uint8", "distribution": "full", "batch": 64}),
+    ("rms_norm", ["--x", "fp16", "--weight", "float32", "--rows", "3"], {"x": "float16", "weight": "float32", "rows": 3}),
+    ("embedding_bag", ["--bag-size", "0", "--ids", "one_hot", "--index", "i32"],
+     {"bag_size": 0, "distribution": "one_hot", "index": "int32"}),
+])
+def test_a_problem_is_made_from_its_declared_options(family, argv, want):
+    from tuner.cli import main as cli
+    from tuner.cli import target
+
+    args = cli.parser(family).parse_args(["search", "--family", family, "--gpu", "H100", *argv])
+    made = target.problem(args)
+    assert {k: getattr(made, k) for k in want} == want
+    assert type(made).__name__ == "Problem" and made.family == family
+
+
+def test_a_declared_option_checks_its_values_through_the_space(capsys):
+    from tuner.cli import main as cli
+
+    assert cli.main(["search", "--family", "rms_norm", "--gpu", "H100", "--x", "int8"]) == 1
+    assert capsys.readouterr().err.strip() == "tuner search: error: x dtype 'int8' is not one of ['float32', 'float16', 'bfloat16']"
+    with pytest.raises(SystemExit) as stop:
+        cli.parser("embedding_bag").parse_args(["search", "--gpu", "H100", "--bag-size", "-1"])
+    assert stop.value.code == 2
