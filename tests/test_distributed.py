@@ -34,11 +34,15 @@ def test_three_searchers_one_killed_lose_nothing_and_finish_the_study(scheme, po
     sim = simdata.write(tmp_path / "sim.jsonl")
     procs = [_searcher(sim, postgres_url, tuner_home, seed) for seed in (1, 2, 3)]
     st = None
-    deadline = time.monotonic() + 120
+    storage = None
+    deadline = time.monotonic() + 300  # three searchers and PostgreSQL on 2 busy cores
     while time.monotonic() < deadline:  # kill the first searcher in the middle of a trial
-        time.sleep(1.0)
+        time.sleep(0.5)
+        ended = [(i, p.returncode, p.stderr.read()[-3000:]) for i, p in enumerate(procs) if p.poll() is not None]
+        assert not ended, f"a searcher ended before the kill: {ended}"
         try:
-            st = optuna.load_study(study_name="shared", storage=study.storage(postgres_url))
+            storage = storage or study.storage(postgres_url)  # one engine for every look
+            st = optuna.load_study(study_name="shared", storage=storage)
         except KeyError:
             continue
         mine = [t for t in st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
@@ -49,7 +53,8 @@ def test_three_searchers_one_killed_lose_nothing_and_finish_the_study(scheme, po
             procs[0].wait()
             break
     else:
-        raise AssertionError("the searchers never got going")
+        done = len([t for t in st.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]) if st else None
+        raise AssertionError(f"the first searcher held no running trial to kill ({done} trials complete)")
     before = {t.number: t.value for t in st.get_trials() if t.state.name == "COMPLETE"}
     running = {t.number for t in st.get_trials() if t.state.name == "RUNNING"
                and f"/{procs[0].pid}/" in t.user_attrs.get("owner", "")}
