@@ -55,6 +55,7 @@ def _parameter(text: str, where: str):
 
 
 def _fields(body: str, where: str) -> list[tuple[str, object]]:
+    """The fields of one struct's body, in order: (name, ctypes type or Function)."""
     body = re.sub(r"//[^\n]*|/\*.*?\*/", " ", body, flags=re.S)
     fields: list[tuple[str, object]] = []
     for decl in (d.strip() for d in body.split(";")):
@@ -71,9 +72,10 @@ def _fields(body: str, where: str) -> list[tuple[str, object]]:
         if head is None:
             raise SpaceError(f"{where}: cannot read the field {decl!r}")
         base = head.group(1)
-        for stars, name in [(head.group(2), head.group(3))] + [(p[:-len(p.lstrip("*"))] if p.startswith("*") else "",
-                                                                p.lstrip("* ")) for p in more]:
-            fields.append((name, _ctype(base + stars, f"{where}.{name}")))
+        declarators = [(head.group(2).count("*"), head.group(3))]  # `long long rows, *counts;`
+        declarators += [(part.count("*"), part.replace("*", "").strip()) for part in more]
+        for stars, name in declarators:
+            fields.append((name, _ctype(base + "*" * stars, f"{where}.{name}")))
     return fields
 
 
