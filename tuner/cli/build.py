@@ -28,7 +28,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
 
     arch = gpus.resolve(args.gpu, args.arch)
     rows = []
-    for space in cli_target.family_cli(args).spaces(args):
+    for space in cli_target.spaces(args):
         for v in space:
             rows.append({"name": v.name, **v.as_dict()})
     if args.json:  # every variant, unless --limit says how many
@@ -65,7 +65,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.covering:
         variants = families.get(args.family).covering_set()
     else:
-        variants = _spread([v for s in cli_target.family_cli(args).spaces(args) for v in s], args.limit)
+        variants = _spread([v for s in cli_target.spaces(args) for v in s], args.limit)
     started, cpu = time.monotonic(), _children_cpu_s()
     results = build.build(variants, arch, jobs=args.jobs)
     wall, cpu = time.monotonic() - started, _children_cpu_s() - cpu

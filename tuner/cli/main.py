@@ -196,7 +196,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     sub = p.commands = p.add_subparsers(dest="command", required=True)
     target, family_opt = _target_parser(), _family_parser()
     dtypes = argparse.ArgumentParser(add_help=False)
-    fam.add_space_args(dtypes)
+    cli_target.add_space_args(dtypes, family or families.DEFAULT)
 
     s = sub.add_parser("variants", parents=[family_opt, target, dtypes], help="list the valid variants")
     s.add_argument("--json", action="store_true")

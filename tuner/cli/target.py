@@ -17,6 +17,38 @@ def family_cli(args):
     return families.part(args.family, "cli")
 
 
+def add_space_args(parser, family: str) -> None:
+    """The options that pick the spaces `variants` and `build` list: one per fixed field of the
+    family's spaces (`fixed_spaces`: its dtypes), its default `space()`'s, and `--all-dtypes`; or
+    the family's own (its cli part's `add_space_args`)."""
+    import inspect
+
+    from tuner import families
+
+    own = getattr(families.part(family, "cli"), "add_space_args", None)
+    if own is not None:
+        return own(parser)
+    fam = families.get(family)
+    defaults = inspect.signature(fam.space).parameters
+    for name, values in fam.space_for.choices.items():
+        default = defaults[name].default
+        parser.add_argument(f"--{name}", default=default, help=f"{name} dtype: {', '.join(values)} (default {default})")
+    parser.add_argument("--all-dtypes", action="store_true", help=f"every ({', '.join(fam.space_for.choices)}) dtype pair")
+
+
+def spaces(args) -> list:
+    """The spaces the space options pick (the family's own `spaces(args)` where it has one)."""
+    from tuner import families
+
+    own = getattr(family_cli(args), "spaces", None)
+    if own is not None:
+        return own(args)
+    fam = families.get(args.family)
+    if args.all_dtypes:
+        return fam.all_spaces()
+    return [fam.space_for({name: getattr(args, name) for name in fam.space_for.choices})]
+
+
 def add_problem_args(parser, family: str) -> None:
     """The options of the problem a command tunes for: one per field of the family's Problem as it
     declares them (`tuner.space.option`), or the family's own (its cli part's `add_problem_args`)."""

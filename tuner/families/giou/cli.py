@@ -1,5 +1,6 @@
-"""The GIoU family's command-line options: which spaces `variants`/`build` list, how an export's
-problem reads in a line, and `tuner bench`'s (the problem's are its Problem's declared fields)."""
+"""GIoU's command line: its space options (the dtypes, and opt-in device asserts), how an
+export's problem reads in a line, and `tuner bench`'s options (the problem's come from its
+declared fields, tuner.cli.target)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The RMSNorm family's command-line options: which spaces `variants`/`build` list, how an
-export's problem reads in a line, and `tuner bench`'s (the problem's are its Problem's declared
-fields)."""
+"""RMSNorm's command line beyond what its declarations give (tuner.cli.target): how an
+export's problem reads in a line, and `tuner bench`'s options."""
 
 from __future__ import annotations
 
@@ -8,16 +7,6 @@ import argparse
 
 from tuner.cli import args as cli_args
 from tuner.families import rms_norm
-
-
-def add_space_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--x", default="bfloat16", help="x dtype: float32, float16, bfloat16 (default)")
-    p.add_argument("--weight", default="bfloat16", help="weight dtype: float32, float16, bfloat16 (default)")
-    p.add_argument("--all-dtypes", action="store_true", help="every (x, weight) dtype pair")
-
-
-def spaces(args) -> list:
-    return rms_norm.all_spaces() if args.all_dtypes else [rms_norm.space(args.x, args.weight)]
 
 
 def describe(problem: dict) -> str:
