@@ -101,11 +101,12 @@ def _queue(order: list, flush: L2Flush, estimates: dict) -> dict:
     lead = 0.0  # µs of GPU work queued ahead of the host
     for key, fn in order:
         guess = estimates[key]
-        # a typical call's queueing (one that waited, on a full launch queue or a collection, says
-        # nothing of the next), and at most MAX_SPIN_US: a spin does not wait out a stall
-        need = min(statistics.median_high(guess.host), MAX_SPIN_US) + 50.0
-        if lead < need:
-            lead += head_start(need - lead + SPARE_US)
+        if lead < MAX_SPIN_US + 50.0:  # else the lead covers any call: no need to look
+            # a typical call's queueing (one that waited, on a full launch queue or a collection,
+            # says nothing of the next), and at most MAX_SPIN_US: a spin does not wait out a stall
+            need = min(statistics.median_high(guess.host), MAX_SPIN_US) + 50.0
+            if lead < need:
+                lead += head_start(need - lead + SPARE_US)
         began = time.perf_counter()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         flush()
