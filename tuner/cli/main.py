@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from tuner import gpus
+from tuner import gpus, paths
 from tuner.cli import args as cli_args
 from tuner.cli import problems as cli_problems
 from tuner.cli import target as cli_target
@@ -303,6 +303,8 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command itself, not a caller's process
+        paths.keep_bytecode()
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         try:

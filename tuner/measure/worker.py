@@ -177,6 +177,9 @@ def _child_main(conn, device_index: int, log_path: str | None = None) -> None:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+    from tuner import paths
+
+    paths.keep_bytecode()  # before torch's import, the most of a child's start
     try:
         child = _Child(device_index)
     except Exception:  # noqa: BLE001 - report any start-up failure to the parent
