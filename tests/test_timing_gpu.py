@@ -62,3 +62,71 @@ def test_a_call_the_host_queues_slower_than_the_gpu_runs_is_timed_on_the_gpu(spi
     rounds = timing.interleaved({"slow": slow_host, "tiny": lambda: x.add_(1.0)}, rounds=4, min_reps=32)
     assert rounds["slow"].median_us < 50.0 and rounds["tiny"].median_us < 50.0
     assert rounds["slow"].reps == rounds["tiny"].reps == 32
+
+
+def test_a_graph_times_what_direct_repetitions_time():
+    """Replays of a captured chunk time a kernel as the direct repetitions do (same process,
+    interleaved runs), and a host's slowness before the call does not count at all."""
+    import torch
+
+    src = torch.randn(4 * 1024 * 1024, device="cuda")  # 16 MB: a copy of ~10-15 µs from HBM
+    dst = torch.empty_like(src)
+    flush = timing.L2Flush()
+    direct, graphed = [], []
+    for _ in range(3):
+        direct.append(timing.bench(lambda: dst.copy_(src), flush=flush, min_reps=96, max_reps=96).median_us)
+        graphed.append(timing.bench(lambda: dst.copy_(src), flush=flush, min_reps=96, max_reps=96,
+                                    graph=True).median_us)
+    assert sorted(graphed)[1] == pytest.approx(sorted(direct)[1], rel=0.15), (direct, graphed)
+
+    def slow_host():
+        began = time.perf_counter()
+        while time.perf_counter() - began < 200e-6:
+            pass
+        dst.copy_(src)
+
+    t = timing.bench(slow_host, flush=flush, min_reps=64, max_reps=64, budget_ms=0, graph=True)
+    assert t.graphed and t.reps == 64 and t.median_us == pytest.approx(sorted(direct)[1], rel=0.25), t
+
+
+def test_a_call_that_cannot_be_captured_is_timed_directly():
+    import torch
+
+    x = torch.randn(1024, device="cuda")
+    captured = []
+
+    def syncs():  # a host read of a result: not allowed while capturing
+        x.add_(1.0)
+        captured.append(torch.cuda.is_current_stream_capturing())
+        return x[0].item()
+
+    t = timing.bench(syncs, min_reps=32, max_reps=32, budget_ms=0, graph=True)
+    assert t.reps == 32 and t.median_us > 0 and not t.graphed
+    assert any(captured), "the capture was never tried"
+    # the stream left capturing: later work runs normally (random numbers too), and graphs are
+    # captured again, one after another
+    assert not torch.cuda.is_current_stream_capturing()
+    torch.randn(16, device="cuda")
+    for _ in range(3):
+        assert timing.bench(lambda: x.add_(1.0), min_reps=32, max_reps=32, budget_ms=0, graph=True).reps == 32
+        torch.randn(16, device="cuda")
+
+
+def test_graphs_one_after_another_leave_random_numbers_working(monkeypatch):
+    """A search times hundreds of variants in one process, each from graphs of its own."""
+    import torch
+
+    x = torch.randn(1024, device="cuda")
+    captured = []
+    real = timing._graph_samples
+
+    def counted(*args):
+        samples = real(*args)
+        captured.append(samples is not None)
+        return samples
+
+    monkeypatch.setattr(timing, "_graph_samples", counted)
+    for _ in range(4):
+        timing.bench(lambda: x.mul_(1.0), min_reps=48, max_reps=48, budget_ms=0, graph=True)
+        torch.rand(16, device="cuda")
+    assert captured == [True] * 4, captured  # every one captured (none fell back)

@@ -5,6 +5,11 @@ buffer larger than L2 (so the kernel reads its inputs from memory, as it does in
 training step), then records events around the call alone. Repetitions continue
 until both `min_reps` and `budget_ms` of measured time are reached (capped by
 `max_reps`); the median and the spread (interquartile range) are returned.
+
+A search's variants are timed by replaying a CUDA graph of GRAPH_CHUNK repetitions
+(`bench(..., graph=True)`): the host then pays one launch a chunk instead of ~50 µs a
+repetition (a flush, two events and the call, each through Python), so that a variant
+costs its GPU work. A call that cannot be captured is timed repetition by repetition.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ HEAD_START_CYCLES = 2_000_000  # about 1-2 ms of GPU clock
 SPARE_US = 500.0  # a head start's spin beyond what the next call needs: a GPU-bound call needs one
 MAX_SPIN_US = 5000.0  # a head start covers a call's typical queueing up to this, not a stall
 GPU_SHARE = 0.8  # of a call's estimated GPU time, counted as queued work (estimates run high)
+GRAPH_CHUNK = 16  # repetitions a captured graph holds: its capture costs about as many direct ones
 
 _CYCLE_US: list[float] = []  # µs a spin cycle takes on this process's GPU (measured once)
 
@@ -52,6 +58,7 @@ class Timing:
     spread_us: float  # interquartile range
     min_us: float
     reps: int
+    graphed: bool = False  # from replays of a captured graph (`bench(..., graph=True)`)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -163,15 +170,103 @@ def _samples(fn: Callable[[], object], flush: L2Flush, reps: int, estimate: _Est
     return _elapsed(pairs[0])
 
 
-def _summary(samples: list[float]) -> Timing:
+class _Graphs:
+    """This process's capture stream, shared by every graph `_graph_samples` makes. Each graph
+    has a memory pool of its own, freed with it: a pool shared with a freed graph fails the next
+    capture, and leaves torch's CUDA generator unusable ("Offset increment outside graph capture")."""
+
+    stream = None
+
+
+def _graph_samples(fn: Callable[[], object], flush: L2Flush, reps: int) -> list[float] | None:
+    """`reps` timings of `fn` in µs, each after an L2 flush, from replays of one captured graph of
+    GRAPH_CHUNK repetitions (events recorded as graph nodes), or None where `fn` cannot be
+    captured (it synchronizes, or reads a result on the host): the caller times it directly."""
+    import torch
+
+    try:
+        events = [(torch.cuda.Event(enable_timing=True, external=True),
+                   torch.cuda.Event(enable_timing=True, external=True)) for _ in range(GRAPH_CHUNK)]
+    except TypeError:  # a torch without events in graphs
+        return None
+    if _Graphs.stream is None:
+        _Graphs.stream = torch.cuda.Stream()
+    stream, graph = _Graphs.stream, torch.cuda.CUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream())
+    # Not `torch.cuda.graph`: it collects garbage and empties the allocator's cache on entry, tens
+    # of ms a variant. "thread_local": another thread's CUDA calls do not spoil the capture.
+    with torch.cuda.stream(stream):
+        try:
+            graph.capture_begin(capture_error_mode="thread_local")
+        except TypeError:  # a torch without the capture's modes
+            return None
+        except RuntimeError:
+            _end_failed_capture(None, stream)
+            return None
+        try:
+            for start, end in events:
+                flush()
+                start.record(stream)
+                fn()
+                end.record(stream)
+        except BaseException as exc:  # the capture ends either way: the stream must not stay in it
+            _end_failed_capture(graph, stream)
+            if isinstance(exc, RuntimeError):
+                return None
+            raise
+        try:
+            graph.capture_end()
+        except RuntimeError:
+            _end_failed_capture(None, stream)
+            return None
+    torch.cuda.current_stream().wait_stream(stream)
+    samples: list[float] = []
+    while len(samples) < reps:
+        graph.replay()
+        events[-1][1].synchronize()
+        samples += _elapsed(events)
+    return samples[:reps]
+
+
+def _end_failed_capture(graph, stream) -> None:
+    """End a capture that failed (a call that synchronizes invalidates it), and mend what torch's
+    `capture_end` leaves behind when it raises: the CUDA generator still counting its offsets for
+    a graph, so that every later random tensor fails ("Offset increment outside graph capture").
+    A capture of one tiny kernel, ended cleanly, ends the generator's capture too."""
+    import torch
+
+    if graph is not None:
+        try:
+            graph.capture_end()
+        except RuntimeError:
+            pass
+    mend = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        try:
+            mend.capture_begin(capture_error_mode="thread_local")
+        except (RuntimeError, TypeError):
+            return
+        try:
+            torch.cuda._sleep(1)
+        finally:
+            try:
+                mend.capture_end()
+            except RuntimeError:
+                pass
+    torch.cuda.current_stream().wait_stream(stream)
+
+
+def _summary(samples: list[float], graphed: bool = False) -> Timing:
     samples = sorted(samples)
     q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
-    return Timing(median_us=statistics.median(samples), spread_us=q[2] - q[0], min_us=samples[0], reps=len(samples))
+    return Timing(median_us=statistics.median(samples), spread_us=q[2] - q[0], min_us=samples[0], reps=len(samples),
+                  graphed=graphed)
 
 
 def bench(fn: Callable[[], object], *, flush: L2Flush | None = None, warmup: int = 3, min_reps: int = 50,
-          budget_ms: float = 25.0, max_reps: int = 2000) -> Timing:
-    """Time `fn` (GPU time between events around it), flushing L2 before each repetition."""
+          budget_ms: float = 25.0, max_reps: int = 2000, graph: bool = False) -> Timing:
+    """Time `fn` (GPU time between events around it), flushing L2 before each repetition; with
+    `graph`, from replays of a captured chunk of repetitions where `fn` can be captured."""
     import torch
 
     flush = flush or L2Flush()
@@ -182,6 +277,9 @@ def bench(fn: Callable[[], object], *, flush: L2Flush | None = None, warmup: int
     # run thousands of times) and the head starts they need.
     estimate = _estimate(fn)
     reps = int(min(max_reps, max(min_reps, budget_ms * 1000.0 / estimate.gpu_us)))
+    samples = _graph_samples(fn, flush, reps) if graph and reps > GRAPH_CHUNK else None
+    if samples is not None:
+        return _summary(samples, graphed=True)
     return _summary(_samples(fn, flush, reps, estimate))
 
 

@@ -103,7 +103,7 @@ class _Child:
                 return {**result, **probe, "status": "pruned", "time_s": time.monotonic() - started}
         cfg = job.get("timing", {})
         for k, fn in calls.items():
-            result[k] = timing.bench(fn, flush=self.flush, **cfg).as_dict()
+            result[k] = timing.bench(fn, flush=self.flush, graph=True, **cfg).as_dict()
         flagged = family.errors(kernel)  # generated inputs are valid: a flag here is a kernel bug
         if flagged:
             return {**result, "reason": "wrong result", "message": f"validation flagged valid inputs ({flagged})"}

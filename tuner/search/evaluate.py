@@ -20,11 +20,10 @@ from tuner.variant import Variant
 
 
 # Repetitions of a variant in the search: at least 64, at most 192, about 4 ms of measured time a
-# call, each behind an L2 flush (~20 µs on an H100), with head starts only where the host would
-# fall behind (`timing._queue`): ~6 ms of GPU work per call of an 8 µs kernel, which the host
-# queues at 20-40 µs a repetition (25-30 ms a variant of a ~7 µs kernel, forward and backward, on
-# the H200 hosts). The median of 192 moves by a few hundredths of a µs; the finalists are timed
-# again with more (`Evaluator.retime`).
+# call, each behind an L2 flush (~19 µs on an H100): ~5 ms of GPU work per call of an 8 µs kernel,
+# replayed from a captured graph (`timing.bench(graph=True)`), where the host queued them one by
+# one at ~50 µs a repetition before. The median of 192 moves by a few hundredths of a µs; the
+# finalists are timed again with more (`Evaluator.retime`).
 SEARCH_TIMING = {"min_reps": 64, "max_reps": 192, "budget_ms": 4.0}
 
 
