@@ -237,6 +237,34 @@ def test_units_are_spread_over_the_cores():
     assert [len(u) for u in build.plan_units(dict(list(todo.items())[:3]), 16)] == [1, 1, 1]
 
 
+def test_staggered_units_grow_so_that_they_end_one_after_another():
+    todo = {f"k{i}": (giou.covering_set()[0], "") for i in range(128)}
+    sizes = [len(u) for u in build.plan_units(todo, 16, staggered=True)]
+    assert sum(sizes) == 128 and len(sizes) == 16 and sizes == sorted(sizes)
+    assert sizes[0] <= 4 and sizes[-1] >= 12 and max(sizes) <= build.MAX_PER_UNIT
+    assert [len(u) for u in build.plan_units(todo, 16)] == [8] * 16  # even, where nothing waits on a unit
+    for n, jobs in ((168, 16), (200, 16), (64, 16), (8, 2)):  # a spread kept within MAX_PER_UNIT and 2
+        got = build.staggered_sizes(n, jobs)
+        assert sum(got) == n and len(got) == jobs and min(got) >= 2 and max(got) <= build.MAX_PER_UNIT, got
+    assert build.staggered_sizes(32, 16) is None and build.staggered_sizes(600, 16) is None  # no room: even
+
+
+def test_each_unit_is_handed_on_as_soon_as_it_is_built(tuner_home, fresh_cache, monkeypatch):
+    cover = giou.covering_set()[:5]
+    bad = cover[4].name
+
+    def planted(variant, focus=None):
+        return render.render(variant, focus) + ("\n#error planted\n" if variant.name == bad else "")
+
+    monkeypatch.setattr(build, "render", planted)
+    handed: list[list] = []
+    results = build.build(cover, "sm_90", jobs=2, on_ready=lambda builds: handed.append(builds))
+    assert [len(u) for u in handed] == [3]  # units of 3 and 2: the second failed, and is not handed on
+    assert all(b.ok for b in handed[0]) and [b.variant.name for b in handed[0]] == [v.name for v in cover[:3]]
+    assert [b.ok for b in results] == [True, True, True, True, False]  # its good variant built again alone
+    assert [b.key for b in results[:3]] == [b.key for b in handed[0]] and results[0].so == handed[0][0].so
+
+
 def test_a_search_compiles_only_the_kernels_its_problem_runs(tuner_home, fresh_cache):
     """A GIoU search renders its problem's reduction alone: a third of the kernels, each the
     same code as in the full variant, which an export builds. They are cached apart."""

@@ -155,7 +155,7 @@ def test_a_search_builds_only_what_its_problem_runs(fakes, monkeypatch):
     asked, started = [], []
     monkeypatch.setattr(binding, "library", lambda family: pytest.fail("a search waited for the binding"))
     monkeypatch.setattr(binding, "build_in_background", started.append)
-    monkeypatch.setattr(build, "build", lambda variants, arch, jobs=None, focus=None: asked.append(focus) or [])
+    monkeypatch.setattr(build, "build", lambda variants, arch, jobs=None, focus=None, on_ready=None: asked.append(focus) or [])
     ev = evaluate.LiveEvaluator("H100", giou.Problem(reduction="sum"), "fwd+bwd")
     ev.prepare([])
     ev.prepare([])  # the binding's build started once, in the background; the focus every time

@@ -378,7 +378,7 @@ def test_the_likely_finalists_are_built_whole_while_the_last_batch_is_evaluated(
     builds = []
     real = evaluate.SimulatedEvaluator.prepare
 
-    def prepare(self, variants, whole=False):
+    def prepare(self, variants, whole=False, on_ready=None):
         builds.append((whole, sorted(v.name for v in variants)))
         return real(self, variants, whole)
 
@@ -430,7 +430,7 @@ def test_the_best_forward_and_backward_are_joined_when_that_is_faster(opposed, m
     builds = []
     real = evaluate.SimulatedEvaluator.prepare
 
-    def prepare(self, variants, whole=False):
+    def prepare(self, variants, whole=False, on_ready=None):
         builds.append((whole, [v.name for v in variants]))
         return real(self, variants, whole)
 
@@ -573,3 +573,39 @@ def test_auto_with_a_recording_names_the_study_as_a_live_search_would(sim, tmp_p
     assert search.run(_cfg(sim, trials=5, gpu="auto")).study_name == named.study_name
     other = simdata.write(tmp_path / "other.jsonl", gpu_name="NVIDIA Quantum X9")  # a GPU tuner has no name for
     assert SimulatedEvaluator(other, giou.Problem(), "fwd+bwd", "auto").gpu_label == "NVIDIA Quantum X9"
+
+
+def test_a_batch_is_evaluated_as_its_units_are_built_not_once_all_are(small, monkeypatch):
+    """A build that hands on its first half and compiles the second for a while: the first
+    half's variants are evaluated meanwhile, and every trial is told once."""
+    import threading
+
+    from tuner.search import evaluate
+
+    fam, path = small
+    real_prepare, real_evaluate = evaluate.SimulatedEvaluator.prepare, evaluate.SimulatedEvaluator.evaluate
+    compiling = threading.Event()
+    during: list[bool] = []
+
+    def prepare(self, variants, whole=False, on_ready=None):
+        out = real_prepare(self, variants, whole)
+        if on_ready is None or len(variants) < 2:
+            return out
+        half = len(variants) // 2
+        compiling.set()
+        on_ready({v.name: out[v.name] for v in variants[:half]})
+        time.sleep(1.0)  # the second unit compiles
+        compiling.clear()
+        return out
+
+    def evaluate_(self, variant, prepared, on_probe=None, slot=0):
+        during.append(compiling.is_set())
+        return real_evaluate(self, variant, prepared, on_probe, slot)
+
+    monkeypatch.setattr(evaluate.SimulatedEvaluator, "prepare", prepare)
+    monkeypatch.setattr(evaluate.SimulatedEvaluator, "evaluate", evaluate_)
+    report = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path,
+                                            progress=False, seed=1, sampler="grid", batch=8, prune=False))
+    st = study.load(report.study_name)
+    assert len([t for t in st.get_trials() if t.state.name == "COMPLETE"]) == 8 and report.evaluated == 8
+    assert during[:4] == [True] * 4 and during[4:8] == [False] * 4, during  # half while the rest compiled

@@ -34,7 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from tuner import families, paths
 from tuner.build import toolkit
@@ -202,13 +202,17 @@ def _ninja_times(log: Path) -> dict[str, float]:
 
 
 def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root: Path | None = None,
-          timeout: float = 900.0, sources: dict[str, str] | None = None, focus: dict | None = None) -> list[Build]:
+          timeout: float = 900.0, sources: dict[str, str] | None = None, focus: dict | None = None,
+          on_ready: Callable[[list[Build]], None] | None = None) -> list[Build]:
     """Build variants for `arch`, in parallel, skipping any already built; one Build each, in order.
 
     Failures (template or compiler) are returned as Builds with ok=False and the
     message; only a missing toolchain raises. `sources` (variant name -> CUDA source)
     builds given sources instead of rendering, e.g. those of an exported artifact;
     `focus` renders only the kernel instances one problem runs (see `render`).
+    `on_ready(builds)` is called (from this thread) with each translation unit's variants as
+    soon as the unit is built, before the others end: a search evaluates them meanwhile. Units
+    then differ in size (`plan_units(staggered=True)`), so that they end one after another.
     """
     out_dir = arch_dir(arch, root)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -228,7 +232,7 @@ def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root:
         else:
             todo[key] = (variant, source)
             slots.append(key)
-    built = {b.key: b for b in _compile(todo, arch, out_dir, jobs, timeout)} if todo else {}
+    built = {b.key: b for b in _compile(todo, arch, out_dir, jobs, timeout, on_ready)} if todo else {}
     return [built[s] if isinstance(s, str) else s for s in slots]
 
 
@@ -268,9 +272,11 @@ def unit_source(members: list[tuple[str, str]], entry: str) -> str:
     return "\n".join(parts)
 
 
-def plan_units(todo: dict[str, tuple[Variant, str]], jobs: int) -> list[list[str]]:
+def plan_units(todo: dict[str, tuple[Variant, str]], jobs: int, staggered: bool = False) -> list[list[str]]:
     """Keys grouped into translation units: per family, as many units as cores while each holds
-    at most MAX_PER_UNIT. A family without an `ENTRY` compiles one variant per unit."""
+    at most MAX_PER_UNIT. A family without an `ENTRY` compiles one variant per unit. `staggered`:
+    the units' sizes grow from a third of the even share to five thirds of it (`staggered_sizes`),
+    smallest first, so that they end one after another rather than all at once."""
     by_family: dict[str, list[str]] = {}
     for key, (variant, _) in todo.items():
         by_family.setdefault(variant.family, []).append(key)
@@ -279,9 +285,29 @@ def plan_units(todo: dict[str, tuple[Variant, str]], jobs: int) -> list[list[str
         if not getattr(families.get(family), "ENTRY", None):
             units += [[k] for k in keys]
             continue
-        size = min(MAX_PER_UNIT, max(1, -(-len(keys) // jobs)))
-        units += [keys[i:i + size] for i in range(0, len(keys), size)]
+        sizes = staggered_sizes(len(keys), jobs) if staggered else None
+        if sizes is None:
+            size = min(MAX_PER_UNIT, max(1, -(-len(keys) // jobs)))
+            sizes = [size] * -(-len(keys) // size)
+        for size in sizes:
+            units.append(keys[:size])
+            keys = keys[size:]
     return units
+
+
+def staggered_sizes(n: int, jobs: int) -> list[int] | None:
+    """`jobs` unit sizes for `n` variants, growing linearly from (1 - r) n/jobs to (1 + r) n/jobs
+    and summing to n, with r = 2/3 or less where that would leave a unit under 2 variants or over
+    MAX_PER_UNIT; None where no spread is left (even units then). A unit costs nvcc's fixed ~1.5 s
+    plus ~0.2 s a variant (16 cores, GIoU): the smallest end first, and the GPU starts on them
+    while the largest compile."""
+    share = n / jobs if jobs > 1 else 0.0
+    spread = min(2 / 3, MAX_PER_UNIT / share - 1, 1 - 2 / share) if share >= 2 else 0.0
+    if spread < 0.2:
+        return None
+    bounds = [round(sum(share * (1 - spread + 2 * spread * i / (jobs - 1)) for i in range(k))) for k in range(jobs + 1)]
+    bounds[-1] = n
+    return [b - a for a, b in zip(bounds, bounds[1:])]
 
 
 def _unit_name(family: str, keys: list[str]) -> str:
@@ -291,10 +317,10 @@ def _unit_name(family: str, keys: list[str]) -> str:
 
 
 def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, jobs: int | None,
-             timeout: float) -> list[Build]:
+             timeout: float, on_ready=None) -> list[Build]:
     jobs = jobs or os.cpu_count() or 1
-    units = plan_units(todo, jobs)
-    built = _compile_units(units, todo, arch, out_dir, jobs, timeout)
+    units = plan_units(todo, jobs, staggered=on_ready is not None)
+    built = _compile_units(units, todo, arch, out_dir, jobs, timeout, on_ready)
     # A unit that failed as a whole: its variants again, one per unit, for their own verdicts.
     retry = [[k] for unit in units if len(unit) > 1 and not built[unit[0]].ok for k in unit]
     if retry:
@@ -303,8 +329,10 @@ def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, job
 
 
 def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path,
-                   jobs: int, timeout: float) -> dict[str, Build]:
-    """One ninja run over `units`; a Build per key. Only single-variant units remember failures."""
+                   jobs: int, timeout: float, on_ready=None) -> dict[str, Build]:
+    """One ninja run over `units`; a Build per key. Only single-variant units remember failures.
+    With `on_ready`, each unit that ninja logs as built is passed on while the others compile;
+    a unit that fails is left for the end (`_compile` builds its variants again alone)."""
     nvcc = toolkit.nvcc()
     tmp = Path(tempfile.mkdtemp(prefix=".batch-", dir=out_dir))
     try:
@@ -332,47 +360,96 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
         nice = ["nice", "-n", "10"] if shutil.which("nice") else []
         cmd = [*nice, _ninja(), "-C", str(tmp), "-k", "0", "-j", str(jobs)]
         started = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            ninja_out = proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            ninja_out = f"ninja timed out after {timeout:.0f} s\n{exc.stdout or ''}"
+        results: dict[str, Build] = {}
+        names = {_unit_name(todo[unit[0]][0].family, unit): unit for unit in units}
+
+        def settle(name: str, times: dict[str, float], wall: float, ninja_out: str) -> list[Build]:
+            unit = names.pop(name)
+            builds = _unit_builds(unit, name, todo, arch, tmp, out_dir, times, wall, ninja_out)
+            results.update((b.key, b) for b in builds)
+            return builds
+
+        def built_meanwhile(built: dict[str, float]) -> None:
+            for name, seconds in built.items():
+                if name in names:
+                    on_ready(settle(name, {f"{name}.so": seconds}, seconds, ""))
+
+        ninja_out = _run_ninja(cmd, timeout, tmp / ".ninja_log", built_meanwhile if on_ready else None)
         wall = time.monotonic() - started
-        times = _ninja_times(tmp / ".ninja_log")
-        results = {}
-        for unit in units:
-            family = todo[unit[0]][0].family
-            name = _unit_name(family, unit)
-            so, log = tmp / f"{name}.so", tmp / f"{name}.so.log"
-            log_text = log.read_text(errors="replace") if log.exists() else ""
-            ok = f"{name}.so" in times and so.exists()
-            if ok:
-                os.replace(so, out_dir / so.name)
-            labels = getattr(families.get(family), "KERNEL_ARGS", {})
-            for key in unit:
-                variant, source = todo[key]
-                stem = f"{family}-{key}"
-                own_log = log_text if len(unit) == 1 else member_log(log_text, namespace(key))
-                ptx = parse_ptxas(own_log, labels)
-                entry = f"{families.get(family).ENTRY}_{key}" if len(unit) > 1 else None
-                meta = {"name": variant.name, "params": variant.as_dict(), "key": key, "arch": arch, "ok": ok,
-                        "compile_s": times.get(f"{name}.so", wall) / len(unit), **ptx,
-                        "so": so.name if ok else None, "entry": entry, "unit_size": len(unit),
-                        "error": "" if ok else (_compiler_error(log_text) or ninja_out.strip()[-4000:])}
-                (out_dir / f"{stem}.cu").write_text(source)
-                (out_dir / f"{stem}.log").write_text(own_log)
-                # A compile that never ran (timeout, kill) is not remembered, nor a failed unit's
-                # verdict on its variants (each is tried alone next).
-                if ok or (log_text and len(unit) == 1):
-                    _write_json(out_dir / f"{stem}.json", meta)
-                results[key] = Build(variant, arch, key, ok, cached=False, compile_s=meta["compile_s"],
-                                     registers=ptx["registers"], spill_bytes=ptx["spill_bytes"],
-                                     smem_bytes=ptx["smem_bytes"], stack_bytes=ptx["stack_bytes"],
-                                     error=meta["error"], folder=out_dir, so=out_dir / so.name if ok else None,
-                                     entry=entry, unit_size=len(unit))
+        times = {k.removesuffix(".so"): v for k, v in _ninja_times(tmp / ".ninja_log").items()}
+        for name in list(names):
+            settle(name, {f"{name}.so": t for t in [times.get(name)] if t is not None}, wall, ninja_out)
         return results
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_ninja(cmd: list[str], timeout: float, log: Path, on_built=None) -> str:
+    """Run ninja; its output. With `on_built`, ninja's log is read as it grows (an entry is written
+    as each output is built, and only if it was) and `on_built({name: seconds})` gets the new ones."""
+    if on_built is None:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            return proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            return f"ninja timed out after {timeout:.0f} s\n{exc.stdout or ''}"
+    import concurrent.futures
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as reader:  # drains ninja's output meanwhile
+        output = reader.submit(proc.stdout.read)
+        seen: set[str] = set()
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = proc.poll() is not None
+            built = {name.removesuffix(".so"): t for name, t in _ninja_times(log).items() if name not in seen}
+            seen.update(f"{name}.so" for name in built)
+            if built:
+                on_built(built)
+            if ended:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                return f"ninja timed out after {timeout:.0f} s\n{output.result()}"
+            time.sleep(0.05)
+        return output.result()
+
+
+def _unit_builds(unit: list[str], name: str, todo: dict[str, tuple[Variant, str]], arch: str, tmp: Path,
+                 out_dir: Path, times: dict[str, float], wall: float, ninja_out: str) -> list[Build]:
+    """The Builds of one unit's variants from what its compile left in `tmp` (`times` holds the
+    unit's library where ninja logged it built); its library moves to the cache."""
+    family = todo[unit[0]][0].family
+    so, log = tmp / f"{name}.so", tmp / f"{name}.so.log"
+    log_text = log.read_text(errors="replace") if log.exists() else ""
+    ok = f"{name}.so" in times and so.exists()
+    if ok:
+        os.replace(so, out_dir / so.name)
+    labels = getattr(families.get(family), "KERNEL_ARGS", {})
+    builds = []
+    for key in unit:
+        variant, source = todo[key]
+        stem = f"{family}-{key}"
+        own_log = log_text if len(unit) == 1 else member_log(log_text, namespace(key))
+        ptx = parse_ptxas(own_log, labels)
+        entry = f"{families.get(family).ENTRY}_{key}" if len(unit) > 1 else None
+        meta = {"name": variant.name, "params": variant.as_dict(), "key": key, "arch": arch, "ok": ok,
+                "compile_s": times.get(f"{name}.so", wall) / len(unit), **ptx,
+                "so": so.name if ok else None, "entry": entry, "unit_size": len(unit),
+                "error": "" if ok else (_compiler_error(log_text) or ninja_out.strip()[-4000:])}
+        (out_dir / f"{stem}.cu").write_text(source)
+        (out_dir / f"{stem}.log").write_text(own_log)
+        # A compile that never ran (timeout, kill) is not remembered, nor a failed unit's
+        # verdict on its variants (each is tried alone next).
+        if ok or (log_text and len(unit) == 1):
+            _write_json(out_dir / f"{stem}.json", meta)
+        builds.append(Build(variant, arch, key, ok, cached=False, compile_s=meta["compile_s"],
+                            registers=ptx["registers"], spill_bytes=ptx["spill_bytes"],
+                            smem_bytes=ptx["smem_bytes"], stack_bytes=ptx["stack_bytes"],
+                            error=meta["error"], folder=out_dir, so=out_dir / so.name if ok else None,
+                            entry=entry, unit_size=len(unit)))
+    return builds
 
 
 def member_log(log: str, ns: str) -> str:

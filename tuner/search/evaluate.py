@@ -47,9 +47,10 @@ class Evaluator:
     killed: int = 0  # workers killed from outside (their variant was evaluated again)
     parallel: int = 1  # variants it evaluates at once (one per GPU), each in its own slot
 
-    def prepare(self, variants: list[Variant], whole: bool = False) -> dict[str, dict]:
+    def prepare(self, variants: list[Variant], whole: bool = False, on_ready=None) -> dict[str, dict]:
         """Build results by variant name: of what the problem runs (a family's `search_focus`),
-        or with `whole` of every kernel instance, as the export builds them."""
+        or with `whole` of every kernel instance, as the export builds them. `on_ready(results)`
+        gets some of them (name -> result) before the others are built."""
         raise NotImplementedError
 
     def evaluate(self, variant: Variant, prepared: dict, on_probe=None, slot: int = 0) -> dict:
@@ -165,19 +166,22 @@ class LiveEvaluator(Evaluator):
     def killed(self) -> int:  # type: ignore[override]
         return sum(w.killed for w in self.workers)
 
-    def prepare(self, variants, whole=False):
+    def prepare(self, variants, whole=False, on_ready=None):
         if not self._binding:  # the export's, built beside the search (nothing here waits for it)
             self._binding = True
             from tuner.build import binding
 
             binding.build_in_background(self.problem.family)
-        return {b.variant.name: _build_result(b) for b in self._build(variants, whole)}
+        # each translation unit's variants as soon as it is built (`build.build(on_ready=...)`)
+        unit = (lambda builds: on_ready({b.variant.name: _build_result(b) for b in builds})) if on_ready else None
+        return {b.variant.name: _build_result(b) for b in self._build(variants, whole, unit)}
 
-    def _build(self, variants, whole: bool) -> list[build.Build]:
+    def _build(self, variants, whole: bool, on_ready=None) -> list[build.Build]:
         # Only the kernel instances the problem runs (its reduction, its mode): what is verified
         # and timed; the export builds the whole variant.
         focus = None if whole else getattr(families.get(self.problem.family), "search_focus", None)
-        return build.build(variants, self.arch, jobs=self.jobs, focus=focus(self.problem.__dict__) if focus else None)
+        return build.build(variants, self.arch, jobs=self.jobs, focus=focus(self.problem.__dict__) if focus else None,
+                           on_ready=on_ready)
 
     def evaluate(self, variant, prepared, on_probe=None, slot=0):
         result = self.workers[slot].evaluate({
@@ -251,7 +255,7 @@ class SimulatedEvaluator(Evaluator):
             return None
         return {"status": "ok", "fwd": fwd["fwd"], "bwd": bwd["bwd"]}
 
-    def prepare(self, variants, whole=False):
+    def prepare(self, variants, whole=False, on_ready=None):
         out = {}
         for v in variants:
             rec = self._recorded(v)
@@ -264,6 +268,8 @@ class SimulatedEvaluator(Evaluator):
             else:
                 out[v.name] = {"status": "ok", "compiled": False, "so": None,
                                **{k: rec.get(k) for k in ("compile_s", "regs_fwd", "regs_bwd", "spill_bytes")}}
+                if on_ready:  # as a build's units come: the replay goes the live search's way
+                    on_ready({v.name: out[v.name]})
         return out
 
     def evaluate(self, variant, prepared, on_probe=None, slot=0):

@@ -3,7 +3,8 @@ tell the study, and end with the finalists.
 
 Per batch: `asking` claims new trials, `recording` settles those whose variant the study
 already measured (their result is copied), the rest compile in a thread (`evaluator.prepare`)
-while the previous batch is verified and timed, one variant at a time per GPU. A variant
+while the previous batch is verified and timed, one variant at a time per GPU; a batch's
+variants are evaluated as their translation units end, not once all have. A variant
 clearly slower than the best after a short probe is pruned. Failures are data: each becomes a
 FAILED trial with a `reason`. Several searchers (processes, hosts) can share a study: none
 evaluates a variant another has, and each runs until the study has its trials, or until every
@@ -85,7 +86,7 @@ class Search:
             book.bar = tqdm(total=cfg.trials, initial=min(done, cfg.trials), desc=self.name, unit="trial",
                             dynamic_ncols=True, leave=True, disable=None)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-        pending = None  # [(piece of a batch's new trials, future of their builds)]: compiles while the GPU works
+        pending = None  # [_Piece]: a batch's new trials, compiling while the GPU works
         waiting: list = []  # trials whose variant another process is evaluating right now
         others_deadline = None
         ahead = False  # the likely finalists' whole builds started (`_likely_finalists`)
@@ -93,7 +94,7 @@ class Search:
             while True:
                 following = None
                 out_of_time = cfg.timeout is not None and time.monotonic() - started > cfg.timeout
-                mine = {t.number for part, _ in pending or [] for t, _ in part} | {t.number for t, _ in waiting}
+                mine = {t.number for piece in pending or [] for t, _ in piece.part} | {t.number for t, _ in waiting}
                 now = studies.tally(self.study)
                 book.waiting = now.waiting
                 others = now.running - mine  # other searchers' trials: they count as underway
@@ -105,7 +106,7 @@ class Search:
                     size = self.asker.first_batch if self.asker.learns and not book.results else batch_size
                     new, held = book.settle_known(self.asker.ask(min(size, room)))
                     waiting += held
-                    following = [(part, pool.submit(self._prepare, _unique(part)))
+                    following = [_Piece(part, pool, self._prepare)
                                  for part in (new[i:i + piece] for i in range(0, len(new), piece))]
                 if pending is None and following is None:
                     others_deadline = others_deadline or time.monotonic() + 3 * cfg.eval_timeout + 600
@@ -166,9 +167,9 @@ class Search:
 
     # --------------------------------------------------------- evaluate
 
-    def _prepare(self, variants: list[Variant], whole: bool = False) -> dict[str, dict]:
+    def _prepare(self, variants: list[Variant], whole: bool = False, ready: queue.Queue | None = None) -> dict[str, dict]:
         started = time.monotonic()
-        prepared = self.evaluator.prepare(variants, whole)
+        prepared = self.evaluator.prepare(variants, whole, on_ready=ready.put if ready is not None else None)
         self.report.compile_s += time.monotonic() - started
         self.report.spans.append(("compile", started, time.monotonic()))
         self.report.compiled += sum(1 for b in prepared.values() if b.get("compiled"))
@@ -189,16 +190,18 @@ class Search:
             likely += [extra] if extra is not None else []
         return likely
 
-    def _evaluate_pieces(self, pieces) -> None:
-        for part, built in pieces:
-            prepared = built.result()
-            started = time.monotonic()
-            _ = self.book.gpu_info  # the first time, waits for the GPU's worker to start and warm up: not GPU work
-            if time.monotonic() - started > 0.01:
-                self.report.spans.append(("gpu start", started, time.monotonic()))
+    def _evaluate_pieces(self, pieces: list[_Piece]) -> None:
+        """Each piece's variants as their builds come (a translation unit at a time), the rest
+        once its whole build has ended."""
+        for piece in pieces:
+            for part, prepared in piece.parts():
                 started = time.monotonic()
-            self._evaluate(part, prepared)
-            self.report.spans.append(("gpu", started, time.monotonic()))
+                _ = self.book.gpu_info  # the first time, waits for the GPU's worker to start and warm up: not GPU work
+                if time.monotonic() - started > 0.01:
+                    self.report.spans.append(("gpu start", started, time.monotonic()))
+                    started = time.monotonic()
+                self._evaluate(part, prepared)
+                self.report.spans.append(("gpu", started, time.monotonic()))
 
     def _evaluate(self, batch, prepared: dict[str, dict]) -> None:
         """Each new variant of the batch once, on as many GPUs as the evaluator has (a slot each);
@@ -258,6 +261,38 @@ class Search:
             if self.joins:
                 return not self.book.behind_in_both(partial, self.cfg.prune)
         return not trial.should_prune()
+
+
+class _Piece:
+    """A piece of a batch: its (trial, variant)s, compiling in `pool`; the builds come in `ready`
+    as each translation unit ends, all of them in the future's result."""
+
+    def __init__(self, part: list, pool, prepare):
+        self.part = part
+        self.ready: queue.Queue = queue.Queue()
+        self.built = pool.submit(prepare, _unique(part), False, self.ready)
+
+    def parts(self):
+        """(trials, prepared) as builds come: the trials of the variants built so far, then the
+        rest with the whole build's results. A variant's trials go together (one is evaluated,
+        the others copy it)."""
+        waiting: dict[str, list] = {}
+        for trial, variant in self.part:
+            waiting.setdefault(variant.name, []).append((trial, variant))
+        while waiting:
+            got: dict = {}
+            try:
+                got = self.ready.get(timeout=0.05)
+                while True:  # and every unit that ended meanwhile: the GPUs take them side by side
+                    got = {**got, **self.ready.get_nowait()}
+            except queue.Empty:
+                if not got and not self.built.done():
+                    continue
+                if not got:
+                    got = self.built.result()  # the rest, failed builds among them (raises what the build raised)
+            part = [tv for name in got if name in waiting for tv in waiting.pop(name)]
+            if part:
+                yield part, got
 
 
 def _unique(batch) -> list[Variant]:
