@@ -10,6 +10,7 @@ from tuner.build import compile as build
 from tuner.build import render
 from tuner.build import toolkit
 from tuner.errors import BuildError
+from tuner import families
 from tuner.families import giou
 
 
@@ -320,7 +321,7 @@ def test_a_joined_variant_takes_its_forward_and_its_backward_from_two_variants(t
                     ("sorted", ctypes.c_int), ("piece", ctypes.c_int), ("split", ctypes.c_int)]
 
     def table(b):
-        fn = getattr(ctypes.CDLL(str(b.so)), b.entry or embedding_bag.ENTRY)
+        fn = getattr(ctypes.CDLL(str(b.so)), b.entry or families.get("embedding_bag").ENTRY)
         fn.restype = ctypes.POINTER(Table)
         t = fn().contents
         return t.name.decode(), t.validates, t.sorted, t.split

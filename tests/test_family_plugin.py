@@ -82,6 +82,16 @@ def test_a_family_outside_tuner_goes_end_to_end(scale_add, tuner_home, fresh_cac
     torch.library.opcheck(op, (x.detach(), y.detach(), 2.5))
 
 
+def test_a_family_leaves_its_file_names_to_convention(scale_add, tmp_path):
+    """scale_add declares none of them: they follow from its name and the files it has."""
+    assert (scale_add.TEMPLATE, scale_add.HEADERS, scale_add.ENTRY, scale_add.BINDING, scale_add.OPS_NAMESPACE,
+            scale_add.FAULTS) == ("scale_add.cu.j2", ("scale_add_abi.h",), "tuner_scale_add_vtable",
+                                  ("scale_add_op.cpp",), "tuner_scale_add", ())
+    assert families.get("giou").BINDING == ("giou_binding.cpp", "giou_op.cpp")  # what a family declares stands
+    bare = families.conventions("bare", tmp_path)  # no ABI header, no op: no table, no binding
+    assert bare["HEADERS"] == () and bare["ENTRY"] is None and bare["BINDING"] == ()
+
+
 def test_an_unknown_family_is_named_with_the_known_ones(tuner_home, capsys):
     with pytest.raises(SystemExit):
         cli.main(["variants", "--family", "nope", "--arch", "sm_90"])

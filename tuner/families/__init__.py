@@ -49,10 +49,35 @@ def names() -> list[str]:
 
 
 def get(name: str) -> ModuleType:
-    """The family package by name, imported on first use."""
+    """The family package by name, imported on first use, with the names it leaves to convention
+    (`conventions`) filled in."""
     if name not in names():
         raise SpaceError(f"unknown kernel family {name!r}; known: {', '.join(names())}")
-    return importlib.import_module(f"{__name__}.{name}")
+    module = importlib.import_module(f"{__name__}.{name}")
+    if not getattr(module, "_conventions_applied", False):
+        for key, value in conventions(name, getattr(module, "TEMPLATES", None)).items():
+            if not hasattr(module, key):
+                setattr(module, key, value)
+        module._conventions_applied = True
+    return module
+
+
+def conventions(name: str, own_templates=None) -> dict:
+    """What a family named `name` need not declare, where its files follow the names below (in its
+    templates folder): FAMILY, TEMPLATE `<name>.cu.j2`, HEADERS (`<name>_abi.h`, its C ABI, where
+    it exists), ENTRY `tuner_<name>_vtable` (its variants' table, where it has an ABI), BINDING
+    (`<name>_op.cpp`, its op in C++, where it exists), BINDING_HEADERS, OPS_NAMESPACE
+    `tuner_<name>` (its control ops) and FAULTS (the faults `--plant-faults` may plant: none)."""
+    try:
+        folder = Path(own_templates) if own_templates else templates_root() / name
+    except FileNotFoundError:  # an installation without templates: no files to find
+        folder = Path(os.devnull)
+    header, op = f"{name}_abi.h", f"{name}_op.cpp"
+    has_header = (folder / header).is_file()
+    return {"FAMILY": name, "TEMPLATE": f"{name}.cu.j2", "HEADERS": (header,) if has_header else (),
+            "ENTRY": f"tuner_{name}_vtable" if has_header else None,
+            "BINDING": (op,) if (folder / op).is_file() else (), "BINDING_HEADERS": (),
+            "OPS_NAMESPACE": f"tuner_{name}", "FAULTS": ()}
 
 
 def part(name: str, module: str) -> ModuleType:

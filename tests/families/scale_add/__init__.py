@@ -16,13 +16,9 @@ from tuner.variant import Variant
 
 FAMILY = "scale_add"
 TEMPLATES = Path(__file__).parent / "templates"
-TEMPLATE = "scale_add.cu.j2"
-ENTRY = "tuner_scale_add_vtable"  # the variant's one C-linkage name: its table
-HEADERS = ("scale_add_abi.h",)
-BINDING = ("scale_add_op.cpp",)  # the op in C++ on the core's machinery (templates/common/tuner_op.h)
-BINDING_HEADERS: tuple[str, ...] = ()
-OPS_NAMESPACE = "tuner_scale_add"
-FAULTS: tuple[str, ...] = ()
+# By convention (tuner.families.conventions): its kernel template scale_add.cu.j2, its C ABI
+# scale_add_abi.h (the variants' table, tuner_scale_add_vtable) and its op in C++ scale_add_op.cpp
+# (on the core's machinery: templates/common/tuner_op.h), all in TEMPLATES.
 
 DIMS = (
     Dim("block_size", (64, 128, 256), "threads per block"),

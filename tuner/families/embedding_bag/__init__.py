@@ -22,16 +22,8 @@ from tuner.errors import SpaceError
 from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option  # noqa: F401
 from tuner.variant import Variant
 
-FAMILY = "embedding_bag"
-TEMPLATE = "embedding_bag.cu.j2"
-ENTRY = "tuner_embedding_bag_vtable"  # the variant's one C-linkage name: its table
-HEADERS = ("embedding_bag_abi.h",)
-# The torch binding, built once per torch/CUDA version: the search's calls by address and the op.
-BINDING = ("embedding_bag_op.cpp",)
-BINDING_HEADERS: tuple[str, ...] = ()
-from tuner.families.embedding_bag.op import NAMESPACE as OPS_NAMESPACE  # noqa: E402
+FAMILY = "embedding_bag"  # its files by convention (tuner.families.conventions): embedding_bag.cu.j2, ...
 KERNEL_ARGS = {"0": "sum", "1": "mean", "2": "max"}  # the kernels' template argument: the mode
-FAULTS: tuple[str, ...] = ()
 
 from tuner.families.embedding_bag.spec import (INDEX_DTYPES, MODES, WEIGHT_DTYPES, _counts,  # noqa: F401
                                                _entries, _flat, reference, reference_backward)

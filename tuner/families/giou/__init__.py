@@ -17,15 +17,10 @@ from typing import Any, ClassVar
 from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option  # noqa: F401
 from tuner.variant import Variant
 
-FAMILY = "giou"
-TEMPLATE = "giou.cu.j2"
-ENTRY = "tuner_giou_vtable"  # the variant's one C-linkage name: its table
-# The torch binding, built once per torch/CUDA version: the search's calls by address and the op.
+FAMILY = "giou"  # giou.cu.j2, giou_abi.h by convention (tuner.families.conventions); its op in two files:
 BINDING = ("giou_binding.cpp", "giou_op.cpp")
 BINDING_HEADERS = ("giou_binding.h",)
-from tuner.families.giou.op import NAMESPACE as OPS_NAMESPACE  # noqa: E402
 KERNEL_ARGS = {"0": "none", "1": "mean", "2": "sum"}  # the kernels' template argument: the reduction
-HEADERS = ("giou_abi.h",)
 
 from tuner.families.giou.spec import (C10_NAMES, DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES,  # noqa: F401
                                       giou_loss_elementwise, reference, reference_with_grad, valid_mask)

@@ -13,18 +13,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tuner.errors import SpaceError
-from tuner.families.rms_norm.op import NAMESPACE as OPS_NAMESPACE  # noqa: F401
 from tuner.families.rms_norm.spec import DEFAULT_EPS, DTYPES, reference, reference_backward  # noqa: F401
 from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option
 from tuner.variant import Variant
 
-FAMILY = "rms_norm"
-TEMPLATE = "rms_norm.cu.j2"
-ENTRY = "tuner_rms_norm_vtable"
-HEADERS = ("rms_norm_abi.h",)
-BINDING = ("rms_norm_op.cpp",)
-BINDING_HEADERS: tuple[str, ...] = ()
-FAULTS: tuple[str, ...] = ()
+FAMILY = "rms_norm"  # its files by convention (tuner.families.conventions): rms_norm.cu.j2, _abi.h, _op.cpp
 
 DIMS = (
     Dim("threads_per_row", (32, 64, 128, 256, 512, 1024), "threads per row: a warp, several warps, a block"),
