@@ -19,4 +19,8 @@ def main(conn, device_index, log_path=None):
             if job.get("once"):
                 open(job["once"], "w").close()
             os.kill(os.getpid(), getattr(signal, die))
-        conn.send({"status": "ok", "name": job["name"], "pid": os.getpid()})
+        answer = {"status": "ok", "name": job["name"], "pid": os.getpid(), "graph": job.get("graph", True)}
+        if job.get("spoil"):  # as a child whose graph capture failed: it answers, then ends
+            conn.send({**answer, "restart": True})
+            return
+        conn.send(answer)

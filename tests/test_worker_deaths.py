@@ -77,3 +77,14 @@ def test_a_child_started_ahead_is_taken_over_by_the_worker_of_its_settings():
     (proc, _), = worker._AHEAD.values()
     worker.discard_ahead()
     assert not worker._AHEAD and not proc.is_alive()
+
+
+def test_a_child_whose_graph_capture_failed_is_replaced_and_graphs_are_left_off():
+    """timing.spoiled: the job's result stands, the child ends after it, and the next child times
+    without graphs (a family whose calls cannot be captured costs one restart, not one a variant)."""
+    with _worker() as w:
+        first = w.evaluate({"name": "a", "spoil": True})
+        assert first["status"] == "ok" and "restart" not in first and first["graph"] is True
+        second = w.evaluate({"name": "b"})
+        assert second["status"] == "ok" and second["pid"] != first["pid"] and second["graph"] is False
+        assert (w.restarts, w.killed) == (1, 0) and not w.graphs

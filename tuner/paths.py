@@ -67,6 +67,12 @@ def keep_bytecode() -> bool:
             return False  # torch has its bytecode (a usual pip install): nothing to gain
     except (ImportError, ValueError, NotImplementedError):
         return False
+    try:  # a cache it cannot write would only make every import compile again
+        bytecode_dir().mkdir(parents=True, exist_ok=True)
+        if not os.access(bytecode_dir(), os.W_OK):
+            return False
+    except OSError:
+        return False
     sys.pycache_prefix = str(bytecode_dir())
     sys.dont_write_bytecode = False
     return True

@@ -23,12 +23,14 @@ variant with a .json is never rebuilt (a failed compile is remembered too).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -307,7 +309,7 @@ def staggered_sizes(n: int, jobs: int) -> list[int] | None:
         return None
     bounds = [round(sum(share * (1 - spread + 2 * spread * i / (jobs - 1)) for i in range(k))) for k in range(jobs + 1)]
     bounds[-1] = n
-    return [b - a for a, b in zip(bounds, bounds[1:])]
+    return sorted(b - a for a, b in zip(bounds, bounds[1:]))
 
 
 def _unit_name(family: str, keys: list[str]) -> str:
@@ -395,24 +397,34 @@ def _run_ninja(cmd: list[str], timeout: float, log: Path, on_built=None) -> str:
             return f"ninja timed out after {timeout:.0f} s\n{exc.stdout or ''}"
     import concurrent.futures
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A session of its own: a timeout or an error here ends ninja and its compilers together.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def stop() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as reader:  # drains ninja's output meanwhile
         output = reader.submit(proc.stdout.read)
         seen: set[str] = set()
         deadline = time.monotonic() + timeout
-        while True:
-            ended = proc.poll() is not None
-            built = {name.removesuffix(".so"): t for name, t in _ninja_times(log).items() if name not in seen}
-            seen.update(f"{name}.so" for name in built)
-            if built:
-                on_built(built)
-            if ended:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
-                return f"ninja timed out after {timeout:.0f} s\n{output.result()}"
-            time.sleep(0.05)
+        try:
+            while True:
+                ended = proc.poll() is not None
+                built = {name.removesuffix(".so"): t for name, t in _ninja_times(log).items() if name not in seen}
+                seen.update(f"{name}.so" for name in built)
+                if built:
+                    on_built(built)
+                if ended:
+                    break
+                if time.monotonic() > deadline:
+                    stop()
+                    return f"ninja timed out after {timeout:.0f} s\n{output.result()}"
+                time.sleep(0.05)
+        except BaseException:
+            stop()
+            raise
         return output.result()
 
 

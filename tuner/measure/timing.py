@@ -176,6 +176,16 @@ class _Graphs:
     capture, and leaves torch's CUDA generator unusable ("Offset increment outside graph capture")."""
 
     stream = None
+    spoiled = False  # a capture failed in this process (`spoiled()`)
+
+
+def spoiled() -> bool:
+    """Whether a capture failed in this process. torch's `capture_end` then raises before it ends
+    the graph's memory pool's routing, so the caching allocator keeps a capture it believes under
+    way (a later `empty_cache` asserts, freed blocks are not recycled across streams): the
+    worker replaces such a process after the job (tuner/measure/worker.py) and times the rest
+    without graphs."""
+    return _Graphs.spoiled
 
 
 def _graph_samples(fn: Callable[[], object], flush: L2Flush, reps: int) -> list[float] | None:
@@ -184,6 +194,8 @@ def _graph_samples(fn: Callable[[], object], flush: L2Flush, reps: int) -> list[
     captured (it synchronizes, or reads a result on the host): the caller times it directly."""
     import torch
 
+    if _Graphs.spoiled:  # the process is replaced after this job: not another capture in it
+        return None
     try:
         events = [(torch.cuda.Event(enable_timing=True, external=True),
                    torch.cuda.Event(enable_timing=True, external=True)) for _ in range(GRAPH_CHUNK)]
@@ -211,7 +223,7 @@ def _graph_samples(fn: Callable[[], object], flush: L2Flush, reps: int) -> list[
                 end.record(stream)
         except BaseException as exc:  # the capture ends either way: the stream must not stay in it
             _end_failed_capture(graph, stream)
-            if isinstance(exc, RuntimeError):
+            if isinstance(exc, Exception):  # timed directly instead, which raises a real error again
                 return None
             raise
         try:
@@ -235,6 +247,7 @@ def _end_failed_capture(graph, stream) -> None:
     A capture of one tiny kernel, ended cleanly, ends the generator's capture too."""
     import torch
 
+    _Graphs.spoiled = True
     if graph is not None:
         try:
             graph.capture_end()

@@ -103,7 +103,7 @@ class _Child:
                 return {**result, **probe, "status": "pruned", "time_s": time.monotonic() - started}
         cfg = job.get("timing", {})
         for k, fn in calls.items():
-            result[k] = timing.bench(fn, flush=self.flush, graph=True, **cfg).as_dict()
+            result[k] = timing.bench(fn, flush=self.flush, graph=job.get("graph", True), **cfg).as_dict()
         flagged = family.errors(kernel)  # generated inputs are valid: a flag here is a kernel bug
         if flagged:
             return {**result, "reason": "wrong result", "message": f"validation flagged valid inputs ({flagged})"}
@@ -180,6 +180,7 @@ def _child_main(conn, device_index: int, log_path: str | None = None) -> None:
     from tuner import paths
 
     paths.keep_bytecode()  # before torch's import, the most of a child's start
+    from tuner.measure import timing
     try:
         child = _Child(device_index)
     except Exception:  # noqa: BLE001 - report any start-up failure to the parent
@@ -200,7 +201,12 @@ def _child_main(conn, device_index: int, log_path: str | None = None) -> None:
         try:
             kind = job.get("kind")
             own = {"retime": child.retime, "warm": child.warm, "check": child.check}.get(kind)
-            conn.send(own(job) if own else child.run(job, ask))
+            result = own(job) if own else child.run(job, ask)
+            if timing.spoiled():  # its allocator thinks a capture is under way: a fresh child next
+                result["restart"] = True
+            conn.send(result)
+            if result.get("restart"):
+                return
         except Exception as exc:  # noqa: BLE001 - every failure of a variant is data
             message = f"{type(exc).__name__}: {exc}"
             reason = classify(message)
@@ -239,6 +245,7 @@ class Worker:
         self.killed = 0  # children killed from outside; their jobs were run again
         self._proc = None
         self._conn = None
+        self.graphs = True  # time from CUDA graphs; off once a capture failed in a child (timing.spoiled)
         self._greeted = False
         self._warming = False  # its warm-up's reply is still to be read
         self.hello: dict = {}  # the running child's: its pid and its GPU's description
@@ -330,7 +337,7 @@ class Worker:
 
     def _evaluate(self, job: dict, on_probe=None) -> dict:
         self.ready()  # spawned ahead, its start-up overlapped the compiles; or started here
-        self._conn.send(job)
+        self._conn.send(job if self.graphs else {**job, "graph": False})
         while True:
             if not self._conn.poll(self.timeout):
                 self.close()
@@ -353,6 +360,11 @@ class Worker:
         if result.get("fatal"):
             self.close()
             self.restarts += 1
+        elif result.pop("restart", False):  # a failed graph capture: replaced, and no graphs from now on
+            self._proc.join(10)
+            self.close()
+            self.restarts += 1
+            self.graphs = False
         return result
 
     def close(self) -> None:

@@ -290,6 +290,9 @@ class _Piece:
                     continue
                 if not got:
                     got = self.built.result()  # the rest, failed builds among them (raises what the build raised)
+                    missing = sorted(set(waiting) - set(got))
+                    if missing:
+                        raise RuntimeError(f"the build gave no result for {len(missing)} variant(s): {missing[:3]}")
             part = [tv for name in got if name in waiting for tv in waiting.pop(name)]
             if part:
                 yield part, got
