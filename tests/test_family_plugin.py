@@ -69,24 +69,31 @@ def test_a_family_outside_tuner_goes_end_to_end(scale_add, tuner_home, fresh_cac
     assert tuner.load(gpu="H100", family="scale_add") is op
     x, y = torch.randn(1000), torch.randn(1000)
     torch.testing.assert_close(op(x, y, 2.5), 2.5 * x + y)
-    # The op is native: schema, CUDA and Autograd kernels from the family's C++ (the core's
-    # tuner_op.h machinery), CPU and fake from the runtime.
+    # The op is native: schema, CUDA and Autograd kernels from the C++ rendered from the family's
+    # declaration (on the core's tuner_op.h machinery), CPU and fake from the runtime.
     dump = torch._C._dispatch_dump("tuner::scale_add")
     kernels = {line.split(":")[0].strip(): line for line in dump.splitlines() if "registered at" in line}
     assert "scale_add_op.cpp" in kernels["CUDA"] and "scale_add_op.cpp" in kernels["Autograd[alias]"]
     assert "runtime.py" in kernels["CPU"]
+    assert "registered at" in torch._C._dispatch_dump("tuner::scale_add_backward")
     x.requires_grad_(), y.requires_grad_()
-    gx, gy = torch.autograd.grad(op(x, y, 2.5).sum(), (x, y))
+    gx, gy = torch.autograd.grad(op(x, y, 2.5).sum(), (x, y))  # the backward op, on the CPU
     torch.testing.assert_close(gx, torch.full_like(x, 2.5))
     torch.testing.assert_close(gy, torch.ones_like(y))
+    (gy,) = torch.autograd.grad(op(x.detach(), y, 2.5).sum(), (y,))  # x wants no gradient
+    torch.testing.assert_close(gy, torch.ones_like(y))
     torch.library.opcheck(op, (x.detach(), y.detach(), 2.5))
+    with pytest.raises(ValueError, match="scale_add: y must have x's shape"):
+        op(x.detach(), torch.randn(999), 1.0)
+    with pytest.raises(TypeError, match="scale_add: x must be float32, got"):
+        op(x.detach().double(), y.detach().double(), 1.0)
 
 
 def test_a_family_leaves_its_file_names_to_convention(scale_add, tmp_path):
     """scale_add declares none of them: they follow from its name and the files it has."""
     assert (scale_add.TEMPLATE, scale_add.HEADERS, scale_add.ENTRY, scale_add.BINDING, scale_add.OPS_NAMESPACE,
-            scale_add.FAULTS) == ("scale_add.cu.j2", ("scale_add_abi.h",), "tuner_scale_add_vtable",
-                                  ("scale_add_op.cpp",), "tuner_scale_add", ())
+            scale_add.FAULTS) == ("scale_add.cu.j2", ("scale_add_abi.h",), "tuner_scale_add_vtable", (),
+                                  "tuner_scale_add", ())  # its op is declared: no C++ of its own
     assert families.get("giou").BINDING == ("giou_binding.cpp", "giou_op.cpp")  # what a family declares stands
     bare = families.conventions("bare", tmp_path)  # no ABI header, no op: no table, no binding
     assert bare["HEADERS"] == () and bare["ENTRY"] is None and bare["BINDING"] == ()

@@ -32,9 +32,28 @@ def common_dir():
     return families.templates_root() / "common"
 
 
+def has_binding(family: str) -> bool:
+    """Whether the family has an op in C++: hand-written (`BINDING`) or declared (`OP_DECLARATION`)."""
+    fam = families.get(family)
+    return bool(fam.BINDING) or getattr(fam, "OP_DECLARATION", None) is not None
+
+
+def sources(family: str) -> dict[str, str]:
+    """The binding's C++ sources, file name -> text: the op rendered from the family's declaration
+    (`<family>_op.cpp`, tuner/build/declared.py), and its hand-written `BINDING` files."""
+    from tuner.build import declared
+
+    fam = families.get(family)
+    op = declared.declaration(family)
+    texts = {f"{family}_op.cpp": declared.op_source(op)} if op is not None else {}
+    texts.update((f, (templates_dir(family) / f).read_text()) for f in fam.BINDING)
+    return texts
+
+
 def _key(family: str) -> str:
     fam = families.get(family)
-    source = "".join((templates_dir(family) / f).read_text() for f in fam.BINDING + fam.BINDING_HEADERS)
+    source = "".join(sources(family).values())
+    source += "".join((templates_dir(family) / f).read_text() for f in fam.BINDING_HEADERS)
     source += "".join(h.read_text() for h in sorted(common_dir().glob("*.h")))
     source += header_text(family)
     h = hashlib.sha256(f"{source}\0{torch_version()}\0{torch_cuda()}\0{toolkit.nvcc_version()}".encode())
@@ -84,10 +103,9 @@ def load(family: str, verbose: bool = False):
     `torch.ops.<family.OPS_NAMESPACE>`, or None for a family without one. Loading it also
     defines the ops it registers (the family's user-facing op and its CUDA and Autograd kernels).
     """
-    fam = families.get(family)
-    if not fam.BINDING:
+    if not has_binding(family):
         return None  # a family whose variants are called without a torch binding
-    return runtime.load_binding(library(family, verbose), fam.OPS_NAMESPACE)
+    return runtime.load_binding(library(family, verbose), families.get(family).OPS_NAMESPACE)
 
 
 def library(family: str, verbose: bool = False):
@@ -95,8 +113,7 @@ def library(family: str, verbose: bool = False):
     torch/extension.h and so takes about a minute), cached under variants/_binding/<hash>/
     in the per-user cache, shared by every variant of the family and every TUNER_HOME;
     None for a family without one."""
-    fam = families.get(family)
-    if not fam.BINDING:
+    if not has_binding(family):
         return None
     found = built(family)
     if found is not None:  # built before: no torch, no ninja, no cpp_extension (milliseconds)
@@ -131,7 +148,7 @@ def _building(build_dir: Path):
 def build_in_background(family: str) -> subprocess.Popen | None:
     """Start building a family's binding in a process of its own, at low priority, that outlives
     this one (its log: build.log beside the library); None where it is built or the family has none."""
-    if not families.get(family).BINDING or built(family) is not None:
+    if not has_binding(family) or built(family) is not None:
         return None
     path = _library_path(family)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,9 +159,21 @@ def build_in_background(family: str) -> subprocess.Popen | None:
 
 
 def _build(family: str, path: Path, verbose: bool) -> None:
-    fam = families.get(family)
-    build_dir, name = path.parent, path.stem
+    build_dir = path.parent
+    files = [templates_dir(family) / f for f in families.get(family).BINDING]
+    from tuner.build import declared
 
+    op = declared.declaration(family)
+    if op is not None:  # the op rendered from the declaration, kept beside the library to read
+        rendered = build_dir / f"{family}_op.cpp"
+        rendered.write_text(declared.op_source(op))
+        files.insert(0, rendered)
+    compile_library(path, files, [templates_dir(family)], verbose)
+
+
+def compile_library(path: Path, files: list[Path], includes: list[Path], verbose: bool = False) -> Path:
+    """Build the library `path` (its folder: the build folder) of C++ `files` with cpp_extension,
+    against torch and CUDA's headers, `includes` and templates/common; no GPU needed."""
     import torch
 
     toolkit.export_cuda_home()
@@ -165,15 +194,16 @@ def _build(family: str, path: Path, verbose: bool) -> None:
         logger.setLevel(level)
     cpp_extension.CUDA_HOME = str(toolkit.cuda_home())  # in case it was imported before we set it
     cpp_extension.load(
-        name=name,
-        sources=[str(templates_dir(family) / f) for f in fam.BINDING],
-        extra_include_paths=[str(templates_dir(family)), str(common_dir())],
+        name=path.stem,
+        sources=[str(f) for f in files],
+        extra_include_paths=[*(str(i) for i in includes), str(common_dir())],
         extra_cflags=["-O2"],
-        build_directory=str(build_dir),
+        build_directory=str(path.parent),
         with_cuda=True,
         is_python_module=False,
         verbose=verbose,
     )
+    return path
 
 
 if __name__ == "__main__":

@@ -85,10 +85,19 @@ def declarations(family: str) -> dict[str, list[tuple[str, object]]]:
     fam = families.get(family)
     found: dict[str, list[tuple[str, object]]] = {}
     for header in fam.HEADERS:
-        text = (families.templates(family) / header).read_text()
-        for body, name in _STRUCT.findall(text):
-            found[name] = _fields(body, f"{header}: {name}")
+        found.update(parse((families.templates(family) / header).read_text(), header))
     return found
+
+
+def parse(text: str, where: str = "header") -> dict[str, list[tuple[str, object]]]:
+    """Each `typedef struct { ... } Name;` of a header's text: name -> [(field, ctypes type or Function)]."""
+    return {name: _fields(body, f"{where}: {name}") for body, name in _STRUCT.findall(text)}
+
+
+def mirror(name: str, fields: list[tuple[str, object]]) -> type[ctypes.Structure]:
+    """A ctypes Structure of those fields (a function pointer as a plain pointer)."""
+    return type(name, (ctypes.Structure,),
+                {"_fields_": [(n, ctypes.c_void_p if isinstance(k, Function) else k) for n, k in fields]})
 
 
 @functools.cache
@@ -98,8 +107,7 @@ def struct(family: str, name: str) -> type[ctypes.Structure]:
         fields = declarations(family)[name]
     except KeyError:
         raise SpaceError(f"family {family!r}: its ABI headers declare no struct {name!r}") from None
-    return type(name, (ctypes.Structure,),
-                {"_fields_": [(n, ctypes.c_void_p if isinstance(k, Function) else k) for n, k in fields]})
+    return mirror(name, fields)
 
 
 def table(family: str) -> tuple[str, list[tuple[str, object]]]:

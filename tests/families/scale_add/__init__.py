@@ -11,14 +11,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tuner import declare
 from tuner.space import Constraint, Dim, Space, fixed_spaces
 from tuner.variant import Variant
 
 FAMILY = "scale_add"
 TEMPLATES = Path(__file__).parent / "templates"
-# By convention (tuner.families.conventions): its kernel template scale_add.cu.j2, its C ABI
-# scale_add_abi.h (the variants' table, tuner_scale_add_vtable) and its op in C++ scale_add_op.cpp
-# (on the core's machinery: templates/common/tuner_op.h), all in TEMPLATES.
+# By convention (tuner.families.conventions): its kernel template scale_add.cu.j2 and its C ABI
+# scale_add_abi.h (the variants' table, tuner_scale_add_vtable), in TEMPLATES. Its op is declared:
+# the core renders the op's C++ and the ABI header from this (tuner/build/declared.py).
+OP_DECLARATION = declare.Op(
+    "scale_add",
+    inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("y", like="x"), declare.Scalar("alpha")),
+    outputs=(declare.Tensor("out", like="x"),),
+    sizes={"n": "x.numel()"},
+)
 
 DIMS = (
     Dim("block_size", (64, 128, 256), "threads per block"),

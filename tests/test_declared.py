@@ -1,0 +1,104 @@
+"""A family's op declared (tuner.declare) and rendered by the core (tuner/build/declared.py): the
+C ABI header and the op's C++, checked on a machine without a GPU: the header is valid C and its
+ctypes mirror lays out as the compiler does, the C++ compiles against torch and registers the
+declared schemas, and a declaration the core cannot render says what to change."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tuner import declare, families
+from tuner.build import binding, declared, toolkit
+from tuner.measure import abi
+
+HERE = Path(__file__).parent / "families"
+
+# More than the toy uses: two tensors of several dtypes (four dtype pairs), a tensor with no
+# gradient, scalars of each type with defaults, two outputs.
+RICH = declare.Op(
+    "declared_probe",
+    inputs=(declare.Tensor("x", dtypes=("float32", "bfloat16")), declare.Tensor("w", dtypes=("float32", "float16")),
+            declare.Tensor("index", dtypes=("int64",), grad=False), declare.Scalar("eps", "float", 1e-6),
+            declare.Scalar("rounds", "int", 2), declare.Scalar("fast", "bool", False)),
+    outputs=(declare.Tensor("y", like="x"), declare.Tensor("z", like="w")),
+    sizes={"rows": "x.numel() / x.size(-1)", "width": "x.size(-1)"},
+)
+
+
+def test_the_toy_header_is_what_its_declaration_renders():
+    families.add_path(HERE)
+    assert declared.main(["scale_add", "--check"]) == 0
+
+
+def test_a_rendered_header_is_c_and_its_mirror_lays_out_as_the_compiler_does(tmp_path, monkeypatch):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "probe_abi.h").write_text(declared.header(RICH))
+    structs = ("TunerDeclaredProbeArgs", "TunerDeclaredProbeBackwardArgs", "TunerDeclaredProbeVtable")
+    parsed = abi.parse(declared.header(RICH), "probe_abi.h")
+    mirrors = {name: abi.mirror(name, parsed[name]) for name in structs}
+    lines = ['#include "probe_abi.h"', "#include <stddef.h>", "#include <stdio.h>", "int main(void) {"]
+    for name, mirror in mirrors.items():
+        lines.append(f'  printf("%zu\\n", sizeof({name}));')
+        lines += [f'  printf("%zu\\n", offsetof({name}, {f}));' for f, _ in mirror._fields_]
+    src, exe = tmp_path / "layout.c", tmp_path / "layout"
+    src.write_text("\n".join(lines + ["  return 0;", "}"]) + "\n")
+    subprocess.run([cc, f"-I{tmp_path}", f"-I{toolkit.cuda_home() / 'include'}", str(src), "-o", str(exe)],
+                   check=True, capture_output=True, timeout=120)
+    want = [int(n) for n in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    got = []
+    for mirror in mirrors.values():
+        got += [ctypes.sizeof(mirror)] + [getattr(mirror, f).offset for f, _ in mirror._fields_]
+    assert got == want
+    fields = [f for f, _ in mirrors["TunerDeclaredProbeVtable"]._fields_]
+    assert fields == ["abi", "name", "x_dtype", "w_dtype", "forward", "backward"]  # the dtypes that vary
+    assert [f for f, _ in mirrors["TunerDeclaredProbeBackwardArgs"]._fields_] == [
+        "grad_y", "grad_z", "x", "w", "index", "grad_x", "grad_w", "eps", "rounds", "fast", "rows", "width"]
+
+
+def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
+    import torch
+
+    (tmp_path / "declared_probe_abi.h").write_text(declared.header(RICH))
+    source = tmp_path / "declared_probe_op.cpp"
+    source.write_text(declared.op_source(RICH))
+    library = binding.compile_library(tmp_path / "build" / "tuner_declared_probe.so", [source], [tmp_path])
+    torch.ops.load_library(str(library))
+    schema = torch.ops.tuner.declared_probe.default._schema
+    assert [(a.name, str(a.type), a.default_value) for a in schema.arguments] == [
+        ("x", "Tensor", None), ("w", "Tensor", None), ("index", "Tensor", None), ("eps", "float", 1e-6),
+        ("rounds", "int", 2), ("fast", "bool", False)]
+    assert len(schema.returns) == 2
+    assert str(torch.ops.tuner.declared_probe_backward.default._schema).startswith(
+        "tuner::declared_probe_backward(Tensor grad_y, Tensor grad_z, Tensor x, Tensor w, Tensor index, float eps, "
+        "int rounds, bool fast, bool x_grad, bool w_grad) -> (Tensor, Tensor)")
+    assert torch.ops.tuner_declared_probe.has_baseline() is False  # the control ops are there too
+    x = torch.randn(4, 8)
+    with pytest.raises(TypeError, match="declared_probe: w must be float32 or float16, got torch.bfloat16"):
+        torch.ops.tuner.declared_probe(x, x.bfloat16(), torch.zeros(4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(outputs=(declare.Tensor("y", like="nope"),)), "y is like 'nope', which is no input tensor"),
+    (dict(outputs=(declare.Tensor("y", dtypes=("float32",)),)), "output y: say which input it is allocated like"),
+    (dict(sizes={}), "no sizes"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float8",)),)), "x: unknown dtype 'float8'"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("k", "complex"))),
+     "scalar k is a 'complex'"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",), grad=False),)), "no input tensor takes a gradient"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("x", like="x"))), "a name is used twice"),
+    (dict(inputs=(declare.Tensor("a", like="b"), declare.Tensor("b", like="a")), outputs=(declare.Tensor("y", like="a"),)),
+     "a -> b -> a: tensors like each"),
+    (dict(inputs=(declare.Tensor("X", dtypes=("float32",)),)), "'X' is not a C identifier"),
+])
+def test_a_declaration_the_core_cannot_render_says_what_to_change(change, message):
+    given = dict(inputs=(declare.Tensor("x", dtypes=("float32",)),), outputs=(declare.Tensor("y", like="x"),),
+                 sizes={"n": "x.numel()"})
+    with pytest.raises(declare.DeclarationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        declare.Op("probe", **{**given, **change})

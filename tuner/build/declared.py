@@ -1,0 +1,112 @@
+"""The C ABI header and the op's C++ of a family that declares its op (`OP_DECLARATION`, a
+tuner.declare.Op), rendered from templates/common/declared_abi.h.j2 and declared_op.cpp.j2.
+
+The op's C++ is rendered when the family's binding builds (tuner/build/binding.py); the header is
+kept beside the family's kernel template (its variants and exports include it), written by
+
+    python -m tuner.build.declared FAMILY [--check]
+
+and checked against the declaration by the tests (`--check`: exit 1 where it differs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+import jinja2
+
+from tuner import declare, families
+
+C10 = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "float64": "Double", "uint8": "Byte",
+       "int8": "Char", "int32": "Int", "int64": "Long"}  # c10's dtype names: a variant's table gives them
+AT = {"float32": "at::kFloat", "float16": "at::kHalf", "bfloat16": "at::kBFloat16", "float64": "at::kDouble",
+      "uint8": "at::kByte", "int8": "at::kChar", "int32": "at::kInt", "int64": "at::kLong"}
+
+
+def declaration(family: str) -> declare.Op | None:
+    return getattr(families.get(family), "OP_DECLARATION", None)
+
+
+@functools.lru_cache(maxsize=None)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(families.templates_root() / "common")),
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                              keep_trailing_newline=True)
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _cpp(arg) -> str:
+    """An input's C++ parameter type in the op's kernels."""
+    return "const at::Tensor&" if isinstance(arg, declare.Tensor) else declare.SCALAR_TYPES[arg.type][0]
+
+
+def context(op: declare.Op) -> dict:
+    """What both templates read: names and C/C++ spellings made here, so that they stay plain."""
+    camel = _camel(op.name)
+    out_type = "at::Tensor" if len(op.outputs) == 1 else f"std::tuple<{', '.join('at::Tensor' for _ in op.outputs)}>"
+    grads = [f"grad_{o.name}" for o in op.outputs]
+    bwd_params = ([("const at::Tensor&", g) for g in grads] + [(_cpp(t), t.name) for t in op.tensors]
+                  + [(_cpp(s), s.name) for s in op.scalars] + [("bool", f"{t.name}_grad") for t in op.differentiable])
+    bwd_type = f"std::tuple<{', '.join('at::Tensor' for _ in op.differentiable)}>"
+    return {
+        "op": op, "name": op.name, "camel": camel, "macro": op.name.upper(), "abi": op.abi,
+        "vtable": f"Tuner{camel}Vtable", "args": f"Tuner{camel}Args", "bwd_args": f"Tuner{camel}BackwardArgs",
+        "c_scalar": {s.name: declare.SCALAR_TYPES[s.type][1] for s in op.scalars},
+        "root": {t.name: op.root(t.name).name for t in (*op.tensors, *op.outputs)},
+        "dtypes": {t.name: [AT[d] for d in t.dtypes] for t in op.tensors if t.like is None},
+        "dtype_words": {t.name: " or ".join(t.dtypes) for t in op.tensors if t.like is None},
+        "varying": [(t.name, len(t.dtypes)) for t in op.varying],
+        "signature": ", ".join(f"{_cpp(a)} {a.name}" for a in op.inputs),
+        "sig": f"{out_type}({', '.join(_cpp(a) for a in op.inputs)})",
+        "call_args": ", ".join(a.name for a in op.inputs), "out_type": out_type, "grads": grads,
+        "fn_type": "at::Tensor" if len(op.outputs) == 1 else "variable_list",  # what an autograd Function returns
+        "bwd_signature": ", ".join(f"{t} {n}" for t, n in bwd_params), "bwd_type": bwd_type,
+        "bwd_sig": f"{bwd_type}({', '.join(t for t, _ in bwd_params)})",
+        "bwd_call": ", ".join(n for _, n in bwd_params),
+        "schema": op.schema(), "bwd_schema": op.backward_schema(), "c10": C10,
+        "any_grad": " || ".join(f"{t.name}_grad" for t in op.differentiable),
+        "scalar_cpp": {s.name: declare.SCALAR_TYPES[s.type][0] for s in op.scalars},
+    }
+
+
+def header(op: declare.Op) -> str:
+    """The C ABI header: the argument structs and the variants' table."""
+    return _environment().get_template("declared_abi.h.j2").render(**context(op))
+
+
+def op_source(op: declare.Op) -> str:
+    """The op's C++: schema, checks, the CUDA kernels of the op and its backward, the autograd."""
+    return _environment().get_template("declared_op.cpp.j2").render(**context(op))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="write (or --check) a declared family's C ABI header")
+    ap.add_argument("family")
+    ap.add_argument("--check", action="store_true", help="exit 1 where the header on disk differs")
+    args = ap.parse_args(argv)
+    op = declaration(args.family)
+    if op is None:
+        print(f"family {args.family!r} declares no op (OP_DECLARATION)", file=sys.stderr)
+        return 2
+    fam = families.get(args.family)
+    path = families.templates(args.family) / fam.HEADERS[0] if fam.HEADERS else \
+        families.templates(args.family) / f"{args.family}_abi.h"
+    text = header(op)
+    if args.check:
+        if not path.is_file() or path.read_text() != text:
+            print(f"{path} differs from {args.family}'s declaration: python -m tuner.build.declared {args.family}",
+                  file=sys.stderr)
+            return 1
+        return 0
+    path.write_text(text)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

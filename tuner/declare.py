@@ -1,0 +1,173 @@
+"""A family's op, declared: its arguments, outputs and shape key, from which the core renders
+the op's C++ (schema, checks, dispatch to the bound winner, the autograd function) and its C ABI
+(the argument structs and the variants' table): tuner/build/declared.py.
+
+    OP_DECLARATION = declare.Op(
+        "scale_add",
+        inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("y", like="x"), declare.Scalar("alpha")),
+        outputs=(declare.Tensor("out", like="x"),),
+        sizes={"n": "x.numel()"},
+    )
+
+A variant's table then holds `forward(const Args*, stream)` and `backward(const BackwardArgs*,
+stream)`. `Args` holds each input tensor's pointer (`const void*`), each output's (`void*`), each
+scalar and each size (`long long`), in that order; `BackwardArgs` each output's gradient, each
+input tensor, each input tensor's gradient (`void*`, null where autograd wants none: a frozen
+weight), the scalars and the sizes. Where a tensor may take several dtypes, the table names the
+one a variant takes (`const char* <name>_dtype`, c10's name: "BFloat16"), and the op picks among
+the dtype pairs those names make.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64", "uint8", "int8", "int32", "int64")
+SCALAR_TYPES = {"float": ("double", "float"), "int": ("int64_t", "long long"), "bool": ("bool", "int")}  # C++, C
+_NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
+
+
+class DeclarationError(ValueError):
+    """A declaration the core cannot render, with what to change."""
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor argument or output. `dtypes`: those a variant may take; `like`: another tensor's
+    shape, device and dtype (for an output: allocated like it). An input with `grad` gets a
+    gradient from the op's backward."""
+
+    name: str
+    dtypes: tuple[str, ...] = ()
+    like: str | None = None
+    grad: bool = True
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A number the op takes: `type` float, int or bool, with an optional default."""
+
+    name: str
+    type: str = "float"
+    default: float | int | bool | None = None
+
+
+@dataclass(frozen=True)
+class Op:
+    """The op `name` (`torch.ops.tuner.<name>`): its inputs (Tensors and Scalars, in call order),
+    outputs (Tensors `like` an input), and `sizes`: name -> a C++ expression of the inputs, the
+    shape key that picks the nearest winner (and a field of the argument structs)."""
+
+    name: str
+    inputs: tuple
+    outputs: tuple
+    sizes: dict = field(default_factory=dict)
+    alignment: int = 16  # bytes a variant may assume of every tensor's pointer
+    abi: int = 1
+
+    def __post_init__(self):
+        check(self)
+
+    # ---------------------------------------------------------- derived
+
+    @property
+    def tensors(self) -> list[Tensor]:
+        return [a for a in self.inputs if isinstance(a, Tensor)]
+
+    @property
+    def scalars(self) -> list[Scalar]:
+        return [a for a in self.inputs if isinstance(a, Scalar)]
+
+    @property
+    def differentiable(self) -> list[Tensor]:
+        return [t for t in self.tensors if t.grad]
+
+    def root(self, name: str) -> Tensor:
+        """The tensor whose dtypes `name` takes (following `like`)."""
+        by_name = {t.name: t for t in (*self.tensors, *self.outputs)}
+        t = by_name[name]
+        while t.like is not None:
+            t = by_name[t.like]
+        return t
+
+    @property
+    def varying(self) -> list[Tensor]:
+        """Input tensors with several dtypes of their own: each is named in the variants' table."""
+        return [t for t in self.tensors if t.like is None and len(t.dtypes) > 1]
+
+    @property
+    def pairs(self) -> int:
+        n = 1
+        for t in self.varying:
+            n *= len(t.dtypes)
+        return n
+
+    def schema(self) -> str:
+        args = []
+        for a in self.inputs:
+            if isinstance(a, Tensor):
+                args.append(f"Tensor {a.name}")
+            else:
+                default = "" if a.default is None else f"={_schema_value(a.default)}"
+                args.append(f"{a.type} {a.name}{default}")
+        outs = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
+        return f"{self.name}({', '.join(args)}) -> {outs}"
+
+    def backward_schema(self) -> str:
+        grads = [f"Tensor grad_{o.name}" for o in self.outputs]
+        args = [f"Tensor {t.name}" for t in self.tensors] + [f"{s.type} {s.name}" for s in self.scalars]
+        wants = [f"bool {t.name}_grad" for t in self.differentiable]
+        outs = "(" + ", ".join("Tensor" for _ in self.differentiable) + ")"
+        return f"{self.name}_backward({', '.join(grads + args + wants)}) -> {outs}"
+
+
+def _schema_value(v) -> str:
+    return ("True" if v else "False") if isinstance(v, bool) else repr(v)
+
+
+def check(op: Op) -> None:
+    """What a declaration must hold, said as what to change (raised at import of the family)."""
+    def fail(message: str):
+        raise DeclarationError(f"op {op.name!r}: {message}")
+
+    names = [a.name for a in (*op.inputs, *op.outputs)] + list(op.sizes)
+    for n in [op.name, *names]:
+        if not _NAME.match(n):
+            fail(f"{n!r} is not a C identifier in lower case")
+    if len(set(names)) != len(names):
+        fail(f"a name is used twice among the inputs, outputs and sizes: {names}")
+    if not any(isinstance(a, Tensor) for a in op.inputs):
+        fail("it takes no tensor")
+    if not op.outputs:
+        fail("it has no output")
+    if not any(isinstance(a, Tensor) and a.grad for a in op.inputs):
+        fail("no input tensor takes a gradient (grad=True): the op's backward would have nothing to give")
+    inputs = {t.name: t for t in op.inputs if isinstance(t, Tensor)}
+    for a in op.inputs:
+        if not isinstance(a, (Tensor, Scalar)):
+            fail(f"an input is a {type(a).__name__}: declare a tuner.declare.Tensor or Scalar")
+        if isinstance(a, Scalar) and a.type not in SCALAR_TYPES:
+            fail(f"scalar {a.name} is a {a.type!r}: one of {', '.join(SCALAR_TYPES)}")
+    for t in (*inputs.values(), *op.outputs):
+        if not isinstance(t, Tensor):
+            fail(f"output {t!r} is not a tuner.declare.Tensor")
+        if t.like is not None and t.like not in inputs:
+            fail(f"{t.name} is like {t.like!r}, which is no input tensor (one of {', '.join(inputs)})")
+        if (t.like is None) == (not t.dtypes):
+            fail(f"{t.name}: give its dtypes or the input it is like, one of the two")
+        bad = [d for d in t.dtypes if d not in TORCH_DTYPES]
+        if bad:
+            fail(f"{t.name}: unknown dtype {bad[0]!r} (one of {', '.join(TORCH_DTYPES)})")
+    for t in op.outputs:
+        if t.like is None:
+            fail(f"output {t.name}: say which input it is allocated like (like=...)")
+    for t in inputs.values():  # `like` chains end at a tensor with dtypes of its own
+        chain = [t.name]
+        while inputs[chain[-1]].like is not None:
+            nxt = inputs[chain[-1]].like
+            if nxt in chain:
+                fail(f"{' -> '.join(chain + [nxt])}: tensors like each other in a circle")
+            chain.append(nxt)
+    if not op.sizes:
+        fail("no sizes: name at least one (e.g. sizes={'n': 'x.numel()'}), the shape key of a winner")
