@@ -27,6 +27,7 @@ RICH = declare.Op(
             declare.Scalar("rounds", "int", 2), declare.Scalar("fast", "bool", False)),
     outputs=(declare.Tensor("y", like="x"), declare.Tensor("z", like="w")),
     sizes={"rows": "x.numel() / x.size(-1)", "width": "x.size(-1)"},
+    baseline="std::make_tuple(x * eps, w * static_cast<double>(rounds))",
 )
 
 
@@ -78,10 +79,12 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
     assert str(torch.ops.tuner.declared_probe_backward.default._schema).startswith(
         "tuner::declared_probe_backward(Tensor grad_y, Tensor grad_z, Tensor x, Tensor w, Tensor index, float eps, "
         "int rounds, bool fast, bool x_grad, bool w_grad) -> (Tensor, Tensor)")
-    assert torch.ops.tuner_declared_probe.has_baseline() is False  # the control ops are there too
-    x = torch.randn(4, 8)
-    with pytest.raises(TypeError, match="declared_probe: w must be float32 or float16, got torch.bfloat16"):
-        torch.ops.tuner.declared_probe(x, x.bfloat16(), torch.zeros(4, dtype=torch.long))
+    assert torch.ops.tuner_declared_probe.has_baseline() is True  # the control ops are there, and say so
+    x, index = torch.randn(4, 8), torch.zeros(4, dtype=torch.long)
+    y, z = torch.ops.tuner.declared_probe(x, x.bfloat16(), index, 0.5, 3)  # w outside float32, float16: torch's
+    torch.testing.assert_close((y, z), (x * 0.5, x.bfloat16() * 3.0))
+    with pytest.raises(ValueError, match="declared_probe: x is on cpu but index is on meta"):  # devices are checked first
+        torch.ops.tuner.declared_probe(x, x.bfloat16(), index.to("meta"), 0.5, 3)
 
 
 @pytest.mark.parametrize("change,message", [

@@ -85,8 +85,13 @@ def test_a_family_outside_tuner_goes_end_to_end(scale_add, tuner_home, fresh_cac
     torch.library.opcheck(op, (x.detach(), y.detach(), 2.5))
     with pytest.raises(ValueError, match="scale_add: y must have x's shape"):
         op(x.detach(), torch.randn(999), 1.0)
-    with pytest.raises(TypeError, match="scale_add: x must be float32, got"):
-        op(x.detach().double(), y.detach().double(), 1.0)
+    # outside the variants' float32: served by the baseline, torch's autograd and all
+    xd, yd = x.detach().double().requires_grad_(), y.detach().double()
+    torch.testing.assert_close(op(xd, yd, 3.0), 3.0 * xd + yd)
+    (gx,) = torch.autograd.grad(op(xd, yd, 3.0).sum(), (xd,))
+    torch.testing.assert_close(gx, torch.full_like(xd, 3.0))
+    with pytest.raises(ValueError, match="scale_add: y must have x's shape"):  # shapes hold for torch's too
+        op(xd, torch.randn(999, dtype=torch.float64), 1.0)
 
 
 def test_a_family_leaves_its_file_names_to_convention(scale_add, tmp_path):

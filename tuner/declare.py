@@ -7,6 +7,7 @@ the op's C++ (schema, checks, dispatch to the bound winner, the autograd functio
         inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("y", like="x"), declare.Scalar("alpha")),
         outputs=(declare.Tensor("out", like="x"),),
         sizes={"n": "x.numel()"},
+        baseline="x * alpha + y",  # optional: torch's op, serving calls outside the variants' dtypes
     )
 
 A variant's table then holds `forward(const Args*, stream)` and `backward(const BackwardArgs*,
@@ -65,6 +66,9 @@ class Op:
     sizes: dict = field(default_factory=dict)
     alignment: int = 16  # bytes a variant may assume of every tensor's pointer
     abi: int = 1
+    # The torch op the family replaces, as C++ of the inputs giving the output(s) (at:: calls): it
+    # serves calls outside the declared dtypes and those no variant was tuned near or beat.
+    baseline: str | None = None
 
     def __post_init__(self):
         check(self)

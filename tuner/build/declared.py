@@ -69,7 +69,7 @@ def context(op: declare.Op) -> dict:
         "bwd_sig": f"{bwd_type}({', '.join(t for t, _ in bwd_params)})",
         "bwd_call": ", ".join(n for _, n in bwd_params),
         "schema": op.schema(), "bwd_schema": op.backward_schema(), "c10": C10,
-        "any_grad": " || ".join(f"{t.name}_grad" for t in op.differentiable),
+        "any_grad": " || ".join(f"{t.name}_grad" for t in op.differentiable), "first": op.tensors[0].name,
         "scalar_cpp": {s.name: declare.SCALAR_TYPES[s.type][0] for s in op.scalars},
     }
 

@@ -25,6 +25,7 @@ OP_DECLARATION = declare.Op(
     inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("y", like="x"), declare.Scalar("alpha")),
     outputs=(declare.Tensor("out", like="x"),),
     sizes={"n": "x.numel()"},
+    baseline="x * alpha + y",  # torch's, for calls outside float32 and those no variant beat
 )
 
 DIMS = (
