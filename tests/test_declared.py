@@ -19,7 +19,7 @@ from tuner.measure import abi
 HERE = Path(__file__).parent / "families"
 
 # More than the toy uses: two tensors of several dtypes (four dtype pairs), a tensor with no
-# gradient, scalars of each type with defaults, two outputs.
+# gradient, scalars of each type with defaults, two outputs, a baseline, a tensor saved for the backward.
 RICH = declare.Op(
     "declared_probe",
     inputs=(declare.Tensor("x", dtypes=("float32", "bfloat16")), declare.Tensor("w", dtypes=("float32", "float16")),
@@ -28,6 +28,7 @@ RICH = declare.Op(
     outputs=(declare.Tensor("y", like="x"), declare.Tensor("z", like="w")),
     sizes={"rows": "x.numel() / x.size(-1)", "width": "x.size(-1)"},
     baseline="std::make_tuple(x * eps, w * static_cast<double>(rounds))",
+    saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),),
 )
 
 
@@ -60,7 +61,9 @@ def test_a_rendered_header_is_c_and_its_mirror_lays_out_as_the_compiler_does(tmp
     fields = [f for f, _ in mirrors["TunerDeclaredProbeVtable"]._fields_]
     assert fields == ["abi", "name", "x_dtype", "w_dtype", "forward", "backward"]  # the dtypes that vary
     assert [f for f, _ in mirrors["TunerDeclaredProbeBackwardArgs"]._fields_] == [
-        "grad_y", "grad_z", "x", "w", "index", "grad_x", "grad_w", "eps", "rounds", "fast", "rows", "width"]
+        "grad_y", "grad_z", "x", "w", "index", "stat", "grad_x", "grad_w", "eps", "rounds", "fast", "rows", "width"]
+    assert [f for f, _ in mirrors["TunerDeclaredProbeArgs"]._fields_] == [
+        "x", "w", "index", "y", "z", "stat", "eps", "rounds", "fast", "rows", "width"]
 
 
 def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
@@ -77,8 +80,9 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
         ("rounds", "int", 2), ("fast", "bool", False)]
     assert len(schema.returns) == 2
     assert str(torch.ops.tuner.declared_probe_backward.default._schema).startswith(
-        "tuner::declared_probe_backward(Tensor grad_y, Tensor grad_z, Tensor x, Tensor w, Tensor index, float eps, "
-        "int rounds, bool fast, bool x_grad, bool w_grad) -> (Tensor, Tensor)")
+        "tuner::declared_probe_backward(Tensor grad_y, Tensor grad_z, Tensor x, Tensor w, Tensor index, Tensor stat, "
+        "float eps, int rounds, bool fast, bool x_grad, bool w_grad) -> (Tensor, Tensor)")
+    assert str(torch.ops.tuner.declared_probe_forward.default._schema).endswith("-> (Tensor, Tensor, Tensor)")
     assert torch.ops.tuner_declared_probe.has_baseline() is True  # the control ops are there, and say so
     x, index = torch.randn(4, 8), torch.zeros(4, dtype=torch.long)
     y, z = torch.ops.tuner.declared_probe(x, x.bfloat16(), index, 0.5, 3)  # w outside float32, float16: torch's
@@ -99,6 +103,9 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
     (dict(inputs=(declare.Tensor("a", like="b"), declare.Tensor("b", like="a")), outputs=(declare.Tensor("y", like="a"),)),
      "a -> b -> a: tensors like each"),
     (dict(inputs=(declare.Tensor("X", dtypes=("float32",)),)), "'X' is not a C identifier"),
+    (dict(saves=(declare.Tensor("stat", dtypes=("float32",)),)), "saved 'stat': a Tensor of one dtype and a shape"),
+    (dict(saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),)),
+     "saved stat: its shape names 'rows', which is no size"),
 ])
 def test_a_declaration_the_core_cannot_render_says_what_to_change(change, message):
     given = dict(inputs=(declare.Tensor("x", dtypes=("float32",)),), outputs=(declare.Tensor("y", like="x"),),

@@ -43,6 +43,7 @@ class Tensor:
     dtypes: tuple[str, ...] = ()
     like: str | None = None
     grad: bool = True
+    shape: tuple[str, ...] | None = None  # a saved tensor's shape, by the op's size names (`Op.saves`)
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,15 @@ class Scalar:
 class Op:
     """The op `name` (`torch.ops.tuner.<name>`): its inputs (Tensors and Scalars, in call order),
     outputs (Tensors `like` an input), and `sizes`: name -> a C++ expression of the inputs, the
-    shape key that picks the nearest winner (and a field of the argument structs)."""
+    shape key that picks the nearest winner (and a field of the argument structs). `saves`: more
+    tensors the forward writes for the backward alone (a row's 1/rms, say), each of one dtype and
+    a `shape` of size names; the op then has a `<name>_forward` that returns them too."""
 
     name: str
     inputs: tuple
     outputs: tuple
     sizes: dict = field(default_factory=dict)
+    saves: tuple = ()
     alignment: int = 16  # bytes a variant may assume of every tensor's pointer
     abi: int = 1
     # The torch op the family replaces, as C++ of the inputs giving the output(s) (at:: calls): it
@@ -118,9 +122,15 @@ class Op:
         outs = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
         return f"{self.name}({', '.join(args)}) -> {outs}"
 
+    def forward_schema(self) -> str:
+        """`<name>_forward`'s, where the op saves tensors: the outputs, then the saved ones."""
+        args = [f"Tensor {a.name}" if isinstance(a, Tensor) else f"{a.type} {a.name}" for a in self.inputs]
+        outs = ", ".join("Tensor" for _ in (*self.outputs, *self.saves))
+        return f"{self.name}_forward({', '.join(args)}) -> ({outs})"
+
     def backward_schema(self) -> str:
         grads = [f"Tensor grad_{o.name}" for o in self.outputs]
-        args = [f"Tensor {t.name}" for t in self.tensors] + [f"{s.type} {s.name}" for s in self.scalars]
+        args = [f"Tensor {t.name}" for t in (*self.tensors, *self.saves)] + [f"{s.type} {s.name}" for s in self.scalars]
         wants = [f"bool {t.name}_grad" for t in self.differentiable]
         outs = "(" + ", ".join("Tensor" for _ in self.differentiable) + ")"
         return f"{self.name}_backward({', '.join(grads + args + wants)}) -> {outs}"
@@ -135,7 +145,7 @@ def check(op: Op) -> None:
     def fail(message: str):
         raise DeclarationError(f"op {op.name!r}: {message}")
 
-    names = [a.name for a in (*op.inputs, *op.outputs)] + list(op.sizes)
+    names = [a.name for a in (*op.inputs, *op.outputs, *op.saves)] + list(op.sizes)
     for n in [op.name, *names]:
         if not _NAME.match(n):
             fail(f"{n!r} is not a C identifier in lower case")
@@ -175,3 +185,12 @@ def check(op: Op) -> None:
             chain.append(nxt)
     if not op.sizes:
         fail("no sizes: name at least one (e.g. sizes={'n': 'x.numel()'}), the shape key of a winner")
+    for t in op.saves:
+        if not isinstance(t, Tensor) or len(t.dtypes) != 1 or t.like is not None or not t.shape:
+            fail(f"saved {getattr(t, 'name', t)!r}: a Tensor of one dtype and a shape of size names "
+                 f"(e.g. Tensor('rstd', dtypes=('float32',), shape=('rows',)))")
+        if t.dtypes[0] not in TORCH_DTYPES:
+            fail(f"saved {t.name}: unknown dtype {t.dtypes[0]!r} (one of {', '.join(TORCH_DTYPES)})")
+        unknown = [n for n in t.shape if n not in op.sizes]
+        if unknown:
+            fail(f"saved {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")

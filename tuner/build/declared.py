@@ -50,8 +50,11 @@ def context(op: declare.Op) -> dict:
     camel = _camel(op.name)
     out_type = "at::Tensor" if len(op.outputs) == 1 else f"std::tuple<{', '.join('at::Tensor' for _ in op.outputs)}>"
     grads = [f"grad_{o.name}" for o in op.outputs]
-    bwd_params = ([("const at::Tensor&", g) for g in grads] + [(_cpp(t), t.name) for t in op.tensors]
+    bwd_params = ([("const at::Tensor&", g) for g in grads] + [(_cpp(t), t.name) for t in (*op.tensors, *op.saves)]
                   + [(_cpp(s), s.name) for s in op.scalars] + [("bool", f"{t.name}_grad") for t in op.differentiable])
+    everything = [*op.outputs, *op.saves]
+    fwd_type = out_type if not op.saves else f"std::tuple<{', '.join('at::Tensor' for _ in everything)}>"
+    size_index = {n: i for i, n in enumerate(op.sizes)}
     bwd_type = f"std::tuple<{', '.join('at::Tensor' for _ in op.differentiable)}>"
     return {
         "op": op, "name": op.name, "camel": camel, "macro": op.name.upper(), "abi": op.abi,
@@ -70,6 +73,12 @@ def context(op: declare.Op) -> dict:
         "bwd_call": ", ".join(n for _, n in bwd_params),
         "schema": op.schema(), "bwd_schema": op.backward_schema(), "c10": C10,
         "any_grad": " || ".join(f"{t.name}_grad" for t in op.differentiable), "first": op.tensors[0].name,
+        "everything": everything, "fwd_type": fwd_type, "fwd_sig": f"{fwd_type}({', '.join(_cpp(a) for a in op.inputs)})",
+        "fwd_schema": op.forward_schema() if op.saves else None,
+        "save_shape": {t.name: "{" + ", ".join(f"sizes[{size_index[n]}]" for n in t.shape) + "}" for t in op.saves},
+        "save_dtype": {t.name: AT[t.dtypes[0]] for t in op.saves},
+        "outputs_of_all": ("std::get<0>(all)" if len(op.outputs) == 1
+                           else "{" + ", ".join(f"std::get<{i}>(all)" for i in range(len(op.outputs))) + "}"),
         "scalar_cpp": {s.name: declare.SCALAR_TYPES[s.type][0] for s in op.scalars},
     }
 

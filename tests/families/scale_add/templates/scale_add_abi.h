@@ -5,7 +5,7 @@
 
 #define TUNER_SCALE_ADD_ABI 1
 
-// The forward's arguments: input tensors, outputs (allocated by the op), scalars, sizes.
+// The forward's arguments: input tensors, outputs (allocated by the op), saved tensors, scalars, sizes.
 typedef struct {
   const void* x;
   const void* y;
@@ -14,8 +14,8 @@ typedef struct {
   long long n;  // x.numel()
 } TunerScaleAddArgs;
 
-// The backward's: each output's gradient, the inputs, each input's gradient (null where none is
-// wanted, e.g. a frozen weight), scalars, sizes.
+// The backward's: each output's gradient, the inputs, the saved tensors, each input's gradient
+// (null where none is wanted, e.g. a frozen weight), scalars, sizes.
 typedef struct {
   const void* grad_out;
   const void* x;
