@@ -19,7 +19,8 @@ from tuner.measure import abi
 HERE = Path(__file__).parent / "families"
 
 # More than the toy uses: two tensors of several dtypes (four dtype pairs), a tensor with no
-# gradient, scalars of each type with defaults, two outputs, a baseline, a tensor saved for the backward.
+# gradient, scalars of each type with defaults, two outputs, a baseline, a tensor saved for the
+# backward, more table fields and scratch memory for the backward.
 RICH = declare.Op(
     "declared_probe",
     inputs=(declare.Tensor("x", dtypes=("float32", "bfloat16")), declare.Tensor("w", dtypes=("float32", "float16")),
@@ -29,6 +30,8 @@ RICH = declare.Op(
     sizes={"rows": "x.numel() / x.size(-1)", "width": "x.size(-1)"},
     baseline="std::make_tuple(x * eps, w * static_cast<double>(rounds))",
     saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),),
+    table=("int vec", "long long (*scratch_floats)(long long rows, long long width)"),
+    scratch="vt->scratch_floats(sizes[0], sizes[1])",
 )
 
 
@@ -59,9 +62,10 @@ def test_a_rendered_header_is_c_and_its_mirror_lays_out_as_the_compiler_does(tmp
         got += [ctypes.sizeof(mirror)] + [getattr(mirror, f).offset for f, _ in mirror._fields_]
     assert got == want
     fields = [f for f, _ in mirrors["TunerDeclaredProbeVtable"]._fields_]
-    assert fields == ["abi", "name", "x_dtype", "w_dtype", "forward", "backward"]  # the dtypes that vary
+    assert fields == ["abi", "name", "x_dtype", "w_dtype", "vec", "scratch_floats", "forward", "backward"]
     assert [f for f, _ in mirrors["TunerDeclaredProbeBackwardArgs"]._fields_] == [
-        "grad_y", "grad_z", "x", "w", "index", "stat", "grad_x", "grad_w", "eps", "rounds", "fast", "rows", "width"]
+        "grad_y", "grad_z", "x", "w", "index", "stat", "grad_x", "grad_w", "scratch", "eps", "rounds", "fast", "rows",
+        "width"]
     assert [f for f, _ in mirrors["TunerDeclaredProbeArgs"]._fields_] == [
         "x", "w", "index", "y", "z", "stat", "eps", "rounds", "fast", "rows", "width"]
 
@@ -104,6 +108,7 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
      "a -> b -> a: tensors like each"),
     (dict(inputs=(declare.Tensor("X", dtypes=("float32",)),)), "'X' is not a C identifier"),
     (dict(saves=(declare.Tensor("stat", dtypes=("float32",)),)), "saved 'stat': a Tensor of one dtype and a shape"),
+    (dict(table=("int vec;",)), "table field 'int vec;': one C declaration without its ';'"),
     (dict(saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),)),
      "saved stat: its shape names 'rows', which is no size"),
 ])

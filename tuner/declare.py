@@ -73,6 +73,12 @@ class Op:
     # The torch op the family replaces, as C++ of the inputs giving the output(s) (at:: calls): it
     # serves calls outside the declared dtypes and those no variant was tuned near or beat.
     baseline: str | None = None
+    # More fields of a variant's table, C declarations ("int vec", "long long (*scratch_floats)(long
+    # long rows, long long width)"), after the dtypes: what a variant tells the op (or the search).
+    table: tuple[str, ...] = ()
+    # float32 scratch memory the backward gets (`float* scratch`, zeroed): C++ of `vt` (the variant's
+    # table) and `sizes` (the size values, in order) giving its length, e.g. "vt->scratch_floats(sizes[0], sizes[1])".
+    scratch: str | None = None
 
     def __post_init__(self):
         check(self)
@@ -185,6 +191,9 @@ def check(op: Op) -> None:
             chain.append(nxt)
     if not op.sizes:
         fail("no sizes: name at least one (e.g. sizes={'n': 'x.numel()'}), the shape key of a winner")
+    for field_ in op.table:
+        if not isinstance(field_, str) or ";" in field_ or not re.search(r"\w\s*\)?\s*(\(.*\))?\s*$", field_):
+            fail(f"table field {field_!r}: one C declaration without its ';' (e.g. 'int vec')")
     for t in op.saves:
         if not isinstance(t, Tensor) or len(t.dtypes) != 1 or t.like is not None or not t.shape:
             fail(f"saved {getattr(t, 'name', t)!r}: a Tensor of one dtype and a shape of size names "
