@@ -19,16 +19,17 @@ from tuner.measure import abi
 HERE = Path(__file__).parent / "families"
 
 # More than the toy uses: two tensors of several dtypes (four dtype pairs), a tensor with no
-# gradient, scalars of each type with defaults, two outputs, a baseline, a tensor saved for the
-# backward, more table fields and scratch memory for the backward.
+# gradient, an optional one, scalars of each type with defaults, two outputs, a baseline, a tensor
+# saved for the backward, more table fields and scratch memory for the backward.
 RICH = declare.Op(
     "declared_probe",
-    inputs=(declare.Tensor("x", dtypes=("float32", "bfloat16")), declare.Tensor("w", dtypes=("float32", "float16")),
+    inputs=(declare.Tensor("x", dtypes=("float32", "bfloat16")),
+            declare.Tensor("w", dtypes=("float32", "float16"), optional=True),
             declare.Tensor("index", dtypes=("int64",), grad=False), declare.Scalar("eps", "float", 1e-6),
             declare.Scalar("rounds", "int", 2), declare.Scalar("fast", "bool", False)),
     outputs=(declare.Tensor("y", like="x"), declare.Tensor("z", like="w")),
     sizes={"rows": "x.numel() / x.size(-1)", "width": "x.size(-1)"},
-    baseline="std::make_tuple(x * eps, w * static_cast<double>(rounds))",
+    baseline="std::make_tuple(x * eps, w.has_value() ? *w * static_cast<double>(rounds) : x * 0.0)",
     saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),),
     table=("int vec", "long long (*scratch_floats)(long long rows, long long width)"),
     scratch="vt->scratch_floats(sizes[0], sizes[1])",
@@ -80,7 +81,7 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
     torch.ops.load_library(str(library))
     schema = torch.ops.tuner.declared_probe.default._schema
     assert [(a.name, str(a.type), a.default_value) for a in schema.arguments] == [
-        ("x", "Tensor", None), ("w", "Tensor", None), ("index", "Tensor", None), ("eps", "float", 1e-6),
+        ("x", "Tensor", None), ("w", "Optional[Tensor]", None), ("index", "Tensor", None), ("eps", "float", 1e-6),
         ("rounds", "int", 2), ("fast", "bool", False)]
     assert len(schema.returns) == 2
     assert str(torch.ops.tuner.declared_probe_backward.default._schema).startswith(
@@ -91,6 +92,8 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
     x, index = torch.randn(4, 8), torch.zeros(4, dtype=torch.long)
     y, z = torch.ops.tuner.declared_probe(x, x.bfloat16(), index, 0.5, 3)  # w outside float32, float16: torch's
     torch.testing.assert_close((y, z), (x * 0.5, x.bfloat16() * 3.0))
+    y, z = torch.ops.tuner.declared_probe(x, None, index, 0.5, 3)  # w left out: torch's
+    torch.testing.assert_close((y, z), (x * 0.5, x * 0.0))
     with pytest.raises(ValueError, match="declared_probe: x is on cpu but index is on meta"):  # devices are checked first
         torch.ops.tuner.declared_probe(x, x.bfloat16(), index.to("meta"), 0.5, 3)
 
@@ -109,6 +112,8 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
     (dict(inputs=(declare.Tensor("X", dtypes=("float32",)),)), "'X' is not a C identifier"),
     (dict(saves=(declare.Tensor("stat", dtypes=("float32",)),)), "saved 'stat': a Tensor of one dtype and a shape"),
     (dict(table=("int vec;",)), "table field 'int vec;': one C declaration without its ';'"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("w", like="x", optional=True))),
+     "an optional input needs a baseline"),
     (dict(saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),)),
      "saved stat: its shape names 'rows', which is no size"),
 ])

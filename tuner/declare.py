@@ -44,6 +44,7 @@ class Tensor:
     like: str | None = None
     grad: bool = True
     shape: tuple[str, ...] | None = None  # a saved tensor's shape, by the op's size names (`Op.saves`)
+    optional: bool = False  # an input the caller may leave out (`Tensor?`): the baseline serves such a call
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class Op:
         args = []
         for a in self.inputs:
             if isinstance(a, Tensor):
-                args.append(f"Tensor {a.name}")
+                args.append(f"Tensor{'?' if a.optional else ''} {a.name}")
             else:
                 default = "" if a.default is None else f"={_schema_value(a.default)}"
                 args.append(f"{a.type} {a.name}{default}")
@@ -191,6 +192,11 @@ def check(op: Op) -> None:
             chain.append(nxt)
     if not op.sizes:
         fail("no sizes: name at least one (e.g. sizes={'n': 'x.numel()'}), the shape key of a winner")
+    for t in (*op.outputs, *op.saves):
+        if isinstance(t, Tensor) and t.optional:
+            fail(f"{t.name}: only an input can be optional")
+    if any(isinstance(a, Tensor) and a.optional for a in op.inputs) and op.baseline is None:
+        fail("an optional input needs a baseline: it serves the calls that leave the input out")
     for field_ in op.table:
         if not isinstance(field_, str) or ";" in field_ or not re.search(r"\w\s*\)?\s*(\(.*\))?\s*$", field_):
             fail(f"table field {field_!r}: one C declaration without its ';' (e.g. 'int vec')")

@@ -40,9 +40,12 @@ def _camel(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_"))
 
 
-def _cpp(arg) -> str:
-    """An input's C++ parameter type in the op's kernels."""
-    return "const at::Tensor&" if isinstance(arg, declare.Tensor) else declare.SCALAR_TYPES[arg.type][0]
+def _cpp(arg, user: bool = False) -> str:
+    """An input's C++ parameter type in the op's kernels (`user`: in the op's own, where an
+    optional tensor may be left out)."""
+    if isinstance(arg, declare.Tensor):
+        return "const std::optional<at::Tensor>&" if user and arg.optional else "const at::Tensor&"
+    return declare.SCALAR_TYPES[arg.type][0]
 
 
 def context(op: declare.Op) -> dict:
@@ -65,7 +68,11 @@ def context(op: declare.Op) -> dict:
         "dtype_words": {t.name: " or ".join(t.dtypes) for t in op.tensors if t.like is None},
         "varying": [(t.name, len(t.dtypes)) for t in op.varying],
         "signature": ", ".join(f"{_cpp(a)} {a.name}" for a in op.inputs),
-        "sig": f"{out_type}({', '.join(_cpp(a) for a in op.inputs)})",
+        "sig": f"{out_type}({', '.join(_cpp(a, user=True) for a in op.inputs)})",
+        "user_signature": ", ".join(f"{_cpp(a, user=True)} {a.name}" for a in op.inputs),
+        "optional": [a.name for a in op.tensors if a.optional],
+        "unwrapped_args": ", ".join(f"*{a.name}" if isinstance(a, declare.Tensor) and a.optional else a.name
+                                    for a in op.inputs),
         "call_args": ", ".join(a.name for a in op.inputs), "out_type": out_type, "grads": grads,
         "fn_type": "at::Tensor" if len(op.outputs) == 1 else "variable_list",  # what an autograd Function returns
         "bwd_signature": ", ".join(f"{t} {n}" for t, n in bwd_params), "bwd_type": bwd_type,
