@@ -206,14 +206,17 @@ def test_a_unit_of_several_variants_gives_each_the_code_it_gets_alone(tuner_home
     assert all(b.cached and b.so == together[0].so and b.entry == t.entry for b, t in zip(again, together))
 
 
-def test_a_bad_variant_in_a_unit_costs_its_neighbours_a_retry_not_their_result(tuner_home, fresh_cache, monkeypatch):
-    cover = giou.covering_set()[:3]
-    bad = cover[1].name
-
+def _plant_an_error(monkeypatch, bad: str) -> None:
+    """The variant named `bad` renders with an #error: its unit fails to compile."""
     def planted(variant, focus=None):
         return render.render(variant, focus) + ("\n#error planted\n" if variant.name == bad else "")
 
     monkeypatch.setattr(build, "render", planted)
+
+
+def test_a_bad_variant_in_a_unit_costs_its_neighbours_a_retry_not_their_result(tuner_home, fresh_cache, monkeypatch):
+    cover = giou.covering_set()[:3]
+    _plant_an_error(monkeypatch, cover[1].name)
     results = build.build(cover, "sm_90", jobs=1)
     assert [b.ok for b in results] == [True, False, True]
     assert "#error planted" in results[1].error and results[1].unit_size == 1
@@ -252,12 +255,7 @@ def test_staggered_units_grow_so_that_they_end_one_after_another():
 
 def test_each_unit_is_handed_on_as_soon_as_it_is_built(tuner_home, fresh_cache, monkeypatch):
     cover = giou.covering_set()[:5]
-    bad = cover[4].name
-
-    def planted(variant, focus=None):
-        return render.render(variant, focus) + ("\n#error planted\n" if variant.name == bad else "")
-
-    monkeypatch.setattr(build, "render", planted)
+    _plant_an_error(monkeypatch, cover[4].name)
     handed: list[list] = []
     results = build.build(cover, "sm_90", jobs=2, on_ready=lambda builds: handed.append(builds))
     assert [len(u) for u in handed] == [3]  # units of 3 and 2: the second failed, and is not handed on
