@@ -89,6 +89,9 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
         "float eps, int rounds, bool fast, bool x_grad, bool w_grad) -> (Tensor, Tensor)")
     assert str(torch.ops.tuner.declared_probe_forward.default._schema).endswith("-> (Tensor, Tensor, Tensor)")
     assert torch.ops.tuner_declared_probe.has_baseline() is True  # the control ops are there, and say so
+    assert "served(int[] sizes, ScalarType x, ScalarType w) -> str" in str(
+        torch.ops.tuner_declared_probe.served.default._schema)
+    assert torch.ops.tuner_declared_probe.served([4, 8], torch.float64, torch.float32) == "torch"  # no variant takes it
     x, index = torch.randn(4, 8), torch.zeros(4, dtype=torch.long)
     y, z = torch.ops.tuner.declared_probe(x, x.bfloat16(), index, 0.5, 3)  # w outside float32, float16: torch's
     torch.testing.assert_close((y, z), (x * 0.5, x.bfloat16() * 3.0))

@@ -120,6 +120,7 @@ def test_a_family_outside_tuner_runs_its_winner_on_the_gpu(scale_add, tuner_home
     out = export.write(tuner_home / "artifact", [{"variant": v, "problem": scale_add.Problem(4096).__dict__}],
                        gpus.attached().describe())
     op = tuner.load(out)
+    assert torch.ops.tuner_scale_add.served([100_003]) == v.name  # who serves a call of that size
     x, y = torch.randn(100_003, device="cuda"), torch.randn(100_003, device="cuda")
     torch.testing.assert_close(op(x, y, -1.5), -1.5 * x + y)
     x.requires_grad_()
