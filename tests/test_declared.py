@@ -19,7 +19,7 @@ from tuner.measure import abi
 HERE = Path(__file__).parent / "families"
 
 # More than the toy uses: two tensors of several dtypes (four dtype pairs), a tensor with no
-# gradient, an optional one, scalars of each type with defaults, two outputs, a baseline, a tensor
+# gradient, an optional one, scalars of each type with defaults, three outputs (one a number), a baseline, a tensor
 # saved for the backward, more table fields and scratch memory for the backward.
 RICH = declare.Op(
     "declared_probe",
@@ -27,9 +27,10 @@ RICH = declare.Op(
             declare.Tensor("w", dtypes=("float32", "float16"), optional=True),
             declare.Tensor("index", dtypes=("int64",), grad=False), declare.Scalar("eps", "float", 1e-6),
             declare.Scalar("rounds", "int", 2), declare.Scalar("fast", "bool", False)),
-    outputs=(declare.Tensor("y", like="x"), declare.Tensor("z", like="w")),
+    outputs=(declare.Tensor("y", like="x"), declare.Tensor("z", like="w"),
+             declare.Tensor("total", dtypes=("float32",), shape=())),
     sizes={"rows": "x.numel() / x.size(-1)", "width": "x.size(-1)"},
-    baseline="std::make_tuple(x * eps, w.has_value() ? *w * static_cast<double>(rounds) : x * 0.0)",
+    baseline="std::make_tuple(x * eps, w.has_value() ? *w * static_cast<double>(rounds) : x * 0.0, x.sum())",
     saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),),
     table=("int vec", "long long (*scratch_floats)(long long rows, long long width)"),
     scratch="vt->scratch_floats(sizes[0], sizes[1])",
@@ -65,10 +66,10 @@ def test_a_rendered_header_is_c_and_its_mirror_lays_out_as_the_compiler_does(tmp
     fields = [f for f, _ in mirrors["TunerDeclaredProbeVtable"]._fields_]
     assert fields == ["abi", "name", "x_dtype", "w_dtype", "vec", "scratch_floats", "forward", "backward"]
     assert [f for f, _ in mirrors["TunerDeclaredProbeBackwardArgs"]._fields_] == [
-        "grad_y", "grad_z", "x", "w", "index", "stat", "grad_x", "grad_w", "scratch", "eps", "rounds", "fast", "rows",
-        "width"]
+        "grad_y", "grad_z", "grad_total", "x", "w", "index", "stat", "grad_x", "grad_w", "scratch", "eps", "rounds",
+        "fast", "rows", "width"]
     assert [f for f, _ in mirrors["TunerDeclaredProbeArgs"]._fields_] == [
-        "x", "w", "index", "y", "z", "stat", "eps", "rounds", "fast", "rows", "width"]
+        "x", "w", "index", "y", "z", "total", "stat", "eps", "rounds", "fast", "rows", "width"]
 
 
 def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
@@ -83,19 +84,20 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
     assert [(a.name, str(a.type), a.default_value) for a in schema.arguments] == [
         ("x", "Tensor", None), ("w", "Optional[Tensor]", None), ("index", "Tensor", None), ("eps", "float", 1e-6),
         ("rounds", "int", 2), ("fast", "bool", False)]
-    assert len(schema.returns) == 2
+    assert len(schema.returns) == 3
     assert str(torch.ops.tuner.declared_probe_backward.default._schema).startswith(
-        "tuner::declared_probe_backward(Tensor grad_y, Tensor grad_z, Tensor x, Tensor w, Tensor index, Tensor stat, "
+        "tuner::declared_probe_backward(Tensor grad_y, Tensor grad_z, Tensor grad_total, Tensor x, Tensor w, "
+        "Tensor index, Tensor stat, "
         "float eps, int rounds, bool fast, bool x_grad, bool w_grad) -> (Tensor, Tensor)")
-    assert str(torch.ops.tuner.declared_probe_forward.default._schema).endswith("-> (Tensor, Tensor, Tensor)")
+    assert str(torch.ops.tuner.declared_probe_forward.default._schema).endswith("-> (Tensor, Tensor, Tensor, Tensor)")
     assert torch.ops.tuner_declared_probe.has_baseline() is True  # the control ops are there, and say so
     assert "served(int[] sizes, ScalarType x, ScalarType w) -> str" in str(
         torch.ops.tuner_declared_probe.served.default._schema)
     assert torch.ops.tuner_declared_probe.served([4, 8], torch.float64, torch.float32) == "torch"  # no variant takes it
     x, index = torch.randn(4, 8), torch.zeros(4, dtype=torch.long)
-    y, z = torch.ops.tuner.declared_probe(x, x.bfloat16(), index, 0.5, 3)  # w outside float32, float16: torch's
-    torch.testing.assert_close((y, z), (x * 0.5, x.bfloat16() * 3.0))
-    y, z = torch.ops.tuner.declared_probe(x, None, index, 0.5, 3)  # w left out: torch's
+    y, z, total = torch.ops.tuner.declared_probe(x, x.bfloat16(), index, 0.5, 3)  # w outside float32, float16
+    torch.testing.assert_close((y, z, total), (x * 0.5, x.bfloat16() * 3.0, x.sum()))
+    y, z, total = torch.ops.tuner.declared_probe(x, None, index, 0.5, 3)  # w left out: torch's
     torch.testing.assert_close((y, z), (x * 0.5, x * 0.0))
     with pytest.raises(ValueError, match="declared_probe: x is on cpu but index is on meta"):  # devices are checked first
         torch.ops.tuner.declared_probe(x, x.bfloat16(), index.to("meta"), 0.5, 3)
@@ -104,6 +106,7 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
 @pytest.mark.parametrize("change,message", [
     (dict(outputs=(declare.Tensor("y", like="nope"),)), "y is like 'nope', which is no input tensor"),
     (dict(outputs=(declare.Tensor("y", dtypes=("float32",)),)), "output y: say which input it is allocated like"),
+    (dict(outputs=(declare.Tensor("y", dtypes=("float32",), shape=("rows",)),)), "output y: its shape names 'rows'"),
     (dict(sizes={}), "no sizes"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float8",)),)), "x: unknown dtype 'float8'"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("k", "complex"))),

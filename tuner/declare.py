@@ -36,8 +36,8 @@ class DeclarationError(ValueError):
 @dataclass(frozen=True)
 class Tensor:
     """A tensor argument or output. `dtypes`: those a variant may take; `like`: another tensor's
-    shape, device and dtype (for an output: allocated like it). An input with `grad` gets a
-    gradient from the op's backward."""
+    shape, device and dtype (for an output: allocated like it; else an output has one dtype and a
+    `shape` of size names). An input with `grad` gets a gradient from the op's backward."""
 
     name: str
     dtypes: tuple[str, ...] = ()
@@ -180,9 +180,18 @@ def check(op: Op) -> None:
         bad = [d for d in t.dtypes if d not in TORCH_DTYPES]
         if bad:
             fail(f"{t.name}: unknown dtype {bad[0]!r} (one of {', '.join(TORCH_DTYPES)})")
-    for t in op.outputs:
-        if t.like is None:
-            fail(f"output {t.name}: say which input it is allocated like (like=...)")
+    for t in op.outputs:  # allocated like an input, or of one dtype and a shape of size names
+        if t.like is None and (len(t.dtypes) != 1 or t.shape is None):
+            fail(f"output {t.name}: say which input it is allocated like (like=...), or give it one dtype "
+                 f"and a shape of size names (shape=() for a number)")
+        if t.like is not None and t.shape is not None:
+            fail(f"output {t.name}: like {t.like} gives its shape already")
+        unknown = [n for n in t.shape or () if n not in op.sizes]
+        if unknown:
+            fail(f"output {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
+    for t in op.tensors:
+        if t.shape is not None:
+            fail(f"input {t.name}: a shape is for outputs and saved tensors (use like=... for an input)")
     for t in inputs.values():  # `like` chains end at a tensor with dtypes of its own
         chain = [t.name]
         while inputs[chain[-1]].like is not None:

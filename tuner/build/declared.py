@@ -58,6 +58,12 @@ def context(op: declare.Op) -> dict:
     everything = [*op.outputs, *op.saves]
     fwd_type = out_type if not op.saves else f"std::tuple<{', '.join('at::Tensor' for _ in everything)}>"
     size_index = {n: i for i, n in enumerate(op.sizes)}
+
+    def shape(t) -> str:  # C++ of an output's or saved tensor's sizes (`sizes`: the size values, in order)
+        return f"{t.like}.sizes()" if t.like else "{" + ", ".join(f"sizes[{size_index[n]}]" for n in t.shape) + "}"
+
+    def options(t) -> str:
+        return f"{t.like}.options()" if t.like else f"{op.tensors[0].name}.options().dtype({AT[t.dtypes[0]]})"
     bwd_type = f"std::tuple<{', '.join('at::Tensor' for _ in op.differentiable)}>"
     return {
         "op": op, "name": op.name, "camel": camel, "macro": op.name.upper(), "abi": op.abi,
@@ -82,8 +88,9 @@ def context(op: declare.Op) -> dict:
         "any_grad": " || ".join(f"{t.name}_grad" for t in op.differentiable), "first": op.tensors[0].name,
         "everything": everything, "fwd_type": fwd_type, "fwd_sig": f"{fwd_type}({', '.join(_cpp(a) for a in op.inputs)})",
         "fwd_schema": op.forward_schema() if op.saves else None,
-        "save_shape": {t.name: "{" + ", ".join(f"sizes[{size_index[n]}]" for n in t.shape) + "}" for t in op.saves},
-        "save_dtype": {t.name: AT[t.dtypes[0]] for t in op.saves},
+        "shape": {t.name: shape(t) for t in (*op.outputs, *op.saves)},
+        "options": {t.name: options(t) for t in (*op.outputs, *op.saves)},
+        "dtype_of": {t.name: f"{t.like}.scalar_type()" if t.like else AT[t.dtypes[0]] for t in op.outputs},
         "outputs_of_all": ("std::get<0>(all)" if len(op.outputs) == 1
                            else "{" + ", ".join(f"std::get<{i}>(all)" for i in range(len(op.outputs))) + "}"),
         "scalar_cpp": {s.name: declare.SCALAR_TYPES[s.type][0] for s in op.scalars},
