@@ -6,6 +6,7 @@ declared schemas, and a declaration the core cannot render says what to change."
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,7 +26,7 @@ RICH = declare.Op(
     "declared_probe",
     inputs=(declare.Tensor("x", dtypes=("float32", "bfloat16")),
             declare.Tensor("w", dtypes=("float32", "float16"), optional=True),
-            declare.Tensor("index", dtypes=("int64",), grad=False), declare.Scalar("eps", "float", 1e-6),
+            declare.Tensor("index", dtypes=("int64",), grad=False, shape=("rows",)), declare.Scalar("eps", "float", 1e-6),
             declare.Scalar("rounds", "int", 2), declare.Scalar("fast", "bool", False)),
     outputs=(declare.Tensor("y", like="x"), declare.Tensor("z", like="w"),
              declare.Tensor("total", dtypes=("float32",), shape=())),
@@ -101,6 +102,20 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
     torch.testing.assert_close((y, z), (x * 0.5, x * 0.0))
     with pytest.raises(ValueError, match="declared_probe: x is on cpu but index is on meta"):  # devices are checked first
         torch.ops.tuner.declared_probe(x, x.bfloat16(), index.to("meta"), 0.5, 3)
+    with pytest.raises(ValueError, match=r"declared_probe: index must have shape \[4\] \(rows\), got \[5\]"):
+        torch.ops.tuner.declared_probe(x, x.bfloat16(), torch.zeros(5, dtype=torch.long), 0.5, 3)
+
+
+def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_them():
+    """torch counts a C++ Function's inputs that need a gradient among its tensors alone; the
+    gradients it returns, one per argument."""
+    op = declare.Op("between", inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("k"),
+                                       declare.Tensor("v", like="x")),
+                    outputs=(declare.Tensor("y", like="x"),), sizes={"n": "x.numel()"})
+    source = declared.op_source(op)
+    assert "const bool x_grad = ctx->needs_input_grad(0);" in source
+    assert "const bool v_grad = ctx->needs_input_grad(1);" in source
+    assert "if (v_grad) result[2] = std::get<1>(got);" in source
 
 
 @pytest.mark.parametrize("change,message", [
@@ -113,8 +128,19 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
      "scalar k is a 'complex'"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",), grad=False),)), "no input tensor takes a gradient"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("x", like="x"))), "a name is used twice"),
-    (dict(inputs=(declare.Tensor("a", like="b"), declare.Tensor("b", like="a")), outputs=(declare.Tensor("y", like="a"),)),
-     "a -> b -> a: tensors like each"),
+    (dict(inputs=(declare.Tensor("p", like="q"), declare.Tensor("q", like="p")), outputs=(declare.Tensor("y", like="p"),)),
+     "p -> q -> p: tensors like each"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("stream", like="x"))),
+     "'stream' is a name the rendered C++ uses itself"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("grad_x", like="x"))),
+     "'grad_x' is what the rendered C++ names a part of 'x'"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("i", dtypes=("int64",)))),
+     "input i: a int64 tensor takes no gradient: grad=False"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("k", "int", 1.5))),
+     "scalar k: its default 1.5 is no int"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32", "float32")),)), "x: a dtype is named twice"),
+    (dict(alignment=12), "alignment 12: a power of two"),
+    (dict(table=("int forward",)), "table field 'forward': the table has that field already"),
     (dict(inputs=(declare.Tensor("X", dtypes=("float32",)),)), "'X' is not a C identifier"),
     (dict(saves=(declare.Tensor("stat", dtypes=("float32",)),)), "saved 'stat': a Tensor of one dtype and a shape"),
     (dict(table=("int vec;",)), "table field 'int vec;': one C declaration without its ';'"),
@@ -126,5 +152,19 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
 def test_a_declaration_the_core_cannot_render_says_what_to_change(change, message):
     given = dict(inputs=(declare.Tensor("x", dtypes=("float32",)),), outputs=(declare.Tensor("y", like="x"),),
                  sizes={"n": "x.numel()"})
-    with pytest.raises(declare.DeclarationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(declare.DeclarationError, match=re.escape(message)):
         declare.Op("probe", **{**given, **change})
+
+
+def test_a_binding_is_not_built_from_a_header_its_declaration_no_longer_renders(tmp_path, monkeypatch):
+    from tuner.errors import TunerError
+
+    families.add_path(HERE)
+    fam = families.get("scale_add")
+    folder = tmp_path / "templates"
+    shutil.copytree(families.templates("scale_add"), folder)
+    monkeypatch.setattr(fam, "TEMPLATES", folder)
+    assert "scale_add_op.cpp" in binding.sources("scale_add")  # as written
+    (folder / "scale_add_abi.h").write_text((folder / "scale_add_abi.h").read_text().replace("float alpha", "double alpha"))
+    with pytest.raises(TunerError, match="is not what scale_add's declaration renders: write it with"):
+        binding.sources("scale_add")

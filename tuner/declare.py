@@ -21,6 +21,7 @@ the dtype pairs those names make.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -143,6 +144,46 @@ class Op:
         return f"{self.name}_backward({', '.join(grads + args + wants)}) -> {outs}"
 
 
+FLOATING = {"float32", "float16", "bfloat16", "float64"}
+_PYTHON = {"float": (float, int), "int": int, "bool": bool}
+# What the rendered C++ names itself: a declared name must not be one of these.
+RESERVED = {
+    "a", "all", "baseline", "ctx", "got", "grads", "guard", "known", "live", "op", "outs", "pair", "result", "saved",
+    "scratch", "sizes", "stream", "vt", "winner", "abi", "name", "forward", "backward", "at", "c10",
+    "std", "torch", "tuner_op", "Function", "Sig", "BackwardSig", "ForwardSig",
+    # C and C++ keywords a lower-case name could be
+    "alignas", "alignof", "and", "asm", "auto", "bool", "break", "case", "catch", "char", "class", "const",
+    "constexpr", "continue", "default", "delete", "do", "double", "else", "enum", "explicit", "export", "extern",
+    "false", "float", "for", "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new",
+    "noexcept", "not", "nullptr", "operator", "or", "private", "protected", "public", "register", "return",
+    "short", "signed", "sizeof", "static", "struct", "switch", "template", "this", "throw", "true", "try",
+    "typedef", "typeid", "typename", "union", "unsigned", "using", "virtual", "void", "volatile", "while", "xor",
+}
+
+
+def _check_names(op: "Op", fail) -> None:
+    """No declared name is one the rendered code uses, nor one it derives from another
+    (`grad_<x>`, `<x>_grad`, `<x>_`, `<x>_dtype`)."""
+    declared = [a.name for a in (*op.inputs, *op.outputs, *op.saves)] + list(op.sizes)
+    for n in declared:
+        if n in RESERVED:
+            fail(f"{n!r} is a name the rendered C++ uses itself: choose another")
+    derived = {}
+    for t in (*op.tensors, *op.outputs):
+        for d in (f"grad_{t.name}", f"{t.name}_grad", f"{t.name}_", f"{t.name}_dtype"):
+            derived[d] = t.name
+    for n in declared:
+        if n in derived:
+            fail(f"{n!r} is what the rendered C++ names a part of {derived[n]!r}: choose another")
+    fields = []
+    for f in op.table:  # a function pointer's name is inside its first parentheses
+        pointer = re.search(r"\(\s*\*\s*(\w+)\s*\)", f)
+        fields.append(pointer.group(1) if pointer else re.findall(r"\w+", f)[-1])
+    for f in fields:
+        if f in {"abi", "name", "forward", "backward"} | {f"{t.name}_dtype" for t in op.varying}:
+            fail(f"table field {f!r}: the table has that field already")
+
+
 def _schema_value(v) -> str:
     return ("True" if v else "False") if isinstance(v, bool) else repr(v)
 
@@ -152,6 +193,9 @@ def check(op: Op) -> None:
     def fail(message: str):
         raise DeclarationError(f"op {op.name!r}: {message}")
 
+    for a in (*op.inputs, *op.outputs, *op.saves):
+        if not isinstance(a, (Tensor, Scalar)):
+            fail(f"{a!r} is no tuner.declare.Tensor or Scalar")
     names = [a.name for a in (*op.inputs, *op.outputs, *op.saves)] + list(op.sizes)
     for n in [op.name, *names]:
         if not _NAME.match(n):
@@ -189,9 +233,23 @@ def check(op: Op) -> None:
         unknown = [n for n in t.shape or () if n not in op.sizes]
         if unknown:
             fail(f"output {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
-    for t in op.tensors:
-        if t.shape is not None:
-            fail(f"input {t.name}: a shape is for outputs and saved tensors (use like=... for an input)")
+    for t in op.tensors:  # an input's shape, where given, is checked against the sizes
+        if t.shape is not None and t.like is not None:
+            fail(f"input {t.name}: like {t.like} gives its shape already")
+        unknown = [n for n in t.shape or () if n not in op.sizes]
+        if unknown:
+            fail(f"input {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
+    for a in op.scalars:
+        if a.default is not None and not isinstance(a.default, _PYTHON[a.type]):
+            fail(f"scalar {a.name}: its default {a.default!r} is no {a.type}")
+        if isinstance(a.default, float) and not math.isfinite(a.default):
+            fail(f"scalar {a.name}: its default {a.default!r} is not a finite number")
+    for t in (*op.tensors, *op.outputs, *op.saves):
+        if len(set(t.dtypes)) != len(t.dtypes):
+            fail(f"{t.name}: a dtype is named twice in {t.dtypes}")
+    if op.alignment < 1 or op.alignment & (op.alignment - 1):
+        fail(f"alignment {op.alignment}: a power of two")
+    _check_names(op, fail)
     for t in inputs.values():  # `like` chains end at a tensor with dtypes of its own
         chain = [t.name]
         while inputs[chain[-1]].like is not None:
@@ -199,6 +257,9 @@ def check(op: Op) -> None:
             if nxt in chain:
                 fail(f"{' -> '.join(chain + [nxt])}: tensors like each other in a circle")
             chain.append(nxt)
+    for t in op.tensors:  # (the chains end: `root` is safe from here)
+        if t.grad and not set(op.root(t.name).dtypes) & FLOATING:
+            fail(f"input {t.name}: a {'/'.join(op.root(t.name).dtypes)} tensor takes no gradient: grad=False")
     if not op.sizes:
         fail("no sizes: name at least one (e.g. sizes={'n': 'x.numel()'}), the shape key of a winner")
     for t in (*op.outputs, *op.saves):

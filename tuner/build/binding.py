@@ -25,6 +25,7 @@ from tuner import families, paths, runtime
 from tuner.build import toolkit
 from tuner.build.compile import torch_version
 from tuner.build.render import header_text, templates_dir
+from tuner.errors import TunerError
 
 
 def common_dir():
@@ -45,9 +46,15 @@ def sources(family: str) -> dict[str, str]:
 
     fam = families.get(family)
     op = declared.declaration(family)
-    texts = {f"{family}_op.cpp": declared.op_source(op)} if op is not None else {}
-    texts.update((f, (templates_dir(family) / f).read_text()) for f in fam.BINDING)
-    return texts
+    if op is None:
+        return {f: (templates_dir(family) / f).read_text() for f in fam.BINDING}
+    if f"{family}_op.cpp" in fam.BINDING:
+        raise TunerError(f"family {family!r} declares its op and writes {family}_op.cpp too: keep one of the two")
+    header = templates_dir(family) / f"{family}_abi.h"
+    if not header.is_file() or header.read_text() != declared.header(op):  # the variants were built against it
+        raise TunerError(f"{header} is not what {family}'s declaration renders: write it with "
+                         f"`python -m tuner.build.declared {family}` (and rebuild its variants)")
+    return {f"{family}_op.cpp": declared.op_source(op), **{f: (templates_dir(family) / f).read_text() for f in fam.BINDING}}
 
 
 def _key(family: str) -> str:
@@ -163,10 +170,9 @@ def _build(family: str, path: Path, verbose: bool) -> None:
     files = [templates_dir(family) / f for f in families.get(family).BINDING]
     from tuner.build import declared
 
-    op = declared.declaration(family)
-    if op is not None:  # the op rendered from the declaration, kept beside the library to read
+    if declared.declaration(family) is not None:  # the op rendered from the declaration, kept beside the library
         rendered = build_dir / f"{family}_op.cpp"
-        rendered.write_text(declared.op_source(op))
+        rendered.write_text(sources(family)[f"{family}_op.cpp"])
         files.insert(0, rendered)
     compile_library(path, files, [templates_dir(family)], verbose)
 

@@ -88,7 +88,8 @@ def context(op: declare.Op) -> dict:
         "any_grad": " || ".join(f"{t.name}_grad" for t in op.differentiable), "first": op.tensors[0].name,
         "everything": everything, "fwd_type": fwd_type, "fwd_sig": f"{fwd_type}({', '.join(_cpp(a) for a in op.inputs)})",
         "fwd_schema": op.forward_schema() if op.saves else None,
-        "shape": {t.name: shape(t) for t in (*op.outputs, *op.saves)},
+        "shape": {t.name: shape(t) for t in (*op.outputs, *op.saves, *op.tensors) if t.like or t.shape is not None},
+        "shaped_inputs": [t for t in op.tensors if t.shape is not None], "size_index": size_index,
         "options": {t.name: options(t) for t in (*op.outputs, *op.saves)},
         "dtype_of": {t.name: f"{t.like}.scalar_type()" if t.like else AT[t.dtypes[0]] for t in op.outputs},
         "outputs_of_all": ("std::get<0>(all)" if len(op.outputs) == 1

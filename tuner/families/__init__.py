@@ -55,14 +55,15 @@ def get(name: str) -> ModuleType:
         raise SpaceError(f"unknown kernel family {name!r}; known: {', '.join(names())}")
     module = importlib.import_module(f"{__name__}.{name}")
     if not getattr(module, "_conventions_applied", False):
-        for key, value in conventions(name, getattr(module, "TEMPLATES", None)).items():
+        declared = getattr(module, "OP_DECLARATION", None) is not None
+        for key, value in conventions(name, getattr(module, "TEMPLATES", None), declared).items():
             if not hasattr(module, key):
                 setattr(module, key, value)
         module._conventions_applied = True
     return module
 
 
-def conventions(name: str, own_templates=None) -> dict:
+def conventions(name: str, own_templates=None, declared: bool = False) -> dict:
     """What a family named `name` need not declare, where its files follow the names below (in its
     templates folder): FAMILY, TEMPLATE `<name>.cu.j2`, HEADERS (`<name>_abi.h`, its C ABI, where
     it exists), ENTRY `tuner_<name>_vtable` (its variants' table, where it has an ABI), BINDING
@@ -73,7 +74,7 @@ def conventions(name: str, own_templates=None) -> dict:
     except FileNotFoundError:  # an installation without templates: no files to find
         folder = Path(os.devnull)
     header, op = f"{name}_abi.h", f"{name}_op.cpp"
-    has_header = (folder / header).is_file()
+    has_header = (folder / header).is_file() or declared  # a declared op's header is written from it
     return {"FAMILY": name, "TEMPLATE": f"{name}.cu.j2", "HEADERS": (header,) if has_header else (),
             "ENTRY": f"tuner_{name}_vtable" if has_header else None,
             "BINDING": (op,) if (folder / op).is_file() else (), "BINDING_HEADERS": (),
