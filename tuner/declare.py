@@ -11,12 +11,13 @@ the op's C++ (schema, checks, dispatch to the bound winner, the autograd functio
     )
 
 A variant's table then holds `forward(const Args*, stream)` and `backward(const BackwardArgs*,
-stream)`. `Args` holds each input tensor's pointer (`const void*`), each output's (`void*`), each
-scalar and each size (`long long`), in that order; `BackwardArgs` each output's gradient, each
-input tensor, each input tensor's gradient (`void*`, null where autograd wants none: a frozen
-weight), the scalars and the sizes. Where a tensor may take several dtypes, the table names the
-one a variant takes (`const char* <name>_dtype`, c10's name: "BFloat16"), and the op picks among
-the dtype pairs those names make.
+stream)`. `Args` holds each input tensor's pointer (`const void*`), each output's and each saved
+tensor's (`void*`), each scalar and each size (`long long`), in that order; `BackwardArgs` each
+output's gradient, each input tensor, each saved tensor, each input tensor's gradient (`void*`,
+null where autograd wants none: a frozen weight), the scratch memory where declared, the scalars
+and the sizes. Where a tensor may take several dtypes, the table names the one a variant takes
+(`const char* <name>_dtype`, c10's name: "BFloat16"), and the op picks among the dtype pairs those
+names make; `Op.table` adds fields of the family's own after them.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Tensor:
     dtypes: tuple[str, ...] = ()
     like: str | None = None
     grad: bool = True
-    shape: tuple[str, ...] | None = None  # a saved tensor's shape, by the op's size names (`Op.saves`)
+    shape: tuple[str, ...] | None = None  # by the op's size names: an output's or saved tensor's, an input's checked
     optional: bool = False  # an input the caller may leave out (`Tensor?`): the baseline serves such a call
 
 
