@@ -151,7 +151,7 @@ _PYTHON = {"float": (float, int), "int": int, "bool": bool}
 RESERVED = {
     "a", "all", "baseline", "ctx", "got", "grads", "guard", "known", "live", "op", "outs", "pair", "result", "saved",
     "scratch", "sizes", "stream", "vt", "winner", "abi", "name", "forward", "backward", "at", "c10",
-    "std", "torch", "tuner_op", "Function", "Sig", "BackwardSig", "ForwardSig",
+    "std", "torch", "tuner_op",
     # C and C++ keywords a lower-case name could be
     "alignas", "alignof", "and", "asm", "auto", "bool", "break", "case", "catch", "char", "class", "const",
     "constexpr", "continue", "default", "delete", "do", "double", "else", "enum", "explicit", "export", "extern",

@@ -50,7 +50,7 @@ def sources(family: str) -> dict[str, str]:
         return {f: (templates_dir(family) / f).read_text() for f in fam.BINDING}
     if f"{family}_op.cpp" in fam.BINDING:
         raise TunerError(f"family {family!r} declares its op and writes {family}_op.cpp too: keep one of the two")
-    header = templates_dir(family) / f"{family}_abi.h"
+    header = declared.header_path(family)
     if not header.is_file() or header.read_text() != declared.header(op):  # the variants were built against it
         raise TunerError(f"{header} is not what {family}'s declaration renders: write it with "
                          f"`python -m tuner.build.declared {family}` (and rebuild its variants)")

@@ -301,8 +301,8 @@ def staggered_sizes(n: int, jobs: int) -> list[int] | None:
     """`jobs` unit sizes for `n` variants, growing linearly from (1 - r) n/jobs to (1 + r) n/jobs
     and summing to n, with r = 2/3 or less where that would leave a unit under 2 variants or over
     MAX_PER_UNIT; None where no spread is left (even units then). A unit costs nvcc's fixed ~1.5 s
-    plus ~0.2 s a variant (16 cores, GIoU): the smallest end first, and the GPU starts on them
-    while the largest compile."""
+    plus ~0.2 s a variant (a 16-core host, the default family's search): the smallest end first,
+    and the GPU starts on them while the largest compile."""
     share = n / jobs if jobs > 1 else 0.0
     spread = min(2 / 3, MAX_PER_UNIT / share - 1, 1 - 2 / share) if share >= 2 else 0.0
     if spread < 0.2:
@@ -389,12 +389,6 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
 def _run_ninja(cmd: list[str], timeout: float, log: Path, on_built=None) -> str:
     """Run ninja; its output. With `on_built`, ninja's log is read as it grows (an entry is written
     as each output is built, and only if it was) and `on_built({name: seconds})` gets the new ones."""
-    if on_built is None:
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            return proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            return f"ninja timed out after {timeout:.0f} s\n{exc.stdout or ''}"
     import concurrent.futures
 
     # A session of its own: a timeout or an error here ends ninja and its compilers together.
@@ -412,10 +406,11 @@ def _run_ninja(cmd: list[str], timeout: float, log: Path, on_built=None) -> str:
         try:
             while True:
                 ended = proc.poll() is not None
-                built = {name.removesuffix(".so"): t for name, t in _ninja_times(log).items() if name not in seen}
-                seen.update(f"{name}.so" for name in built)
-                if built:
-                    on_built(built)
+                if on_built is not None:
+                    built = {name.removesuffix(".so"): t for name, t in _ninja_times(log).items() if name not in seen}
+                    seen.update(f"{name}.so" for name in built)
+                    if built:
+                        on_built(built)
                 if ended:
                     break
                 if time.monotonic() > deadline:

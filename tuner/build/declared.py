@@ -14,19 +14,23 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from pathlib import Path
 
 import jinja2
 
 from tuner import declare, families
 
-C10 = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "float64": "Double", "uint8": "Byte",
-       "int8": "Char", "int32": "Int", "int64": "Long"}  # c10's dtype names: a variant's table gives them
 AT = {"float32": "at::kFloat", "float16": "at::kHalf", "bfloat16": "at::kBFloat16", "float64": "at::kDouble",
       "uint8": "at::kByte", "int8": "at::kChar", "int32": "at::kInt", "int64": "at::kLong"}
 
 
 def declaration(family: str) -> declare.Op | None:
     return getattr(families.get(family), "OP_DECLARATION", None)
+
+
+def header_path(family: str) -> Path:
+    """Where a declared family's C ABI header is kept: beside its kernel template."""
+    return families.templates(family) / f"{family}_abi.h"
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,10 +70,9 @@ def context(op: declare.Op) -> dict:
         return f"{t.like}.options()" if t.like else f"{op.tensors[0].name}.options().dtype({AT[t.dtypes[0]]})"
     bwd_type = f"std::tuple<{', '.join('at::Tensor' for _ in op.differentiable)}>"
     return {
-        "op": op, "name": op.name, "camel": camel, "macro": op.name.upper(), "abi": op.abi,
+        "op": op, "name": op.name, "macro": op.name.upper(), "abi": op.abi,
         "vtable": f"Tuner{camel}Vtable", "args": f"Tuner{camel}Args", "bwd_args": f"Tuner{camel}BackwardArgs",
         "c_scalar": {s.name: declare.SCALAR_TYPES[s.type][1] for s in op.scalars},
-        "root": {t.name: op.root(t.name).name for t in (*op.tensors, *op.outputs)},
         "dtypes": {t.name: [AT[d] for d in t.dtypes] for t in op.tensors if t.like is None},
         "dtype_words": {t.name: " or ".join(t.dtypes) for t in op.tensors if t.like is None},
         "varying": [(t.name, len(t.dtypes)) for t in op.varying],
@@ -79,12 +82,12 @@ def context(op: declare.Op) -> dict:
         "optional": [a.name for a in op.tensors if a.optional],
         "unwrapped_args": ", ".join(f"*{a.name}" if isinstance(a, declare.Tensor) and a.optional else a.name
                                     for a in op.inputs),
-        "call_args": ", ".join(a.name for a in op.inputs), "out_type": out_type, "grads": grads,
+        "call_args": ", ".join(a.name for a in op.inputs), "out_type": out_type,
         "fn_type": "at::Tensor" if len(op.outputs) == 1 else "variable_list",  # what an autograd Function returns
         "bwd_signature": ", ".join(f"{t} {n}" for t, n in bwd_params), "bwd_type": bwd_type,
         "bwd_sig": f"{bwd_type}({', '.join(t for t, _ in bwd_params)})",
         "bwd_call": ", ".join(n for _, n in bwd_params),
-        "schema": op.schema(), "bwd_schema": op.backward_schema(), "c10": C10,
+        "schema": op.schema(), "bwd_schema": op.backward_schema(),
         "any_grad": " || ".join(f"{t.name}_grad" for t in op.differentiable), "first": op.tensors[0].name,
         "everything": everything, "fwd_type": fwd_type, "fwd_sig": f"{fwd_type}({', '.join(_cpp(a) for a in op.inputs)})",
         "fwd_schema": op.forward_schema() if op.saves else None,
@@ -117,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if op is None:
         print(f"family {args.family!r} declares no op (OP_DECLARATION)", file=sys.stderr)
         return 2
-    fam = families.get(args.family)
-    path = families.templates(args.family) / fam.HEADERS[0] if fam.HEADERS else \
-        families.templates(args.family) / f"{args.family}_abi.h"
-    text = header(op)
+    path, text = header_path(args.family), header(op)
     if args.check:
         if not path.is_file() or path.read_text() != text:
             print(f"{path} differs from {args.family}'s declaration: python -m tuner.build.declared {args.family}",
