@@ -30,7 +30,7 @@ RICH = declare.Op(
             declare.Scalar("rounds", "int", 2), declare.Scalar("fast", "bool", False)),
     outputs=(declare.Tensor("y", like="x"), declare.Tensor("z", like="w"),
              declare.Tensor("total", dtypes=("float32",), shape=())),
-    sizes={"rows": "x.numel() / x.size(-1)", "width": "x.size(-1)"},
+    sizes={"rows": "leading(x)", "width": "x.size(-1)"},
     baseline="std::make_tuple(x * eps, w.has_value() ? *w * static_cast<double>(rounds) : x * 0.0, x.sum())",
     saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),),
     table=("int vec", "long long (*scratch_floats)(long long rows, long long width)"),
@@ -148,6 +148,10 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
      "an optional input needs a baseline"),
     (dict(saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),)),
      "saved stat: its shape names 'rows', which is no size"),
+    (dict(sizes={"n": "x.numel() / 2"}), "size n: 'x.numel() / 2' is not an expression C++ and Python both read"),
+    (dict(sizes={"n": "x.numel() >= 2"}), "size n: 'x.numel() >= 2' is not an expression"),
+    (dict(checks=("x.dim() >= 1",)), "check 'x.dim() >= 1': a (condition, message) pair"),
+    (dict(checks=(("x.dim() && 1", "m"),)), "a (condition, message) pair, the condition in the sizes' words"),
 ])
 def test_a_declaration_the_core_cannot_render_says_what_to_change(change, message):
     given = dict(inputs=(declare.Tensor("x", dtypes=("float32",)),), outputs=(declare.Tensor("y", like="x"),),
@@ -168,3 +172,45 @@ def test_a_binding_is_not_built_from_a_header_its_declaration_no_longer_renders(
     (folder / "scale_add_abi.h").write_text((folder / "scale_add_abi.h").read_text().replace("float alpha", "double alpha"))
     with pytest.raises(TunerError, match="is not what scale_add's declaration renders: write it with"):
         binding.sources("scale_add")
+
+
+def test_the_python_side_of_a_declared_op_checks_and_computes_as_its_cpp_does():
+    """tuner/opspec.py: sizes and checks read in Python, the CPU kernels from the float64 reference
+    (gradients by autograd), the fakes' shapes, the baseline outside the declared dtypes."""
+    import torch
+
+    from tuner import opspec
+
+    op = declare.Op("norm_probe", inputs=(declare.Tensor("x", dtypes=("float32", "bfloat16")),
+                                          declare.Tensor("w", dtypes=("float32",), shape=("width",), optional=True),
+                                          declare.Scalar("eps", default=1e-6)),
+                    outputs=(declare.Tensor("y", like="x"),), sizes={"rows": "leading(x)", "width": "x.size(-1)"},
+                    checks=(("x.dim() >= 1", "x must have at least one dimension"),),
+                    saves=(declare.Tensor("r", dtypes=("float32",), shape=("rows",)),), baseline="x")
+
+    def reference(x, w, eps):
+        return x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+    impls = opspec.impls(op, reference, torch_op=lambda x, w=None, eps=1e-6: x * 2)
+    x, w = torch.randn(2, 3, 5), torch.randn(5)
+    assert opspec.sizes(op, opspec.bind(op, (x, w))) == [6, 5]
+    cpu, fake = impls["norm_probe"]
+    torch.testing.assert_close(cpu(x, w), reference(x, w, 1e-6).float())
+    torch.testing.assert_close(cpu(x.double(), w), x.double() * 2)  # outside the dtypes: the torch op
+    torch.testing.assert_close(cpu(x, None), x * 2)  # an optional input left out: the torch op
+    assert fake(x.to("meta"), w.to("meta")).shape == x.shape
+    y, r = impls["norm_probe_forward"][1](x.to("meta"), w.to("meta"), 1e-6)
+    assert y.shape == x.shape and r.shape == (6,) and r.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"norm_probe: w must have shape \[5\] \(width\), got \[4\]"):
+        cpu(x, torch.randn(4))
+    with pytest.raises(ValueError, match="norm_probe: x must have at least one dimension"):
+        cpu(torch.tensor(1.0), w)
+    with pytest.raises(TypeError, match="norm_probe: w must be float32, got bfloat16"):
+        impls["norm_probe_forward"][0](x, w.bfloat16(), 1e-6)
+    g = torch.randn(2, 3, 5)
+    gx, gw = impls["norm_probe_backward"][0](g, x, w, torch.empty(6), 1e-6, True, False)
+    x64 = x.double().requires_grad_()
+    (want,) = torch.autograd.grad(reference(x64, w.double(), 1e-6), (x64,), g.double())
+    torch.testing.assert_close(gx, want.float())
+    assert gw.numel() == 0  # not wanted: empty, as the C++ gives it
+    assert opspec.pair(op, {"x": "bfloat16", "w": "float32"}) == 1

@@ -19,6 +19,7 @@ from tuner.deploy import wheel as wheels
 from tuner.errors import TunerError
 from tuner.families import embedding_bag as eb
 from tuner.families import giou
+from tuner.families import rms_norm
 
 from test_search import REAL
 
@@ -48,6 +49,17 @@ def eb_export(tmp_path_factory):
     winners = [{"variant": eb.space("float32", "int64").variant(
         validation="hoisted", mapping="warp", vec=4, unroll=2, block_size=128, staging="direct", backward="atomic"),
         "problem": eb.Problem(rows=1000, dim=64, bags=32, bag_size=8).__dict__}]
+    export.write(out / "export", winners, GPU)
+    return out / "export", wheels.write(out / "export", out / "wheels", gpu_label="H100")
+
+
+@pytest.fixture(scope="module")
+def rms_export(tmp_path_factory):
+    """A declared op's export (RMSNorm: its C++ rendered from the declaration) and its wheel."""
+    out = tmp_path_factory.mktemp("rms")
+    winners = [{"variant": rms_norm.space("float32", "float32").variant(
+        threads_per_row=32, block_size=128, vec=4, unroll=1, rstd="saved", grad_weight="atomic", bwd_blocks=8,
+        walk="blocks"), "problem": rms_norm.Problem(rows=64, width=512, x="float32", weight="float32").__dict__}]
     export.write(out / "export", winners, GPU)
     return out / "export", wheels.write(out / "export", out / "wheels", gpu_label="H100")
 
@@ -136,6 +148,17 @@ out.square().sum().backward()
 torch.library.opcheck(op.default, (w.detach().requires_grad_(), idx, offs, "sum", None, False, None))
 f_out = tuned.F_embedding_bag(idx, w.detach(), offs, mode="max")
 result = {"w": w.detach(), "idx": idx, "offs": offs, "out": out.detach(), "grad": w.grad, "f_out": f_out}
+"""
+
+RMS_CALLS = r"""
+g = torch.Generator().manual_seed(5)
+x = torch.randn(2, 7, 64, generator=g).requires_grad_()
+w = (1 + 0.1 * torch.randn(64, generator=g)).requires_grad_()
+y = op(x, w, 1e-5)
+y.square().sum().backward()
+torch.library.opcheck(op.default, (x.detach().requires_grad_(), w.detach(), 1e-5))
+no_weight = op(x.detach(), None, 1e-5)
+result = {"x": x.detach(), "w": w.detach(), "y": y.detach(), "gx": x.grad, "gw": w.grad, "no_weight": no_weight}
 """
 
 
@@ -266,3 +289,17 @@ def test_binaries_of_an_older_op_protocol_are_not_bound(giou_export):
     assert built["op_protocol"] == runtime.OP_PROTOCOL
     older = {k: v for k, v in built.items() if k != "op_protocol"}
     assert runtime.differences(older, None) == [f"op_protocol {runtime.OP_PROTOCOL} here, None in the export"]
+
+
+def test_a_declared_op_s_wheel_needs_torch_alone(rms_export, venv, standins, tmp_path):
+    """The wheel carries the declaration's Python side (declare.py, opspec.py): CPU kernels from
+    the reference, gradients by autograd in float64, torch's op for a call without a weight."""
+    _, whl = rms_export
+    got = _install_and_run(venv, whl, standins, tmp_path, "tuned_rms_norm_h100", "rms_norm", RMS_CALLS)
+    x64, w64 = got["x"].double().requires_grad_(), got["w"].double().requires_grad_()
+    want = rms_norm.reference(x64, w64, 1e-5)
+    gx, gw = torch.autograd.grad(want.square().sum(), (x64, w64))
+    torch.testing.assert_close(got["y"].double(), want.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["gx"].double(), gx, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got["gw"].double(), gw, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got["no_weight"], torch.nn.functional.rms_norm(got["x"], (64,), None, 1e-5))

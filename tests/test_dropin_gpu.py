@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner import gpus
+from tuner import gpus, opspec
 from tuner.deploy import export
 import tuner.functional as TF
 from tuner.families import embedding_bag as eb
@@ -69,7 +69,7 @@ def _close(got, want, dtype, what):
 @pytest.mark.parametrize("x_dtype,w_dtype", PAIRS)
 @pytest.mark.parametrize("weight", ["trained", "frozen", "none"])
 def test_rms_norm_weight_trained_frozen_or_absent(rms, x_dtype, w_dtype, weight):
-    assert torch.ops.tuner_rms_norm.served(300, 1024, getattr(torch, x_dtype), getattr(torch, w_dtype)) != "torch"
+    assert torch.ops.tuner_rms_norm.served([300, 1024], getattr(torch, x_dtype), getattr(torch, w_dtype)) != "torch"
     x, w = rms_norm.make_inputs(300, 1024, x_dtype, w_dtype, seed=3)
     x.requires_grad_()
     w.requires_grad_(weight == "trained")
@@ -79,7 +79,7 @@ def test_rms_norm_weight_trained_frozen_or_absent(rms, x_dtype, w_dtype, weight)
     grads = torch.autograd.grad(y, wants, g)
     ref_w = torch.ones(1024, device="cuda", dtype=torch.float64) if weight == "none" else w.detach()
     want_y = rms_norm.reference(x.detach(), ref_w)
-    want_gx, want_gw = rms_norm.reference_backward(x.detach(), ref_w, g)
+    want_gx, want_gw = opspec.reference_gradients(rms_norm.OP_DECLARATION, rms_norm.reference, (x.detach(), ref_w), g)
     _close(y.double(), want_y, x.dtype, "y")
     _close(grads[0].double(), want_gx, x.dtype, "grad x")
     if weight == "trained":

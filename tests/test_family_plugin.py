@@ -129,6 +129,17 @@ def test_a_family_outside_tuner_runs_its_winner_on_the_gpu(scale_add, tuner_home
     torch.library.opcheck(op, (x.detach(), y, -1.5))
 
 
+@pytest.mark.gpu
+def test_a_declared_family_is_searched_on_the_gpu_with_no_evaluation_of_its_own(scale_add, tuner_home, capsys):
+    """The worker checks each variant against the float64 reference and times it against the
+    declared torch op, from the declaration alone (tuner/measure/declared.py)."""
+    from tuner.cli import main as cli
+
+    assert cli.main(["search", "--family", "scale_add", "--gpu", "auto", "--n", "100003", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "8 variants compiled, verified and timed or pruned" in out and "0 failed" in out, out
+
+
 def test_every_family_in_the_tree_is_packaged():
     """A non-editable `pip install` ships only the packages pyproject.toml lists."""
     from pathlib import Path

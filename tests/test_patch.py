@@ -127,4 +127,4 @@ def test_rms_norm_default_eps_is_torch_s():
     torch.testing.assert_close(TF.rms_norm(x, (8,), norm.weight), F.rms_norm(x, (8,), norm.weight))
     assert TF.rms_norm.__module__ == "tuner.families.rms_norm.op"
     from tuner.families.rms_norm import op
-    assert op._FLOAT32_EPS == torch.finfo(torch.float32).eps
+    assert op.FLOAT32_EPS == torch.finfo(torch.float32).eps

@@ -98,11 +98,12 @@ def test_the_references_backward_imports_no_sympy():
     script = (
         "import sys, torch\n"
         "from tuner.families.giou.verify import make_case\n"
-        "from tuner.families.rms_norm import spec as rms\n"
+        "from tuner import opspec\n"
+        "from tuner.families.rms_norm import op as rms\n"
         "from tuner.families.embedding_bag import spec as bag\n"
         "make_case('bfloat16', 'uint8', 8, 16, 'none', 'article', device='cpu', seed=0)\n"
         "x, w = torch.randn(4, 32), torch.randn(32)\n"
-        "rms.reference_backward(x, w, torch.randn(4, 32))\n"
+        "opspec.reference_gradients(rms.OP_DECLARATION, rms.OP.reference, (x, w), torch.randn(4, 32))\n"
         "weight, idx, offs = torch.randn(10, 8), torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2])\n"
         "bag.reference_backward(weight, idx, offs, 'sum', None, torch.randn(2, 8))\n"
         "print('sympy' in sys.modules)\n")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner import runtime
+from tuner import opspec, runtime
 from tuner.build import binding
 from tuner.build import compile as build
 from tuner.deploy import export
@@ -20,6 +20,11 @@ from tuner.store.records import served_by
 GPU = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
 DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
+
+
+def reference_backward(x, w, g, eps=rms_norm.DEFAULT_EPS):
+    """The float64 gradients of x and weight (the declared op's reference, by autograd)."""
+    return opspec.reference_gradients(rms_norm.OP_DECLARATION, rms_norm.reference, (x, w, eps), g)
 
 def test_space_keeps_invalid_points_out():
     s = rms_norm.space("bfloat16", "bfloat16")
@@ -44,7 +49,7 @@ def test_reference_matches_torch(x_dtype, w_dtype):
     g = torch.randn(33, 257, dtype=torch.float64)
     x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
     want_x, want_w = torch.autograd.grad(F.rms_norm(x64, (257,), w64, rms_norm.DEFAULT_EPS), (x64, w64), g)
-    got_x, got_w = rms_norm.reference_backward(x, w, g)
+    got_x, got_w = reference_backward(x, w, g)
     torch.testing.assert_close(got_x, want_x)
     torch.testing.assert_close(got_w, want_w)
 
@@ -80,7 +85,7 @@ def test_the_op_on_cpu_is_the_reference_with_its_gradients(op, x_dtype, w_dtype)
     torch.testing.assert_close(y, rms_norm.reference(x.detach(), w.detach()).to(x.dtype))
     g = torch.randn_like(y)
     gx, gw = torch.autograd.grad(y, (x, w), g)
-    want_x, want_w = rms_norm.reference_backward(x.detach(), w.detach(), g)
+    want_x, want_w = reference_backward(x.detach(), w.detach(), g)
     torch.testing.assert_close(gx, want_x.to(x.dtype))
     torch.testing.assert_close(gw, want_w.to(w.dtype))
     torch.library.opcheck(op, (x.detach(), w.detach(), 1e-5))
@@ -108,7 +113,7 @@ def test_calls_no_variant_takes_are_torch_s(op):
         assert gx.shape == x.shape
     xf = x.detach().float().requires_grad_()
     (gx,) = torch.autograd.grad(op(xf, w.float(), 1e-5).sum(), xf)  # a frozen weight: x's gradient alone
-    want = rms_norm.reference_backward(xf.detach(), w.float(), torch.ones_like(xf), 1e-5)[0]
+    want = reference_backward(xf.detach(), w.float(), torch.ones_like(xf), 1e-5)[0]
     torch.testing.assert_close(gx, want.float())
     torch.testing.assert_close(op(xf, None), torch.nn.functional.rms_norm(xf, (8,), None, 1e-6))
 
@@ -157,12 +162,12 @@ def test_export_binds_torch_where_no_variant_beat_it_and_for_untuned_pairs(tmp_p
     keep = runtime.stage(rms_op.OP, ops, bound, {n: out / n for n in manifest["binaries"]["libraries"]})
     ops.publish(False, rms_op.OP.reach)
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
-    assert ops.served(4096, 4096, bf16, bf16) == fast.name
-    assert ops.served(2048, 8192, bf16, bf16) == fast.name  # 2x both ways: within reach
-    assert ops.served(16384, 8192, bf16, bf16) == wide.name
-    assert ops.served(65536, 768, bf16, bf16) == "torch"  # the variant did not beat torch here
-    assert ops.served(65536, 1024, bf16, bf16) == "torch"  # nearest to that problem
-    assert ops.served(64, 128, bf16, bf16) == "torch"  # beyond every tuned problem's reach
+    assert ops.served([4096, 4096], bf16, bf16) == fast.name
+    assert ops.served([2048, 8192], bf16, bf16) == fast.name  # 2x both ways: within reach
+    assert ops.served([16384, 8192], bf16, bf16) == wide.name
+    assert ops.served([65536, 768], bf16, bf16) == "torch"  # the variant did not beat torch here
+    assert ops.served([65536, 1024], bf16, bf16) == "torch"  # nearest to that problem
+    assert ops.served([64, 128], bf16, bf16) == "torch"  # beyond every tuned problem's reach
     for x, w in ((fp32, fp32), (fp16, fp32), (bf16, fp32), (fp16, fp16)):
-        assert ops.served(4096, 4096, x, w) == "torch"  # untuned pairs
+        assert ops.served([4096, 4096], x, w) == "torch"  # untuned pairs
     del keep

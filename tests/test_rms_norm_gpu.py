@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import tuner
-from tuner import gpus
+from tuner import gpus, opspec
 from tuner.build import compile as build
 from tuner.deploy import export
 from tuner.families import rms_norm
 from tuner.measure.accuracy import check
-from tuner.families.rms_norm.evaluate import TOL, Evaluation
+from tuner.measure.declared import TOLERANCE as TOL, Evaluation
 
 pytestmark = pytest.mark.gpu
 DTYPES = list(itertools.product(rms_norm.DTYPES, rms_norm.DTYPES))
@@ -22,7 +22,7 @@ DTYPES = list(itertools.product(rms_norm.DTYPES, rms_norm.DTYPES))
 
 def test_covering_variants_match_float64(shared_home):
     variants = rms_norm.covering_set()
-    evaluation = Evaluation()
+    evaluation = Evaluation("rms_norm")
     failed = []
     for b in build.build(variants, gpus.attached().arch):
         assert b.ok, b.error
@@ -56,7 +56,7 @@ def _check(op, x, w):
     y = op(x, w)
     g = torch.randn_like(y)
     gx, gw = torch.autograd.grad(y, (x, w), g)
-    want_x, want_w = rms_norm.reference_backward(x.detach(), w.detach(), g)
+    want_x, want_w = opspec.reference_gradients(rms_norm.OP_DECLARATION, rms_norm.reference, (x.detach(), w.detach()), g)
     for got, want, dtype in ((y, rms_norm.reference(x.detach(), w.detach()), x.dtype), (gx, want_x, x.dtype),
                              (gw, want_w, w.dtype)):
         assert got.dtype == dtype and got.shape == want.shape

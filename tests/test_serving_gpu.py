@@ -54,7 +54,7 @@ def test_rms_norm_served_by_torch_is_torch(rms, shape, x_dtype, w_dtype):
     rows = 1
     for n in shape[:-1]:
         rows *= n
-    assert torch.ops.tuner_rms_norm.served(rows, shape[-1], x_dtype, w_dtype) == "torch"
+    assert torch.ops.tuner_rms_norm.served([rows, shape[-1]], x_dtype, w_dtype) == "torch"
     x, w = rms_norm.make_inputs(rows, shape[-1], str(x_dtype)[6:], str(w_dtype)[6:], seed=5)
     x = x.reshape(shape)
     with torch.no_grad():
@@ -73,8 +73,8 @@ def test_rms_norm_served_by_torch_is_torch(rms, shape, x_dtype, w_dtype):
 
 def test_rms_norm_near_a_tuned_problem_runs_its_variant(rms):
     op, v = rms
-    assert torch.ops.tuner_rms_norm.served(4096, 4096, BF16, BF16) == v.name
-    assert torch.ops.tuner_rms_norm.served(2048, 8192, BF16, BF16) == v.name
+    assert torch.ops.tuner_rms_norm.served([4096, 4096], BF16, BF16) == v.name
+    assert torch.ops.tuner_rms_norm.served([2048, 8192], BF16, BF16) == v.name
     x, w = rms_norm.make_inputs(2048, 8192, seed=6)
     with torch.no_grad():
         assert not torch.equal(op(x, w), F.rms_norm(x, (8192,), w, EPS))  # a kernel of its own...
@@ -169,6 +169,6 @@ def test_captured_shapes_searched_exported_and_served(tmp_path):
     check = (f"import torch, tuner\ntuner.load({str(out)!r})\n"
              f"entries = {json.dumps([(e['problem']['rows'], e['problem']['width'], e['served_by'], e['variant']) for e in manifest['entries']])}\n"
              "for rows, width, who, name in entries:\n"
-             "    got = torch.ops.tuner_rms_norm.served(rows, width, torch.bfloat16, torch.bfloat16)\n"
+             "    got = torch.ops.tuner_rms_norm.served([rows, width], torch.bfloat16, torch.bfloat16)\n"
              "    assert got == ('torch' if who == 'torch' else name), (rows, width, got)\n")
     subprocess.run([sys.executable, "-c", check], check=True, env=env, timeout=300)

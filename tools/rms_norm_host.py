@@ -57,7 +57,7 @@ def main() -> None:
     for rows, width in (*args.shapes, *args.torch):
         x, w = (t.requires_grad_() for t in rms_norm.make_inputs(rows, width, seed=0))
         g = torch.randn_like(x)
-        served = torch.ops.tuner_rms_norm.served(rows, width, torch.bfloat16, torch.bfloat16)
+        served = torch.ops.tuner_rms_norm.served([rows, width], torch.bfloat16, torch.bfloat16)
         print(f"{rows} x {width}, served by {served}")
         impls = {"op": lambda: op(x, w, EPS), "op.default": lambda: op.default(x, w, EPS),
                  "F.rms_norm": lambda: F.rms_norm(x, (width,), w, EPS)}

@@ -16,7 +16,7 @@ from tuner import gpus
 from tuner.build import compile as build
 from tuner.report.bench import graph_us
 from tuner.families import rms_norm
-from tuner.families.rms_norm.evaluate import Evaluation
+from tuner.measure.declared import Evaluation
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
                 if all(str(v.as_dict()[k]) in val.split("|") for k, val in fixed.items())]
     random.Random(0).shuffle(variants)
     variants = variants[:args.limit]
-    ev = Evaluation()
+    ev = Evaluation("rms_norm")
     kernels = []
     for b in build.build(variants, gpus.attached().arch):
         if b.ok:
@@ -45,9 +45,10 @@ def main() -> None:
         once = rows * width * x.element_size() / 3.0e12 * 1e6
         floor[(rows, width)] = (2 * once, 5 * once)
         for k in kernels:
-            fwd, _, rstd = k.prepare(x, w, rms_norm.DEFAULT_EPS)
+            values = {"x": x, "weight": w, "eps": rms_norm.DEFAULT_EPS}
+            fwd, outs = k.prepare(values)
             fwd()
-            bwd, _, _ = k.prepare_backward(g, x, w, rstd, rms_norm.DEFAULT_EPS)
+            bwd, _ = k.prepare_backward({"y": g}, values, {"rstd": outs["rstd"]})
             results[k.name][(rows, width)] = (graph_us(fwd, calls=10, replays=5, rounds=3),
                                               graph_us(bwd, calls=10, replays=5, rounds=3))
         report(results, floor, [(rows, width)])

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64", "uint8", "int8", "int32", "int64")
 SCALAR_TYPES = {"float": ("double", "float"), "int": ("int64_t", "long long"), "bool": ("bool", "int")}  # C++, C
 _NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
+_EXPRESSION = re.compile(r"[\w\s.()+\-*,<>=!]+\Z")  # no `/`: C++ and Python divide integers apart
 
 
 class DeclarationError(ValueError):
@@ -61,8 +62,10 @@ class Scalar:
 @dataclass(frozen=True)
 class Op:
     """The op `name` (`torch.ops.tuner.<name>`): its inputs (Tensors and Scalars, in call order),
-    outputs (Tensors `like` an input), and `sizes`: name -> a C++ expression of the inputs, the
-    shape key that picks the nearest winner (and a field of the argument structs). `saves`: more
+    outputs (Tensors `like` an input), and `sizes`: name -> an expression of the inputs, the shape
+    key that picks the nearest winner (and a field of the argument structs). C++ and Python both
+    read it (tuner/opspec.py), so its words are theirs alike: a tensor's `.size(d)`, `.numel()`,
+    `.dim()`, `leading(t)` (the product of t's sizes but the last), integers, `+ - *`. `saves`: more
     tensors the forward writes for the backward alone (a row's 1/rms, say), each of one dtype and
     a `shape` of size names; the op then has a `<name>_forward` that returns them too."""
 
@@ -79,9 +82,14 @@ class Op:
     # More fields of a variant's table, C declarations ("int vec", "long long (*scratch_floats)(long
     # long rows, long long width)"), after the dtypes: what a variant tells the op (or the search).
     table: tuple[str, ...] = ()
-    # float32 scratch memory the backward gets (`float* scratch`, zeroed): C++ of `vt` (the variant's
-    # table) and `sizes` (the size values, in order) giving its length, e.g. "vt->scratch_floats(sizes[0], sizes[1])".
+    # float32 scratch memory the backward gets (`float* scratch`, any contents: a kernel that sums
+    # into it clears it on its stream): C++ of `vt` (the variant's table) and `sizes` (the size
+    # values, in order) giving its length, e.g. "vt->scratch_floats(sizes[0], sizes[1])".
     scratch: str | None = None
+    # What a call must hold beyond dtypes and shapes: (condition, message) pairs, each condition an
+    # expression of the inputs as `sizes` are ("x.dim() >= 1"), checked first, refused with
+    # "<op>: <message>".
+    checks: tuple = ()
 
     def __post_init__(self):
         check(self)
@@ -263,6 +271,14 @@ def check(op: Op) -> None:
             fail(f"input {t.name}: a {'/'.join(op.root(t.name).dtypes)} tensor takes no gradient: grad=False")
     if not op.sizes:
         fail("no sizes: name at least one (e.g. sizes={'n': 'x.numel()'}), the shape key of a winner")
+    for n, e in op.sizes.items():
+        if not isinstance(e, str) or not _EXPRESSION.match(e) or re.search(r"[<>=!]", e):
+            fail(f"size {n}: {e!r} is not an expression C++ and Python both read (a tensor's .size(d), .numel(), "
+                 f".dim(), leading(t), integers, + - *)")
+    for c in op.checks:
+        if not (isinstance(c, tuple) and len(c) == 2 and all(isinstance(x, str) for x in c)) or not _EXPRESSION.match(c[0]):
+            fail(f"check {c!r}: a (condition, message) pair, the condition in the sizes' words with comparisons "
+                 f"(e.g. ('x.dim() >= 1', 'x must have at least one dimension'))")
     for t in (*op.outputs, *op.saves):
         if isinstance(t, Tensor) and t.optional:
             fail(f"{t.name}: only an input can be optional")

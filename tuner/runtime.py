@@ -69,6 +69,10 @@ class OpSpec:
     reach: float = 0.0
     pair: Callable[[dict], int] | None = None
     untuned_by_baseline: bool = True
+    # A declared op's (tuner/opspec.py): its float64 reference and the torch op it replaces, in
+    # Python (the search checks against the one and times the other).
+    reference: Callable | None = None
+    torch_op: Callable | None = None
 
 
 @dataclass

@@ -85,6 +85,13 @@ inline int index_of(const char* name, std::initializer_list<at::ScalarType> dtyp
 // them (the ops below the Autograd kernel run the nearest variant).
 inline bool symbolic(const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
 
+// The product of a tensor's sizes but the last (its rows, for an op over the last dimension).
+inline int64_t leading(const at::Tensor& t) {
+  int64_t n = 1;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) n *= t.size(i);
+  return n;
+}
+
 // Contiguous and aligned for a variant's vector loads (a copy only when needed).
 inline at::Tensor ready(const at::Tensor& t, int64_t alignment) {
   at::Tensor c = t.contiguous();

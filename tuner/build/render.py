@@ -43,7 +43,29 @@ def render(variant: Variant, focus: dict | None = None) -> str:
         return _render_joined(variant, *halves, focus)
     # parameters recorded before a dimension existed render as they ran: that dimension off (None)
     variant = Variant.of(variant.family, with_defaults(getattr(family, "DIMS", ()), variant.as_dict()))
-    return _render(family, variant, family.TEMPLATE, {**family.render_context(variant), **(focus or {})})
+    own = getattr(family, "render_context", None)
+    context = own(variant) if own else default_context(family, variant)
+    return _render(family, variant, family.TEMPLATE, {**context, **(focus or {})})
+
+
+_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double",
+          "uint8": "unsigned char", "int8": "signed char", "int32": "int", "int64": "long long"}
+_C10 = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "float64": "Double", "uint8": "Byte",
+        "int8": "Char", "int32": "Int", "int64": "Long"}
+
+
+def default_context(family, variant: Variant) -> dict:
+    """What a kernel template reads where its family gives no `render_context`: the variant's
+    parameters and `name`; and for each tensor of a declared op whose dtype the variant fixes (a
+    parameter of the tensor's name), `<tensor>_ctype` (CUDA's type, "__nv_bfloat16") and
+    `<tensor>_torch` (c10's name, for the table: "BFloat16")."""
+    ctx = {**variant.as_dict(), "name": variant.name}
+    op = getattr(family, "OP_DECLARATION", None)
+    for t in op.tensors if op is not None else ():
+        dtype = ctx.get(t.name, t.dtypes[0] if len(t.dtypes) == 1 else None)
+        if dtype in _CTYPE:
+            ctx.update({f"{t.name}_ctype": _CTYPE[dtype], f"{t.name}_torch": _C10[dtype]})
+    return ctx
 
 
 def _render(family, variant: Variant, template: str, context: dict) -> str:

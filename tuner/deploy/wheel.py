@@ -4,6 +4,7 @@ The wheel holds one package, `tuned_<family>_<gpu>` (PKG below):
 
     PKG/__init__.py                    importing it registers the family's op in torch.ops.tuner
     PKG/runtime.py                     a copy of tuner/runtime.py
+    PKG/declare.py, PKG/opspec.py      copies of tuner's: a declared op's Python side
     PKG/families/<family>/op.py        copies of the family's op side (op.py, spec.py): the
     PKG/families/<family>/spec.py      CPU reference, fake, checks, how winners are staged
     PKG/export/                        the export as `export-best` wrote it (manifest, binaries,
@@ -28,6 +29,7 @@ from tuner.deploy import export as artifacts
 from tuner.errors import TunerError
 
 OP_FILES = ("op.py", "spec.py")  # a family's op side: torch alone (tuner/families/<name>/)
+CORE_FILES = ("runtime.py", "declare.py", "opspec.py")  # what op.py may import of tuner (torch alone)
 
 
 def package_name(manifest: dict, gpu_label: str | None = None) -> str:
@@ -56,7 +58,7 @@ def write(export_dir: Path, out_dir: Path, name: str | None = None, gpu_label: s
     platform = identity["platform"].replace("-", "_").replace(".", "_")
     files: dict[str, bytes] = {
         f"{name}/__init__.py": _init(name, manifest).encode(),
-        f"{name}/runtime.py": (Path(__file__).parent.parent / "runtime.py").read_bytes(),
+        **{f"{name}/{f}": (Path(__file__).parent.parent / f).read_bytes() for f in CORE_FILES},
         f"{name}/families/__init__.py": b"",
         f"{name}/families/{family}/__init__.py": b"",
     }

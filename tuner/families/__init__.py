@@ -10,6 +10,7 @@ own (or where its `TEMPLATES` attribute points)."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pkgutil
 from pathlib import Path
@@ -93,6 +94,11 @@ def part(name: str, module: str) -> ModuleType:
             raise
         raise SpaceError(f"kernel family {name!r} has no {module}.py yet: it cannot "
                          f"{_PURPOSE.get(module, 'do this')}") from exc
+
+
+def has_part(name: str, module: str) -> bool:
+    """Whether a family has a module `module` of its own."""
+    return importlib.util.find_spec(f"{__name__}.{name}.{module}") is not None
 
 
 _PURPOSE = {"cli": "be used from the command line", "evaluate": "be searched on a GPU",

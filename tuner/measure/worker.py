@@ -67,11 +67,14 @@ class _Child:
         self.families: dict[str, Any] = {}
 
     def family(self, name: str):
-        """The family's `Evaluation` (load, check, calls, errors), made once per process."""
+        """The family's `Evaluation` (load, check, calls, errors), made once per process: its own
+        (evaluate.py), or the one its op's declaration gives (tuner/measure/declared.py)."""
         if name not in self.families:
             from tuner import families
+            from tuner.measure import declared
 
-            self.families[name] = families.part(name, "evaluate").Evaluation()
+            own = getattr(families.get(name), "OP_DECLARATION", None) is None or families.has_part(name, "evaluate")
+            self.families[name] = families.part(name, "evaluate").Evaluation() if own else declared.Evaluation(name)
         return self.families[name]
 
     def run(self, job: dict, ask=None) -> dict:

@@ -9,24 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from tuner import declare
 from tuner.space import Constraint, Dim, Space, fixed_spaces
-from tuner.variant import Variant
 
 FAMILY = "scale_add"
 TEMPLATES = Path(__file__).parent / "templates"
-# By convention (tuner.families.conventions): its kernel template scale_add.cu.j2 and its C ABI
-# scale_add_abi.h (the variants' table, tuner_scale_add_vtable), in TEMPLATES. Its op is declared:
-# the core renders the op's C++ and the ABI header from this (tuner/build/declared.py).
-OP_DECLARATION = declare.Op(
-    "scale_add",
-    inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("y", like="x"), declare.Scalar("alpha")),
-    outputs=(declare.Tensor("out", like="x"),),
-    sizes={"n": "x.numel()"},
-    baseline="x * alpha + y",  # torch's, for calls outside float32 and those no variant beat
-)
+# By convention (tuner.families.conventions): its kernel template scale_add.cu.j2 in TEMPLATES. Its op is
+# declared (op.py): the core renders the op's C++ and the C ABI header scale_add_abi.h from it.
+from .op import OP_DECLARATION, reference  # noqa: E402,F401
 
 DIMS = (
     Dim("block_size", (64, 128, 256), "threads per block"),
@@ -39,6 +30,7 @@ CONSTRAINTS = (Constraint("at most 512 elements per block", lambda p: p["block_s
 class Problem:
     family: ClassVar[str] = FAMILY
     n: int = 1 << 20
+    alpha: float = -1.5  # the op's scalar, where a search checks and times it
 
     def key(self) -> str:
         return f"N{self.n}"
@@ -51,8 +43,9 @@ def space(_problem: dict | None = None) -> Space:
 space_for, all_spaces, covering_set = fixed_spaces(space)  # one space: nothing picks it
 
 
-def render_context(variant: Variant) -> dict[str, Any]:
-    return {**variant.as_dict(), "name": variant.name}
+def make_inputs(n: int, alpha: float = -1.5, device="cuda", seed: int = 0):
+    """x and y of a problem, random (a search checks and times variants on them)."""
+    import torch
 
-
-from .op import _cpu as reference  # noqa: E402,F401
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(n, generator=g, device=device), torch.randn(n, generator=g, device=device)

@@ -1,28 +1,22 @@
-"""scale_add's op, `torch.ops.tuner.scale_add(x, y, alpha)`, bound by tuner's runtime: the C++
-rendered from the family's declaration runs the winner on CUDA; here, the CPU reference and the
-fake of the op and of its backward."""
+"""scale_add's op, `torch.ops.tuner.scale_add(x, y, alpha)`, declared: the core renders its C++ and
+C ABI from OP_DECLARATION (tuner/build/declared.py), and its CPU and fake kernels from the float64
+reference (tuner/opspec.py)."""
 
 from __future__ import annotations
 
-from tuner import runtime
+from tuner import declare, opspec
 
-NAMESPACE = "tuner_scale_add"
-
-
-def _cpu(x, y, alpha):
-    return (alpha * x.double() + y.double()).to(x.dtype)
-
-
-def _cpu_backward(grad_out, x, y, alpha, x_grad, y_grad):
-    g = grad_out.double().expand(x.shape)
-    return ((alpha * g).to(x.dtype) if x_grad else x.new_empty(0), g.to(y.dtype) if y_grad else y.new_empty(0))
+OP_DECLARATION = declare.Op(
+    "scale_add",
+    inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("y", like="x"), declare.Scalar("alpha")),
+    outputs=(declare.Tensor("out", like="x"),),
+    sizes={"n": "x.numel()"},
+    baseline="x * alpha + y",  # torch's, for calls outside float32 and those no variant beat
+)
 
 
-def _fake_backward(grad_out, x, y, alpha, x_grad, y_grad):
-    return (x.new_empty(x.shape if x_grad else (0,)), y.new_empty(y.shape if y_grad else (0,)))
+def reference(x, y, alpha):
+    return alpha * x.double() + y.double()
 
 
-OP = runtime.OpSpec(family="scale_add", op="scale_add", namespace=NAMESPACE, abi=1,
-                    shape=lambda problem: ([problem["n"]], 0),
-                    impls={"scale_add": (_cpu, lambda x, y, alpha: x.new_empty(x.shape)),
-                           "scale_add_backward": (_cpu_backward, _fake_backward)})
+OP = opspec.spec(OP_DECLARATION, "scale_add", reference=reference, torch_op=lambda x, y, alpha: x * alpha + y)

@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 
 import tuner
+from tuner import opspec
 from tuner.measure.accuracy import check
 from tuner.report.bench import HBM_TBS, _fmt, side_by_side, write, write_against
 from tuner.families import rms_norm
-from tuner.families.rms_norm.evaluate import TOL
+from tuner.measure.declared import TOLERANCE as TOL
 
 EPS = rms_norm.DEFAULT_EPS
 TUNED = "tuned op"
@@ -51,7 +52,7 @@ def _inputs(n: int, width: int, x: str, weight: str):
     xs, w = (t.requires_grad_() for t in rms_norm.make_inputs(n, width, x, weight, seed=0))
     g = torch.randn_like(xs)
     answers = (rms_norm.reference(xs.detach(), w.detach()),
-               *rms_norm.reference_backward(xs.detach(), w.detach(), g))
+               *opspec.reference_gradients(rms_norm.OP_DECLARATION, rms_norm.reference, (xs.detach(), w.detach()), g))
 
     def agree(name, y, grads):
         for what, got, want, dtype in zip(("y", "grad_x", "grad_weight"), (y, *grads), answers, (x, x, weight)):

@@ -1,0 +1,232 @@
+"""What the search's worker needs of a family that declares its op (tuner.declare), made from the
+declaration: a variant called through its C table with the declared argument structs
+(`DeclaredKernel`), and `Evaluation` (load, check against the float64 reference, the calls to
+time, torch's op as the baseline).
+
+Of the family it reads: `make_inputs(**problem, seed=, device=)`, the input tensors of a problem (a
+dict of the declared sizes, each varying tensor's dtype by the tensor's name, and any scalar); its
+op's `OP` (tuner.opspec.spec: the reference and the torch op); and, where it has them, `ODD_SIZES`
+(sizes beside the problem's that every variant is checked at too: widths no vector divides, rows
+that do not fill a block) and `TOLERANCE` (relative error beyond rounding, by output dtype)."""
+
+from __future__ import annotations
+
+import ctypes
+import types
+from typing import Any, Callable
+
+from tuner import families, opspec
+from tuner.measure import abi, timing
+from tuner.measure.accuracy import check
+from tuner.measure.cases import Cases
+from tuner.measure.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, stream
+
+TOLERANCE = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3, "float64": 1e-12}
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+class DeclaredKernel(Kernel):
+    """A built variant of a declared op, called with tensors by name."""
+
+    def __init__(self, family: str, so, expected_name: str | None = None, entry: str | None = None):
+        self.family = family
+        super().__init__(so, expected_name, entry)
+        self.op = families.part(family, "op").OP_DECLARATION
+        camel = _camel(self.op.name)
+        self.Args, self.BackwardArgs = abi.struct(family, f"Tuner{camel}Args"), abi.struct(family, f"Tuner{camel}BackwardArgs")
+        _, fields = abi.table(family)  # the table as the declaration's `scratch` reads it (vt->f(...))
+        self.table = types.SimpleNamespace(**{f: getattr(self, f"{f}_fn" if isinstance(kind, abi.Function) else f)
+                                              for f, kind in fields[2:]})
+
+    def _check(self, values: dict) -> None:
+        """What a variant takes: its dtypes, contiguous tensors on one GPU, the declared shapes."""
+        opspec.check(self.op, values)
+        for t in self.op.varying:
+            want, got = TORCH_DTYPES[getattr(self, f"{t.name}_dtype")], dtype_name(values[t.name])
+            if got != want:
+                raise ValueError(f"{self.op.name}: variant {self.name} takes {t.name} {want}, got {got}")
+        for t in self.op.tensors:
+            if not values[t.name].is_contiguous():
+                raise ValueError(f"{self.op.name}: variant {self.name} takes a contiguous {t.name}")
+
+    def _scalars_and_sizes(self, values: dict) -> dict:
+        return {**{s.name: values[s.name] for s in self.op.scalars},
+                **dict(zip(self.op.sizes, opspec.sizes(self.op, values)))}
+
+    def prepare(self, values: dict, into: dict | None = None) -> tuple[Callable, dict]:
+        """(call, outputs): `call()` runs the forward of the inputs `values` (name -> tensor or
+        number) into the outputs and saved tensors (name -> tensor; `into` gives some)."""
+        self._check(values)
+        outs = {t.name: (into or {}).get(t.name) for t in (*self.op.outputs, *self.op.saves)}
+        outs = {n: t if t is not None else opspec._empty(self.op, self._by_name(n), values) for n, t in outs.items()}
+        args = self.Args(**{t.name: values[t.name].data_ptr() for t in self.op.tensors},
+                         **{n: t.data_ptr() for n, t in outs.items()}, **self._scalars_and_sizes(values))
+        return self._call(self.forward_fn, args, values, outs, "forward"), outs
+
+    def prepare_backward(self, grads: dict, values: dict, saved: dict, into: dict | None = None) -> tuple[Callable, dict]:
+        """(call, gradients) of the backward after a forward that wrote `saved`: `grads` holds each
+        output's gradient by the output's name; `into` the input gradients to write (an empty
+        tensor: not wanted)."""
+        import torch
+
+        self._check(values)
+        grads = {n: g.contiguous() for n, g in grads.items()}
+        into = into or {}
+        gx = {t.name: into.get(t.name, torch.empty_like(values[t.name])) for t in self.op.differentiable}
+        fields = {**{f"grad_{n}": g.data_ptr() for n, g in grads.items()},
+                  **{t.name: values[t.name].data_ptr() for t in self.op.tensors},
+                  **{t.name: saved[t.name].data_ptr() for t in self.op.saves},
+                  **{f"grad_{n}": (g.data_ptr() if g.numel() else None) for n, g in gx.items()},
+                  **self._scalars_and_sizes(values)}
+        keep = [grads, gx]
+        if self.op.scratch:
+            sizes = opspec.sizes(self.op, values)
+            n = eval(self.op.scratch.replace("->", "."), {"__builtins__": {}}, {"vt": self.table, "sizes": sizes})  # noqa: S307
+            scratch = torch.empty(max(int(n), 1), device=values[self.op.tensors[0].name].device, dtype=torch.float32)
+            fields["scratch"] = scratch.data_ptr()
+            keep.append(scratch)
+        args = self.BackwardArgs(**fields)
+        return self._call(self.backward_fn, args, values, (saved, keep), "backward"), gx
+
+    def _by_name(self, name: str):
+        return next(t for t in (*self.op.outputs, *self.op.saves) if t.name == name)
+
+    def _call(self, fn, args, values, outs, what: str) -> Callable:
+        pointer, device = ctypes.addressof(args), values[self.op.tensors[0].name].device.index
+        keep = (values, outs, args)  # what the pointers point into lives as long as the call
+
+        def call():
+            launched(fn(pointer, stream(device)), self, what)
+            return keep
+
+        return call
+
+
+class Evaluation:
+    """The worker's side of a declared family: load, check, calls, baseline, errors."""
+
+    def __init__(self, family: str):
+        self.family, self.module = family, families.get(family)
+        self.spec = families.part(family, "op").OP
+        self.op = families.part(family, "op").OP_DECLARATION
+        self.tolerance = {**TOLERANCE, **getattr(self.module, "TOLERANCE", {})}
+        self.inputs: dict[tuple, tuple] = {}
+        self.cases = Cases()
+
+    def load(self, so: str, name: str, entry: str | None = None) -> DeclaredKernel:
+        return DeclaredKernel(self.family, so, name, entry)
+
+    def _values(self, problem: dict, seed: int) -> dict:
+        tensors = self.module.make_inputs(**problem, seed=seed)
+        tensors = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
+        values = dict(zip((t.name for t in self.op.tensors), tensors))
+        for s in self.op.scalars:
+            values[s.name] = problem.get(s.name, s.default)
+        return values
+
+    def _case(self, problem: dict, seed: int) -> dict:
+        """Inputs, an output gradient for each output, and the float64 answers of both passes."""
+        import torch
+
+        values = self._values(problem, seed)
+        outs = [opspec._empty(self.op, o, values) for o in self.op.outputs]
+        g = torch.Generator(outs[0].device).manual_seed(seed + 1)
+        grads = {o.name: torch.randn(out.shape, generator=g, device=out.device).to(out.dtype)
+                 for o, out in zip(self.op.outputs, outs)}
+        args = tuple(values[a.name] for a in self.op.inputs)
+        want = self.spec.reference(*args)
+        want = list(want) if isinstance(want, (tuple, list)) else [want]
+        want_grads = opspec.reference_gradients(self.op, self.spec.reference, args, list(grads.values()))
+        answers = [(o.name, w, dtype_name(out)) for o, w, out in zip(self.op.outputs, want, outs)]
+        answers += [(f"grad_{t.name}", w, dtype_name(values[t.name])) for t, w in zip(self.op.differentiable, want_grads)]
+        return {"values": values, "grads": grads, "answers": answers}
+
+    def run_case(self, kernel: DeclaredKernel, case: dict) -> tuple[dict, str]:
+        """({"loss_error": the outputs' worst relative error, "grad_error": the gradients'}, what
+        failed or ""), the outputs poisoned with NaN first."""
+        import torch
+
+        values = case["values"]
+        nan = {t.name: opspec._empty(self.op, t, values).fill_(float("nan")) for t in (*self.op.outputs, *self.op.saves)}
+        call, outs = kernel.prepare(values, into=nan)
+        call()
+        saved = {t.name: outs[t.name] for t in self.op.saves}
+        into = {t.name: torch.full_like(values[t.name], float("nan")) for t in self.op.differentiable}
+        back, gx = kernel.prepare_backward(case["grads"], values, saved, into=into)
+        back()
+        got = [outs[o.name] for o in self.op.outputs] + [gx[t.name] for t in self.op.differentiable]
+        errors, failed = {"loss_error": 0.0, "grad_error": 0.0}, ""
+        for (what, want, dtype), value in zip(case["answers"], got):
+            ok, err, message = check(what, value, want, self.tolerance[dtype], getattr(torch, dtype))
+            key = "grad_error" if what.startswith("grad_") else "loss_error"
+            errors[key] = max(errors[key], err)
+            failed = failed or ("" if ok else message)
+        return errors, failed
+
+    def _checks(self, problem: dict) -> list[tuple]:
+        """(problem, key, make(seed)) of each input set a check uses: the problem's, then its odd sizes."""
+        found = []
+        for sizes in ({}, *getattr(self.module, "ODD_SIZES", ())):
+            p = {**problem, **sizes}
+            found.append((p, tuple(sorted(p.items())), lambda s, p=p: self._case(p, s % 2**31)))
+        return found
+
+    def check(self, kernel: DeclaredKernel, problem: dict, whole: bool = False) -> dict[str, Any]:
+        worst = {"loss_error": 0.0, "grad_error": 0.0}
+        for p, key, make in self._checks(problem):
+            errors, failed = self.run_case(kernel, self.cases.get(key, make))
+            worst = {k: max(v, errors[k]) for k, v in worst.items()}
+            if failed:
+                finite = all(v < float("inf") for v in errors.values())
+                where = "x".join(str(p[n]) for n in self.op.sizes)
+                return {"ok": False, "reason": "wrong result" if finite else "nan", "message": f"{where}: {failed}",
+                        **worst}
+        return {"ok": True, "reason": "", "message": "", **worst}
+
+    def warm(self, problem: dict) -> None:
+        """The input sets, answers and timing inputs the first variants need, made while they compile."""
+        for _, key, make in self._checks(problem):
+            self.cases.prime(key, make)
+        self._timing_inputs(problem)
+
+    def _timing_inputs(self, problem: dict) -> tuple[dict, dict]:
+        import torch
+
+        key = tuple(sorted(problem.items()))
+        if key not in self.inputs:
+            self.inputs.clear()
+            values = self._values(problem, 1234)
+            outs = {t.name: opspec._empty(self.op, t, values) for t in self.op.outputs}
+            self.inputs[key] = (values, {n: torch.randn_like(o, dtype=torch.float32).to(o.dtype) for n, o in outs.items()})
+        return self.inputs[key]
+
+    def calls(self, kernel: DeclaredKernel, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
+        values, grads = self._timing_inputs(problem)
+        fwd, outs = kernel.prepare(values)
+        fwd()  # the backward reads what it saves
+        if objective == "fwd":
+            return fwd, None
+        bwd, _ = kernel.prepare_backward(grads, values, {t.name: outs[t.name] for t in self.op.saves})
+        return fwd, bwd
+
+    def baseline(self, problem: dict, objective: str) -> tuple[Callable, Callable | None]:
+        """The torch op on the timing inputs, as `calls` gives a variant's: the forward, and the
+        backward alone (every gradient, from a graph kept for it)."""
+        values, grads = self._timing_inputs(problem)
+        args = [values[a.name] for a in self.op.inputs]
+
+        def fwd():
+            return self.spec.torch_op(*args)
+
+        if objective == "fwd":
+            return fwd, None
+        leaves = {t.name: values[t.name].detach().requires_grad_() for t in self.op.differentiable}
+        out = self.spec.torch_op(*(leaves.get(a.name, values[a.name]) for a in self.op.inputs))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        return fwd, timing.gradient_call(tuple(outs), tuple(leaves.values()), tuple(grads.values()))
+
+    def errors(self, kernel: DeclaredKernel) -> int:
+        return 0  # a declared op's kernels validate nothing of their inputs

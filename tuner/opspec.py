@@ -1,0 +1,232 @@
+"""A declared op's Python side (torch alone: exported wheels carry this file and declare.py): the
+runtime's `OpSpec` made from the declaration, with the op's CPU kernels (the family's float64
+reference, or its torch op outside the variants' dtypes) and fake kernels (torch.compile), the
+sizes and checks the C++ makes, in Python, with the same messages.
+
+    OP = opspec.spec(OP_DECLARATION, "rms_norm", reference=reference, torch_op=torch_rms_norm,
+                     reach=math.log(4))
+
+`reference(*inputs)` gives the outputs in float64 from the op's inputs (tensors as given, in any
+dtype); the backward's reference is its gradient, by autograd in float64. `torch_op(*inputs)` is
+what the op replaces (the declaration's `baseline`, in Python)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from . import declare, runtime
+
+
+def leading(t) -> int:
+    """The product of a tensor's sizes but the last (its rows, for an op over the last dimension)."""
+    n = 1
+    for s in tuple(t.shape)[:-1]:
+        n *= int(s)
+    return n
+
+
+def _eval(expression: str, values: dict):
+    """A size or check of the declaration, read in Python (its vocabulary is that of C++ and Python
+    alike: tensors' .size(d), .numel(), .dim(), leading(t), integers, + - *, comparisons)."""
+    return eval(expression, {"__builtins__": {}}, {**values, "leading": leading})  # noqa: S307 (the family's own text)
+
+
+def bind(op: declare.Op, args: tuple, kwargs: dict | None = None) -> dict:
+    """name -> value of a call's inputs, scalars' defaults filled in."""
+    values = dict(zip((a.name for a in op.inputs), args))
+    values.update(kwargs or {})
+    for a in op.scalars:
+        values.setdefault(a.name, a.default)
+    for a in op.tensors:
+        values.setdefault(a.name, None)
+    return values
+
+
+def sizes(op: declare.Op, values: dict) -> list[int]:
+    """The sizes the variants are given and a winner is picked by, in declared order."""
+    return [int(_eval(e, values)) for e in op.sizes.values()]
+
+
+def _dtype(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
+    """The C++ checks and messages (declared_op.cpp.j2's check_shapes, check_dtypes), in Python."""
+    name, present = op.name, {t.name: values[t.name] for t in op.tensors if values[t.name] is not None}
+    for condition, message in op.checks:
+        if not _eval(condition, values):
+            raise ValueError(f"{name}: {message}")
+    first = op.tensors[0].name
+    for t in op.tensors:
+        v = present.get(t.name)
+        if v is None:
+            continue
+        if t.like is not None and tuple(v.shape) != tuple(present[t.like].shape):
+            raise ValueError(f"{name}: {t.name} must have {t.like}'s shape {list(present[t.like].shape)}, "
+                             f"got {list(v.shape)}")
+        if t.name != first and v.device != present[first].device:
+            raise ValueError(f"{name}: {first} is on {present[first].device} but {t.name} is on {v.device}")
+    shaped = [t for t in op.tensors if t.shape is not None and t.name in present]
+    if shaped:
+        by_name = dict(zip(op.sizes, sizes(op, values)))
+        for t in shaped:
+            want = [by_name[n] for n in t.shape]
+            if list(present[t.name].shape) != want:
+                raise ValueError(f"{name}: {t.name} must have shape {want} ({', '.join(t.shape)}), "
+                                 f"got {list(present[t.name].shape)}")
+    if not dtypes:
+        return
+    for t in op.tensors:
+        v = present.get(t.name)
+        if v is None:
+            continue
+        if t.like is None and _dtype(v) not in t.dtypes:
+            raise TypeError(f"{name}: {t.name} must be {' or '.join(t.dtypes)}, got {_dtype(v)}")
+        if t.like is not None and v.dtype != present[t.like].dtype:
+            raise TypeError(f"{name}: {t.name} must have {t.like}'s dtype, {_dtype(present[t.like])}, got {_dtype(v)}")
+
+
+def outside(op: declare.Op, values: dict) -> bool:
+    """A call the variants do not take (a dtype outside theirs, an optional input left out): the
+    baseline's."""
+    for t in op.tensors:
+        v = values[t.name]
+        if v is None:
+            return True
+        if (_dtype(v) not in t.dtypes) if t.like is None else v.dtype != values[t.like].dtype:
+            return True
+    return False
+
+
+def _shape(op: declare.Op, t, values: dict) -> list[int]:
+    if t.like is not None:
+        return list(values[t.like].shape)
+    by_name = dict(zip(op.sizes, sizes(op, values)))
+    return [by_name[n] for n in t.shape]
+
+
+def _empty(op: declare.Op, t, values: dict):
+    """An output or saved tensor of the call, uninitialized."""
+    import torch
+
+    like = values[t.like] if t.like is not None else values[op.tensors[0].name]
+    dtype = like.dtype if t.like is not None else getattr(torch, t.dtypes[0])
+    return like.new_empty(_shape(op, t, values), dtype=dtype)
+
+
+def _outputs(op: declare.Op, reference: Callable, values: dict) -> list:
+    """The reference's outputs, each in its dtype."""
+    got = reference(*(values[a.name] for a in op.inputs))
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    return [g.to(_empty(op, o, values).dtype).reshape(_shape(op, o, values)) for o, g in zip(op.outputs, got)]
+
+
+def _one(outs: list):
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def gradients(op: declare.Op, reference: Callable, values: dict, grads: list, wanted: dict) -> list:
+    """The reference's gradients of the differentiable inputs (float64, by autograd), for the
+    outputs' gradients `grads`; None where not `wanted`."""
+    import torch
+
+    with torch.enable_grad():
+        inputs64 = {}
+        for a in op.inputs:
+            v = values[a.name]
+            if isinstance(a, declare.Tensor) and a.grad and v is not None:
+                v = v.detach().double().requires_grad_()
+            inputs64[a.name] = v
+        outs = reference(*(inputs64[a.name] for a in op.inputs))
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        # of a sum: autograd's check of a grad_outputs tensor imports sympy (seconds of a first call)
+        total = sum((o * g.double().expand(o.shape)).sum() for o, g in zip(outs, grads))
+        leaves = [inputs64[t.name] for t in op.differentiable]
+        got = torch.autograd.grad(total, leaves, allow_unused=True)
+    return [(torch.zeros_like(leaf) if g is None else g) if wanted[t.name] else None
+            for t, leaf, g in zip(op.differentiable, leaves, got)]
+
+
+def reference_gradients(op: declare.Op, reference: Callable, args: tuple, grads) -> tuple:
+    """The float64 gradients of every differentiable input of `reference(*args)` for the output
+    gradient(s) `grads`: what a variant's backward is checked against."""
+    grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
+    values = bind(op, args)
+    return tuple(gradients(op, reference, values, grads, {t.name: True for t in op.differentiable}))
+
+
+def impls(op: declare.Op, reference: Callable, torch_op: Callable | None) -> dict:
+    """The CPU and fake kernels of the op, of `<op>_forward` where it saves tensors, and of
+    `<op>_backward`, as tuner.runtime registers them."""
+    n_out = len(op.outputs)
+
+    def user_cpu(*args, **kwargs):
+        values = bind(op, args, kwargs)
+        check(op, values, dtypes=False)
+        if outside(op, values) and torch_op is not None:  # below autograd (inference mode): torch's
+            return torch_op(*args, **kwargs)
+        check(op, values)
+        return _one(_outputs(op, reference, values))
+
+    def user_fake(*args, **kwargs):
+        values = bind(op, args, kwargs)
+        check(op, values, dtypes=False)
+        if not outside(op, values):
+            check(op, values)
+        return _one([_empty(op, o, values) for o in op.outputs])
+
+    def forward_cpu(*args):
+        values = bind(op, args)
+        check(op, values)
+        saved = [_empty(op, t, values).fill_(float("nan")) for t in op.saves]  # the variants' own: the
+        return (*_outputs(op, reference, values), *saved)  # CPU backward recomputes from the inputs
+
+    def forward_fake(*args):
+        values = bind(op, args)
+        check(op, values)
+        return tuple(_empty(op, t, values) for t in (*op.outputs, *op.saves))
+
+    def backward_values(args):
+        grads, rest = list(args[:n_out]), args[n_out:]
+        names = [t.name for t in (*op.tensors, *op.saves)] + [s.name for s in op.scalars]
+        values = dict(zip(names, rest))
+        wanted = {t.name: bool(w) for t, w in zip(op.differentiable, rest[len(names):])}
+        check(op, values)
+        return grads, values, wanted
+
+    def backward_cpu(*args):
+        grads, values, wanted = backward_values(args)
+        got = gradients(op, reference, values, grads, wanted)
+        return tuple(g.to(values[t.name].dtype) if g is not None else values[t.name].new_empty(0)
+                     for t, g in zip(op.differentiable, got))
+
+    def backward_fake(*args):
+        grads, values, wanted = backward_values(args)
+        return tuple(values[t.name].new_empty(values[t.name].shape if wanted[t.name] else (0,))
+                     for t in op.differentiable)
+
+    found = {op.name: (user_cpu, user_fake), f"{op.name}_backward": (backward_cpu, backward_fake)}
+    if op.saves:
+        found[f"{op.name}_forward"] = (forward_cpu, forward_fake)
+    return found
+
+
+def pair(op: declare.Op, problem: dict) -> int:
+    """A problem's dtype pair as the C++ numbers it: mixed radix over the tensors whose dtypes vary
+    (a problem names each tensor's dtype by the tensor's name)."""
+    index = 0
+    for t in op.varying:
+        index = index * len(t.dtypes) + t.dtypes.index(problem[t.name])
+    return index
+
+
+def spec(op: declare.Op, family: str, reference: Callable, torch_op: Callable | None = None, reach: float = 0.0,
+         extras: dict | None = None) -> runtime.OpSpec:
+    """The runtime's OpSpec of a declared op: a winner's problem names its sizes as the
+    declaration does (`rows`, `width`), and each varying tensor's dtype by the tensor's name."""
+    return runtime.OpSpec(
+        family=family, op=op.name, namespace=f"tuner_{family}", abi=op.abi, impls=impls(op, reference, torch_op),
+        shape=lambda problem: ([int(problem[n]) for n in op.sizes], 0), extras=dict(extras or {}),
+        baseline=op.baseline is not None, reach=reach, pair=lambda problem: pair(op, problem),
+        reference=reference, torch_op=torch_op)
