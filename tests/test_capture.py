@@ -209,12 +209,15 @@ def test_custom_ops_reach_the_mode_as_packet_overload_and_function(tmp_path, pro
 
 def test_the_tuned_ops_map_to_their_problems():
     """The tuned ops' mappings, called as the mode calls them (the ops need a built binding)."""
-    calls = {name: families.part(name, "capture").CALLS for name in ("rms_norm", "embedding_bag", "giou")}
+    calls = {name: {**tuner.deploy.capturing.declared_calls(name), **families.part(name, "capture").CALLS}
+             for name in ("rms_norm", "embedding_bag", "giou")}
     x, w = torch.randn(2, 5, 48, dtype=torch.float16), torch.randn(48, dtype=torch.bfloat16)
     assert calls["rms_norm"]["tuner::rms_norm"]((x, w), {"eps": 1e-5}) == {
         "rows": 10, "width": 48, "x": "float16", "weight": "bfloat16"}
     assert calls["rms_norm"]["tuner::rms_norm"]((x, torch.randn(47)), {}) is None
     assert calls["rms_norm"]["tuner::rms_norm"]((x, None), {}) is None  # no weight: torch's op serves it
+    assert calls["rms_norm"]["tuner::rms_norm"]((x.double(), w), {}) is None  # no variant takes float64
+    assert calls["rms_norm"]["tuner::rms_norm"]((x[:0], w), {}) is None  # empty
 
     table, ids = torch.randn(100, 16, dtype=torch.bfloat16), torch.randint(0, 100, (21,), dtype=torch.int32)
     offsets = torch.tensor([0, 5, 9, 21], dtype=torch.int32)

@@ -122,3 +122,34 @@ def test_torch_compile_and_cuda_graphs(op):
     torch.testing.assert_close(static["y"], eager)
     for got, ref in zip(static["grads"], want):
         torch.testing.assert_close(got, ref)
+
+
+def test_bench_from_the_declaration_checks_then_times_every_row(shared_home, tmp_path):
+    """`tuner bench --family rms_norm` (tuner/report/declared.py): the floor, then the tuned op,
+    torch's op, torch.compile of it and Liger where installed, each checked against float64 first;
+    and `--problems` at captured shapes, the op against torch's alone."""
+    import json
+
+    from tuner.cli import main as cli
+
+    artifact = _export_of(tmp_path)
+    assert cli.main(["bench", "--family", "rms_norm", "--artifact", str(artifact), "--shapes", "300x2048",
+                     "--out", str(tmp_path / "b")]) == 0
+    md = (tmp_path / "b" / "bench.md").read_text()
+    for impl in ("floor: HBM at 3.0 TB/s", "tuned op", "anchor: torch rms_norm", "anchor: torch.compile"):
+        assert impl in md, md
+    captured = tmp_path / "shapes.json"
+    captured.write_text(json.dumps({"format": 1, "problems": [
+        {"family": "rms_norm", "problem": {"rows": 37, "width": 771, "x": "bfloat16", "weight": "float32"},
+         "calls": 3, "time_us": 40.0}]}))
+    assert cli.main(["bench", "--family", "rms_norm", "--artifact", str(artifact), "--problems", str(captured),
+                     "--out", str(tmp_path / "p")]) == 0
+    assert "slower than torch at" in (tmp_path / "p" / "bench.md").read_text()
+
+
+def _export_of(tmp_path):
+    warp = dict(threads_per_row=32, block_size=128, vec=4, unroll=1, rstd="saved", grad_weight="atomic",
+                bwd_blocks=8, walk="blocks")
+    winners = [{"variant": rms_norm.space(x, w).nearest(warp), "problem": rms_norm.Problem(300, 2048, x, w).__dict__}
+               for x, w in (("bfloat16", "bfloat16"), ("bfloat16", "float32"))]
+    return export.write(tmp_path / "artifact", winners, gpus.attached().describe())

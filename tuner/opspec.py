@@ -212,6 +212,22 @@ def impls(op: declare.Op, reference: Callable, torch_op: Callable | None) -> dic
     return found
 
 
+def problem(op: declare.Op, values: dict, fields=()) -> dict | None:
+    """The problem a call of the op poses (its sizes, each varying tensor's dtype, and the scalars
+    among `fields`), or None for one the variants do not serve: refused, outside their dtypes, or
+    empty (tuner.capture records calls by it)."""
+    try:
+        check(op, values)
+    except (ValueError, TypeError, IndexError, RuntimeError):
+        return None
+    if outside(op, values) or any(values[t.name].numel() == 0 for t in op.tensors):
+        return None
+    found = dict(zip(op.sizes, sizes(op, values)))
+    found.update({t.name: _dtype(values[t.name]) for t in op.varying})
+    found.update({s.name: values[s.name] for s in op.scalars if s.name in fields})
+    return found
+
+
 def pair(op: declare.Op, problem: dict) -> int:
     """A problem's dtype pair as the C++ numbers it: mixed radix over the tensors whose dtypes vary
     (a problem names each tensor's dtype by the tensor's name)."""

@@ -92,6 +92,11 @@ inline int64_t leading(const at::Tensor& t) {
   return n;
 }
 
+// A gradient of an output's shape (expanded where autograd gives one that broadcasts to it).
+inline at::Tensor shaped(const at::Tensor& t, c10::IntArrayRef shape) {
+  return t.sizes() == shape ? t : t.expand(shape);
+}
+
 // Contiguous and aligned for a variant's vector loads (a copy only when needed).
 inline at::Tensor ready(const at::Tensor& t, int64_t alignment) {
   at::Tensor c = t.contiguous();

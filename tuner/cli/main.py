@@ -190,7 +190,7 @@ def _family_of(argv: list[str] | None) -> str:
 def parser(family: str | None = None) -> argparse.ArgumentParser:
     from tuner import families
 
-    fam = families.part(family or families.DEFAULT, "cli")
+    fam = cli_target.cli_part(family or families.DEFAULT)
     p = cli_args.Parser(prog="tuner", description="Tune CUDA kernel variants of PyTorch ops.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.commands = p.add_subparsers(dest="command", required=True)

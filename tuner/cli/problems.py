@@ -20,9 +20,9 @@ def read(path: Path, family: str | None) -> list[tuple[object, float]]:
 
 
 def _describe(problem) -> str:
-    from tuner import families
+    from tuner.cli import target
 
-    return f"{problem.family} {families.part(problem.family, 'cli').describe(problem.__dict__)}"
+    return f"{problem.family} {target.cli_part(problem.family).describe(problem.__dict__)}"
 
 
 def search(base: SearchConfig, captured: list[tuple[object, float]], args, started: float) -> int:

@@ -160,7 +160,7 @@ def cmd_export_best(args: argparse.Namespace) -> int:
                   f"{slower} slower in a cell (wall or GPU, forward or forward+backward), now served by torch's op")
         else:
             print(f"not checked at its problems ({why}): `tuner export-best` on the GPU checks them")
-    describe = families.part(manifest["family"], "cli").describe
+    describe = cli_target.cli_part(manifest["family"]).describe
     for e in manifest["entries"]:
         print(f"{describe(e['problem'])}: {_served(e)}")
     by_torch = sum(e.get("served_by") == "torch" for e in manifest["entries"])

@@ -12,9 +12,40 @@ NAME_FREE = {"--storage", "--json", "--top-k", "--out", "--debug"}
 
 def family_cli(args):
     """The family's command-line part (its options, spaces, problem and bench)."""
+    return cli_part(args.family)
+
+
+def cli_part(family: str):
+    """A family's command-line part: its cli.py, or for a family that declares its op and has none,
+    the one its declaration gives (tuner.report.declared: describe and bench)."""
+    import functools
+    import types
+
     from tuner import families
 
-    return families.part(args.family, "cli")
+    if families.has_part(family, "cli") or getattr(families.get(family), "OP_DECLARATION", None) is None:
+        return families.part(family, "cli")
+    from tuner.report import declared
+
+    return types.SimpleNamespace(add_bench_args=functools.partial(_declared_bench_args, family),
+                                 **{name: functools.partial(getattr(declared, name), family) for name in
+                                    ("describe", "bench", "bench_problems")})
+
+
+def _declared_bench_args(family: str, p) -> None:
+    """`tuner bench`'s options for a declared family: its sizes (`BENCH_SHAPES`, else its Problem's)
+    and the dtype of its varying tensors."""
+    from tuner import families
+    from tuner.cli import args as cli_args
+
+    fam, op = families.get(family), families.get(family).OP_DECLARATION
+    shapes = getattr(fam, "BENCH_SHAPES", None) or (tuple(getattr(fam.Problem(), n) for n in op.sizes),)
+    shown = ",".join("x".join(str(n) for n in s) for s in shapes)
+    p.add_argument("--shapes", type=cli_args.shapes, default=shapes,
+                   help=f"{'x'.join(n.upper() for n in op.sizes)}, comma-separated (default {shown})")
+    if op.varying:
+        p.add_argument("--dtype", default="bfloat16", help=f"{', '.join(t.name for t in op.varying)} dtype "
+                                                           f"(default bfloat16)")
 
 
 def add_space_args(parser, family: str) -> None:
@@ -25,7 +56,7 @@ def add_space_args(parser, family: str) -> None:
 
     from tuner import families
 
-    own = getattr(families.part(family, "cli"), "add_space_args", None)
+    own = getattr(cli_part(family), "add_space_args", None)
     if own is not None:
         return own(parser)
     fam = families.get(family)
@@ -57,7 +88,7 @@ def add_problem_args(parser, family: str) -> None:
     from tuner import families
     from tuner.cli import args as cli_args
 
-    own = getattr(families.part(family, "cli"), "add_problem_args", None)
+    own = getattr(cli_part(family), "add_problem_args", None)
     if own is not None:
         return own(parser)
     for f in dataclasses.fields(families.get(family).Problem):

@@ -70,16 +70,31 @@ def qualified_name(func: Any) -> str:
 
 
 def _mappings() -> dict[str, list[tuple[str, Callable]]]:
-    """Qualified name -> (family, problem_of) of every installed family with a capture.py."""
+    """Qualified name -> (family, problem_of) of every installed family: its capture.py's CALLS,
+    and a declared op's own calls (`tuner::<op>`, read by its declaration)."""
     calls: dict[str, list[tuple[str, Callable]]] = {}
     for name in families.names():
+        found = dict(declared_calls(name))
         try:
-            module = families.part(name, "capture")
-        except SpaceError:  # the family has no capture.py: it replaces nothing a run calls
-            continue
-        for op, problem_of in module.CALLS.items():
+            found.update(families.part(name, "capture").CALLS)
+        except SpaceError:  # the family has no capture.py: it replaces no torch function
+            pass
+        for op, problem_of in found.items():
             calls.setdefault(op, []).append((name, problem_of))
     return calls
+
+
+def declared_calls(family: str) -> dict[str, Callable]:
+    """`tuner::<op>` -> problem_of, for a family that declares its op (tuner.opspec.problem)."""
+    import dataclasses
+
+    from tuner import opspec
+
+    op = getattr(families.get(family), "OP_DECLARATION", None)
+    if op is None:
+        return {}
+    fields = {f.name for f in dataclasses.fields(families.get(family).Problem)}
+    return {f"tuner::{op.name}": lambda args, kwargs: opspec.problem(op, opspec.bind(op, args, kwargs), fields)}
 
 
 class Capture(TorchFunctionMode):

@@ -79,3 +79,23 @@ def make_inputs(rows: int, width: int, x: str = "bfloat16", weight: str = "bfloa
     xs = torch.randn(rows, width, generator=g, device=device) * (torch.rand(rows, 1, generator=g, device=device) * 4 + 0.1)
     w = 1 + 0.2 * torch.randn(width, generator=g, device=device)
     return xs.to(getattr(torch, dtype_name(x))), w.to(getattr(torch, dtype_name(weight)))
+
+
+def floor_bytes(problem: dict) -> tuple[int, int]:
+    """The bytes a forward (x read, y written) and a forward+backward (and x, dy read, dx written) move."""
+    once = problem["rows"] * problem["width"] * _BYTES[problem["x"]]
+    return 2 * once, 5 * once
+
+
+BENCH_SHAPES = ((4096, 4096), (8192, 8192), (16384, 4096))  # rows x width, `tuner bench`'s default
+
+
+def anchors() -> dict:
+    """Beside torch's op in `tuner bench`: Liger's Triton kernel, where installed (`pip install 'tuner[bench]'`)."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except ImportError:
+        print("Liger is not installed (pip install 'tuner[bench]'): its rows are left out", flush=True)
+        return {}
+    return {"Liger": lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)}
+

@@ -1,0 +1,137 @@
+"""`tuner bench` of a family that declares its op, made from the declaration: the tuned op beside
+the torch op it replaces (eager and torch.compile) and the family's `ANCHORS` (name -> a function
+of the op's inputs, e.g. Liger's kernel), each checked against the float64 reference first (the
+output and every gradient), timed forward and forward+backward (tuner.report.bench). Where the
+family gives `floor_bytes(problem)` (the bytes a forward, and a forward+backward, must move at
+least), the bandwidth floor comes first. With `--problems FILE` (tuner.capture's shapes), the op
+against the torch op alone at each captured problem."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from tuner import families, opspec
+from tuner.errors import TunerError
+from tuner.report.bench import HBM_TBS, _fmt, side_by_side, write, write_against
+
+TUNED = "tuned op"
+
+
+def _parts(family: str):
+    spec = families.part(family, "op").OP
+    return families.get(family), families.part(family, "op").OP_DECLARATION, spec
+
+
+def describe(family: str, problem: dict) -> str:
+    """A problem in a line: its dtypes, then its sizes ("bfloat16/bfloat16 4096x4096")."""
+    _, op, _ = _parts(family)
+    dtypes = "/".join(str(problem[t.name]) for t in op.varying)
+    return f"{dtypes} {'x'.join(str(problem[n]) for n in op.sizes)}".strip()
+
+
+def _load(directory: Path):
+    import tuner
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tuner.load(directory)
+
+
+def _inputs(family: str, problem: dict):
+    """(inputs, output gradient, agree): the op's inputs (the differentiable ones requiring grad),
+    and a check of an implementation's output and gradients against the float64 reference."""
+    import torch
+
+    from tuner.measure.accuracy import check
+    from tuner.measure.declared import TOLERANCE
+
+    fam, op, spec = _parts(family)
+    tensors = fam.make_inputs(**problem, seed=0)
+    tensors = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
+    values = dict(zip((t.name for t in op.tensors), tensors))
+    for t in op.differentiable:
+        values[t.name] = values[t.name].detach().requires_grad_()
+    for s in op.scalars:
+        values[s.name] = problem.get(s.name, s.default)
+    args = tuple(values[a.name] for a in op.inputs)
+    plain = tuple(a.detach() if hasattr(a, "detach") else a for a in args)
+    want = spec.reference(*plain)
+    grad = torch.randn(want.shape, device=want.device).to(args[0].dtype)
+    answers = (want, *opspec.reference_gradients(op, spec.reference, plain, grad))
+    tolerance = {**TOLERANCE, **getattr(fam, "TOLERANCE", {})}
+    names = ["output"] + [f"grad_{t.name}" for t in op.differentiable]
+    dtypes = [args[0].dtype] + [values[t.name].dtype for t in op.differentiable]
+
+    def agree(name, out, grads):
+        for what, got, answer, dtype in zip(names, (out, *grads), answers, dtypes):
+            ok, _, message = check(what, got, answer, tolerance[str(dtype).removeprefix("torch.")], dtype)
+            if not ok:
+                raise AssertionError(f"{name} disagrees with the float64 reference at {describe(family, problem)}: "
+                                     f"{message}")
+
+    return args, grad, agree
+
+
+def _problem(family: str, sizes, dtype: str | None) -> dict:
+    fam, op, _ = _parts(family)
+    if len(sizes) != len(op.sizes):
+        raise TunerError(f"--shapes: {'x'.join(map(str, sizes))} gives {len(sizes)} sizes, {family} has "
+                         f"{len(op.sizes)} ({', '.join(op.sizes)})")
+    from tuner.space import dtype_name
+
+    return {**fam.Problem().__dict__, **dict(zip(op.sizes, sizes)), **{t.name: dtype_name(dtype) for t in op.varying}}
+
+
+def bench(family: str, directory, args) -> list[dict]:
+    import torch
+
+    fam, op, spec = _parts(family)
+    tuned = _load(directory)
+    impls = {TUNED: tuned, f"anchor: torch {op.name}": spec.torch_op,
+             "anchor: torch.compile": torch.compile(spec.torch_op)}
+    impls.update({f"anchor: {k}": fn for k, fn in (getattr(fam, "anchors", lambda: {})()).items()})
+    rows = []
+    for sizes in args.shapes:
+        problem = _problem(family, sizes, getattr(args, "dtype", None))
+        inputs, grad, agree = _inputs(family, problem)
+        floor = None
+        if hasattr(fam, "floor_bytes"):
+            fwd, both = fam.floor_bytes(problem)
+            floor = {"impl": f"floor: HBM at {HBM_TBS} TB/s", "fwd_kernel_us": fwd / (HBM_TBS * 1e6),
+                     "fwd_bwd_kernel_us": both / (HBM_TBS * 1e6)}
+        part = side_by_side(dict(zip(op.sizes, sizes)) | {t.name: problem[t.name] for t in op.varying}, impls,
+                            inputs, grad, floor, agree)
+        for r in part:
+            print(_fmt(r) + "".join(f" {k[:-10]}/floor={r[k] / floor[k]:.2f}x" for k in ("fwd_kernel_us",
+                  "fwd_bwd_kernel_us") if floor and r is not part[0]), flush=True)
+        rows += part
+        del inputs, grad, agree
+        torch.cuda.empty_cache()
+    if args.out is not None:
+        write(rows, Path(args.out), size=next(iter(op.sizes)))
+    return rows
+
+
+def bench_problems(family: str, directory, problems: list[dict], args) -> list[dict]:
+    """The tuned op against the torch op alone at each captured problem (tuner.deploy.captured.read's
+    entries), at its exact shape and dtypes: what swapping the op into that run changes."""
+    import torch
+
+    _, op, spec = _parts(family)
+    torch_name = f"anchor: torch {op.name}"
+    impls, rows = {TUNED: _load(directory), torch_name: spec.torch_op}, []
+    for captured in problems:
+        p = captured["problem"]
+        inputs, grad, agree = _inputs(family, p)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. torch's op of mixed dtypes warns that it is not fused
+            config = {**{t.name: p[t.name] for t in op.varying}, **{n: p[n] for n in op.sizes}}
+            part = side_by_side(config, impls, inputs, grad, check=agree)
+        for r in part:
+            print(_fmt(r), flush=True)
+        rows += part
+        del inputs, grad, agree
+        torch.cuda.empty_cache()
+    write_against(rows, Path(args.out), torch_name, TUNED)
+    return rows
