@@ -2,8 +2,10 @@
 # README's main job as a new user meets it, per family: `tuner search --gpu auto` in a fresh
 # TUNER_HOME on an empty build cache (the first search ever: nothing built), then in another fresh
 # TUNER_HOME with the cache's variants removed and its binding kept ("built": what a later search
-# of variants not built yet pays). Between the two it waits for the binding's background build,
-# and says how long after the first search that ended. Prints each run's summary lines.
+# of variants not built yet pays), then in a third with the cache kept whole ("cached": the same
+# search again on this machine, its variants built). Before "built" it waits for the binding's
+# background build, and says how long after the first search that ended. Prints each run's
+# summary lines.
 #
 #     bash tools/first_search.sh OUT [FAMILY ...]      (default: giou rms_norm embedding_bag)
 #     (cd OTHER && TUNER="python3 -m tuner" bash tools/first_search.sh OUT ...)   another checkout: from its folder
@@ -17,7 +19,7 @@ BASE=$(mktemp -d "${TMPDIR:-/tmp}/first-search-XXXX")
 mkdir -p "$OUT"
 for family in $FAMILIES; do
   export TUNER_CACHE=$BASE/cache-$family
-  for run in first built; do
+  for run in first built cached; do
     if [ "$run" = built ]; then
       ended=$(date +%s.%N)
       while pgrep -f "tuner.build.binding $family" > /dev/null; do sleep 0.5; done

@@ -22,14 +22,26 @@ from tuner import families
 from tuner.errors import SpaceError
 
 
+def problems_bench(family: str):
+    """(run_problems(directory, problems, out) -> rows, the torch op's row name, the tuned op's) of
+    a family: its bench.py's, or its declaration's (tuner.report.declared); None where it has none."""
+    import functools
+
+    if getattr(families.get(family), "OP_DECLARATION", None) is not None and not families.has_part(family, "bench"):
+        from tuner.report import declared
+
+        return functools.partial(declared.run_problems, family), declared.torch_name(family), declared.TUNED
+    try:
+        bench = families.part(family, "bench")
+    except SpaceError:  # a family without a bench.py
+        return None
+    return (bench.run_problems, bench.TORCH, bench.TUNED) if hasattr(bench, "run_problems") else None
+
+
 def checkable(manifest: dict) -> str | None:
     """Why the export's problems cannot be checked here (no bench of its family's problems, no GPU
     of its architecture), or None."""
-    try:
-        bench = families.part(manifest["family"], "bench")
-    except SpaceError:  # a family without a bench.py
-        bench = None
-    if not hasattr(bench, "run_problems"):
+    if problems_bench(manifest["family"]) is None:
         return f"the {manifest['family']} family has no bench of its problems"
     from tuner import gpus
 
@@ -62,18 +74,18 @@ def _main(directory: str, out: str) -> None:
     key = export.problem_key
 
     manifest = export.read(Path(directory))
-    fam = families.part(manifest["family"], "bench")
+    run_problems, torch_row, tuned_row = problems_bench(manifest["family"])
     found = {}
     with tempfile.TemporaryDirectory() as tmp:
         for e in manifest["entries"]:
             if e.get("served_by", "variant") != "variant":
                 continue
             try:
-                rows = fam.run_problems(Path(directory), [{"problem": e["problem"]}], Path(tmp))
+                rows = run_problems(Path(directory), [{"problem": e["problem"]}], Path(tmp))
             except (NotImplementedError, RuntimeError) as exc:  # torch cannot run it (a bfloat16 max backward)
                 print(f"{key(e['problem'])}: not checked: {str(exc).splitlines()[0]}", file=sys.stderr)
                 continue
-            (_, cells), = bench.ratios(rows, fam.TORCH, fam.TUNED)
+            (_, cells), = bench.ratios(rows, torch_row, tuned_row)
             found[key(e["problem"])] = cells
     Path(out).write_text(json.dumps(found))
 

@@ -113,14 +113,23 @@ def bench(family: str, directory, args) -> list[dict]:
     return rows
 
 
+def torch_name(family: str) -> str:
+    """The torch op's row in a declared family's bench."""
+    return f"anchor: torch {_parts(family)[1].name}"
+
+
 def bench_problems(family: str, directory, problems: list[dict], args) -> list[dict]:
+    return run_problems(family, directory, problems, Path(args.out))
+
+
+def run_problems(family: str, directory, problems: list[dict], out: Path) -> list[dict]:
     """The tuned op against the torch op alone at each captured problem (tuner.deploy.captured.read's
-    entries), at its exact shape and dtypes: what swapping the op into that run changes."""
+    entries), at its exact shape and dtypes: what swapping the op into that run changes. Writes
+    bench.csv and bench.md into `out` (the ratios, and how many cells are slower than torch)."""
     import torch
 
     _, op, spec = _parts(family)
-    torch_name = f"anchor: torch {op.name}"
-    impls, rows = {TUNED: _load(directory), torch_name: spec.torch_op}, []
+    impls, rows = {TUNED: _load(directory), torch_name(family): spec.torch_op}, []
     for captured in problems:
         p = captured["problem"]
         inputs, grad, agree = _inputs(family, p)
@@ -133,5 +142,5 @@ def bench_problems(family: str, directory, problems: list[dict], args) -> list[d
         rows += part
         del inputs, grad, agree
         torch.cuda.empty_cache()
-    write_against(rows, Path(args.out), torch_name, TUNED)
+    write_against(rows, Path(out), torch_name(family), TUNED)
     return rows
