@@ -27,11 +27,13 @@ RICH = declare.Op(
     inputs=(declare.Tensor("x", dtypes=("float32", "bfloat16")),
             declare.Tensor("w", dtypes=("float32", "float16"), optional=True),
             declare.Tensor("index", dtypes=("int64",), grad=False, shape=("rows",)), declare.Scalar("eps", "float", 1e-6),
-            declare.Scalar("rounds", "int", 2), declare.Scalar("fast", "bool", False)),
+            declare.Scalar("rounds", "int", 2), declare.Scalar("fast", "bool", False),
+            declare.Scalar("mode", "str", "mean", choices=("sum", "mean"))),
     outputs=(declare.Tensor("y", like="x"), declare.Tensor("z", like="w"),
              declare.Tensor("total", dtypes=("float32",), shape=())),
     sizes={"rows": "leading(x)", "width": "x.size(-1)"},
-    baseline="std::make_tuple(x * eps, w.has_value() ? *w * static_cast<double>(rounds) : x * 0.0, x.sum())",
+    baseline="std::make_tuple(x * eps, w.has_value() ? *w * static_cast<double>(rounds) : x * 0.0, "
+             "mode == \"sum\" ? x.sum() : x.mean())",
     saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),),
     table=("int vec", "long long (*scratch_floats)(long long rows, long long width)"),
     scratch="vt->scratch_floats(sizes[0], sizes[1])",
@@ -68,9 +70,9 @@ def test_a_rendered_header_is_c_and_its_mirror_lays_out_as_the_compiler_does(tmp
     assert fields == ["abi", "name", "x_dtype", "w_dtype", "vec", "scratch_floats", "forward", "backward"]
     assert [f for f, _ in mirrors["TunerDeclaredProbeBackwardArgs"]._fields_] == [
         "grad_y", "grad_z", "grad_total", "x", "w", "index", "stat", "grad_x", "grad_w", "scratch", "eps", "rounds",
-        "fast", "rows", "width"]
+        "fast", "mode", "rows", "width"]
     assert [f for f, _ in mirrors["TunerDeclaredProbeArgs"]._fields_] == [
-        "x", "w", "index", "y", "z", "total", "stat", "eps", "rounds", "fast", "rows", "width"]
+        "x", "w", "index", "y", "z", "total", "stat", "eps", "rounds", "fast", "mode", "rows", "width"]
 
 
 def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
@@ -84,12 +86,12 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
     schema = torch.ops.tuner.declared_probe.default._schema
     assert [(a.name, str(a.type), a.default_value) for a in schema.arguments] == [
         ("x", "Tensor", None), ("w", "Optional[Tensor]", None), ("index", "Tensor", None), ("eps", "float", 1e-6),
-        ("rounds", "int", 2), ("fast", "bool", False)]
+        ("rounds", "int", 2), ("fast", "bool", False), ("mode", "str", "mean")]
     assert len(schema.returns) == 3
     assert str(torch.ops.tuner.declared_probe_backward.default._schema).startswith(
         "tuner::declared_probe_backward(Tensor grad_y, Tensor grad_z, Tensor grad_total, Tensor x, Tensor w, "
         "Tensor index, Tensor stat, "
-        "float eps, int rounds, bool fast, bool x_grad, bool w_grad) -> (Tensor, Tensor)")
+        "float eps, int rounds, bool fast, str mode, bool x_grad, bool w_grad) -> (Tensor, Tensor)")
     assert str(torch.ops.tuner.declared_probe_forward.default._schema).endswith("-> (Tensor, Tensor, Tensor, Tensor)")
     assert torch.ops.tuner_declared_probe.has_baseline() is True  # the control ops are there, and say so
     assert "served(int[] sizes, ScalarType x, ScalarType w) -> str" in str(
@@ -97,7 +99,11 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
     assert torch.ops.tuner_declared_probe.served([4, 8], torch.float64, torch.float32) == "torch"  # no variant takes it
     x, index = torch.randn(4, 8), torch.zeros(4, dtype=torch.long)
     y, z, total = torch.ops.tuner.declared_probe(x, x.bfloat16(), index, 0.5, 3)  # w outside float32, float16
-    torch.testing.assert_close((y, z, total), (x * 0.5, x.bfloat16() * 3.0, x.sum()))
+    torch.testing.assert_close((y, z, total), (x * 0.5, x.bfloat16() * 3.0, x.mean()))
+    _, _, total = torch.ops.tuner.declared_probe(x, x.bfloat16(), index, 0.5, 3, mode="sum")  # a word, by name
+    torch.testing.assert_close(total, x.sum())
+    with pytest.raises(ValueError, match="declared_probe: mode must be one of sum, mean, got max"):
+        torch.ops.tuner.declared_probe(x, x.bfloat16(), index, 0.5, 3, mode="max")
     y, z, total = torch.ops.tuner.declared_probe(x, None, index, 0.5, 3)  # w left out: torch's
     torch.testing.assert_close((y, z), (x * 0.5, x * 0.0))
     with pytest.raises(ValueError, match="declared_probe: x is on cpu but index is on meta"):  # devices are checked first
@@ -151,6 +157,12 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
     (dict(sizes={"n": "x.numel() / 2"}), "size n: 'x.numel() / 2' is not an expression C++ and Python both read"),
     (dict(sizes={"n": "x.numel() >= 2"}), "size n: 'x.numel() >= 2' is not an expression"),
     (dict(checks=("x.dim() >= 1",)), "check 'x.dim() >= 1': a (condition, message) pair"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("mode", "str", "mean"))),
+     "scalar mode: a str takes its choices"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("mode", "str", "max", ("sum", "mean")))),
+     "scalar mode: its default 'max' is not one of its choices"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("mode", "str", "sum", ("sum", "a b")))),
+     "must be distinct words"),
     (dict(checks=(("x.dim() && 1", "m"),)), "a (condition, message) pair, the condition in the sizes' words"),
 ])
 def test_a_declaration_the_core_cannot_render_says_what_to_change(change, message):
@@ -214,3 +226,11 @@ def test_the_python_side_of_a_declared_op_checks_and_computes_as_its_cpp_does():
     torch.testing.assert_close(gx, want.float())
     assert gw.numel() == 0  # not wanted: empty, as the C++ gives it
     assert opspec.pair(op, {"x": "bfloat16", "w": "float32"}) == 1
+    worded = declare.Op("worded", inputs=(declare.Tensor("x", dtypes=("float32",)),
+                                          declare.Scalar("mode", "str", "mean", ("sum", "mean"))),
+                        outputs=(declare.Tensor("y", like="x"),), sizes={"n": "x.numel()"})
+    cpu = opspec.impls(worded, lambda x, mode: x.double() * (2 if mode == "sum" else 1), None)["worded"][0]
+    torch.testing.assert_close(cpu(x, "sum"), x * 2)
+    torch.testing.assert_close(cpu(x), x)  # the default word
+    with pytest.raises(ValueError, match="worded: mode must be one of sum, mean, got max"):
+        cpu(x, "max")

@@ -27,7 +27,9 @@ import re
 from dataclasses import dataclass, field
 
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64", "uint8", "int8", "int32", "int64")
-SCALAR_TYPES = {"float": ("double", "float"), "int": ("int64_t", "long long"), "bool": ("bool", "int")}  # C++, C
+# C++ (the op's kernels), C (the argument structs: a str is the index of its value among its choices)
+SCALAR_TYPES = {"float": ("double", "float"), "int": ("int64_t", "long long"), "bool": ("bool", "int"),
+                "str": ("c10::string_view", "int")}
 _NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
 _EXPRESSION = re.compile(r"[\w\s.()+\-*,<>=!]+\Z")  # no `/`: C++ and Python divide integers apart
 
@@ -52,11 +54,14 @@ class Tensor:
 
 @dataclass(frozen=True)
 class Scalar:
-    """A number the op takes: `type` float, int or bool, with an optional default."""
+    """A number the op takes: `type` float, int or bool, with an optional default; or a word
+    (`type="str"`) among `choices` (a reduction: "none", "mean", "sum"), which a variant gets as
+    the index of the word among them."""
 
     name: str
     type: str = "float"
-    default: float | int | bool | None = None
+    default: float | int | bool | str | None = None
+    choices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,7 @@ class Op:
 
 
 FLOATING = {"float32", "float16", "bfloat16", "float64"}
-_PYTHON = {"float": (float, int), "int": int, "bool": bool}
+_PYTHON = {"float": (float, int), "int": int, "bool": bool, "str": str}
 # What the rendered C++ names itself: a declared name must not be one of these.
 RESERVED = {
     "a", "all", "baseline", "ctx", "got", "grads", "guard", "known", "live", "op", "outs", "pair", "result", "saved",
@@ -194,6 +199,8 @@ def _check_names(op: "Op", fail) -> None:
 
 
 def _schema_value(v) -> str:
+    if isinstance(v, str):
+        return f'"{v}"'
     return ("True" if v else "False") if isinstance(v, bool) else repr(v)
 
 
@@ -249,6 +256,13 @@ def check(op: Op) -> None:
         if unknown:
             fail(f"input {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
     for a in op.scalars:
+        if (a.type == "str") != bool(a.choices):
+            fail(f"scalar {a.name}: a str takes its choices (choices=('none', 'mean', 'sum')), and only a str does")
+        if any(not isinstance(c, str) or not re.fullmatch(r"[\w.+-]+", c) for c in a.choices) or \
+                len(set(a.choices)) != len(a.choices):
+            fail(f"scalar {a.name}: its choices {a.choices!r} must be distinct words (letters, digits, _ . + -)")
+        if a.type == "str" and a.default is not None and a.default not in a.choices:
+            fail(f"scalar {a.name}: its default {a.default!r} is not one of its choices {a.choices}")
         if a.default is not None and not isinstance(a.default, _PYTHON[a.type]):
             fail(f"scalar {a.name}: its default {a.default!r} is no {a.type}")
         if isinstance(a.default, float) and not math.isfinite(a.default):

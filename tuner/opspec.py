@@ -54,6 +54,9 @@ def _dtype(t) -> str:
 def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
     """The C++ checks and messages (declared_op.cpp.j2's check_shapes, check_dtypes), in Python."""
     name, present = op.name, {t.name: values[t.name] for t in op.tensors if values[t.name] is not None}
+    for s in op.scalars:
+        if s.choices and values[s.name] not in s.choices:
+            raise ValueError(f"{name}: {s.name} must be one of {', '.join(s.choices)}, got {values[s.name]}")
     for condition, message in op.checks:
         if not _eval(condition, values):
             raise ValueError(f"{name}: {message}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import re
 import sys
 from pathlib import Path
@@ -74,6 +75,10 @@ def context(op: declare.Op) -> dict:
         "op": op, "name": op.name, "macro": op.name.upper(), "abi": op.abi,
         "vtable": f"Tuner{camel}Vtable", "args": f"Tuner{camel}Args", "bwd_args": f"Tuner{camel}BackwardArgs",
         "c_scalar": {s.name: declare.SCALAR_TYPES[s.type][1] for s in op.scalars},
+        "words": {s.name: "  // " + ", ".join(f"{i} {c}" for i, c in enumerate(s.choices)) if s.choices else ""
+                  for s in op.scalars},
+        "scalar_value": {s.name: f"{s.name}_index({s.name})" if s.type == "str"
+                         else f"static_cast<{declare.SCALAR_TYPES[s.type][1]}>({s.name})" for s in op.scalars},
         "dtypes": {t.name: [AT[d] for d in t.dtypes] for t in op.tensors if t.like is None},
         "dtype_words": {t.name: " or ".join(t.dtypes) for t in op.tensors if t.like is None},
         "varying": [(t.name, len(t.dtypes)) for t in op.varying],
@@ -88,10 +93,10 @@ def context(op: declare.Op) -> dict:
         "bwd_signature": ", ".join(f"{t} {n}" for t, n in bwd_params), "bwd_type": bwd_type,
         "bwd_sig": f"{bwd_type}({', '.join(t for t, _ in bwd_params)})",
         "bwd_call": ", ".join(n for _, n in bwd_params),
-        "schema": op.schema(), "bwd_schema": op.backward_schema(),
+        "schema": json.dumps(op.schema()), "bwd_schema": json.dumps(op.backward_schema()),  # C++ string literals
         "any_grad": " || ".join(f"{t.name}_grad" for t in op.differentiable), "first": op.tensors[0].name,
         "everything": everything, "fwd_type": fwd_type, "fwd_sig": f"{fwd_type}({', '.join(_cpp(a) for a in op.inputs)})",
-        "fwd_schema": op.forward_schema() if op.saves else None,
+        "fwd_schema": json.dumps(op.forward_schema()) if op.saves else None,
         "shape": {t.name: shape(t) for t in (*op.outputs, *op.saves, *op.tensors) if t.like or t.shape is not None},
         "shaped_inputs": [t for t in op.tensors if t.shape is not None], "size_index": size_index,
         "options": {t.name: options(t) for t in (*op.outputs, *op.saves)},

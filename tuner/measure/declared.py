@@ -53,7 +53,7 @@ class DeclaredKernel(Kernel):
                 raise ValueError(f"{self.op.name}: variant {self.name} takes a contiguous {t.name}")
 
     def _scalars_and_sizes(self, values: dict) -> dict:
-        return {**{s.name: values[s.name] for s in self.op.scalars},
+        return {**{s.name: s.choices.index(values[s.name]) if s.choices else values[s.name] for s in self.op.scalars},
                 **dict(zip(self.op.sizes, opspec.sizes(self.op, values)))}
 
     def prepare(self, values: dict, into: dict | None = None) -> tuple[Callable, dict]:
