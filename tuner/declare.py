@@ -50,6 +50,9 @@ class Tensor:
     grad: bool = True
     shape: tuple[str, ...] | None = None  # by the op's size names: an output's or saved tensor's, an input's checked
     optional: bool = False  # an input the caller may leave out (`Tensor?`): the baseline serves such a call
+    # An output that a word reduces: the name of a str scalar with "none" among its choices; the
+    # output has `shape` where it is "none", and is a number (shape ()) for every other word.
+    reduced_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,8 @@ class Op:
         grads = [f"Tensor grad_{o.name}" for o in self.outputs]
         args = [f"Tensor {t.name}" for t in (*self.tensors, *self.saves)] + [f"{s.type} {s.name}" for s in self.scalars]
         wants = [f"bool {t.name}_grad" for t in self.differentiable]
-        outs = "(" + ", ".join("Tensor" for _ in self.differentiable) + ")"
+        n = len(self.differentiable)  # one gradient is a Tensor (torch reads "(Tensor)" as one too)
+        outs = "Tensor" if n == 1 else "(" + ", ".join("Tensor" for _ in self.differentiable) + ")"
         return f"{self.name}_backward({', '.join(grads + args + wants)}) -> {outs}"
 
 
@@ -301,10 +305,17 @@ def check(op: Op) -> None:
     for field_ in op.table:
         if not isinstance(field_, str) or ";" in field_ or not re.search(r"\w\s*\)?\s*(\(.*\))?\s*$", field_):
             fail(f"table field {field_!r}: one C declaration without its ';' (e.g. 'int vec')")
+    words = {a.name: a.choices for a in op.scalars if a.type == "str"}
+    for t in (*op.tensors, *op.outputs, *op.saves):
+        if isinstance(t, Tensor) and t.reduced_by is not None:
+            if t in op.tensors or t.shape is None:
+                fail(f"{t.name}: reduced_by is for an output with a shape (its shape where the word is 'none')")
+            if "none" not in words.get(t.reduced_by, ()):
+                fail(f"{t.name}: reduced by {t.reduced_by!r}, which is no str scalar with 'none' among its choices")
     for t in op.saves:
-        if not isinstance(t, Tensor) or len(t.dtypes) != 1 or t.like is not None or not t.shape:
+        if not isinstance(t, Tensor) or len(t.dtypes) != 1 or t.like is not None or t.shape is None:
             fail(f"saved {getattr(t, 'name', t)!r}: a Tensor of one dtype and a shape of size names "
-                 f"(e.g. Tensor('rstd', dtypes=('float32',), shape=('rows',)))")
+                 f"(e.g. Tensor('rstd', dtypes=('float32',), shape=('rows',)); shape=() for a number)")
         if t.dtypes[0] not in TORCH_DTYPES:
             fail(f"saved {t.name}: unknown dtype {t.dtypes[0]!r} (one of {', '.join(TORCH_DTYPES)})")
         unknown = [n for n in t.shape if n not in op.sizes]

@@ -105,6 +105,8 @@ def outside(op: declare.Op, values: dict) -> bool:
 def _shape(op: declare.Op, t, values: dict) -> list[int]:
     if t.like is not None:
         return list(values[t.like].shape)
+    if t.reduced_by is not None and values[t.reduced_by] != "none":
+        return []
     by_name = dict(zip(op.sizes, sizes(op, values)))
     return [by_name[n] for n in t.shape]
 
@@ -201,13 +203,13 @@ def impls(op: declare.Op, reference: Callable, torch_op: Callable | None) -> dic
     def backward_cpu(*args):
         grads, values, wanted = backward_values(args)
         got = gradients(op, reference, values, grads, wanted)
-        return tuple(g.to(values[t.name].dtype) if g is not None else values[t.name].new_empty(0)
-                     for t, g in zip(op.differentiable, got))
+        return _one([g.to(values[t.name].dtype) if g is not None else values[t.name].new_empty(0)
+                     for t, g in zip(op.differentiable, got)])
 
     def backward_fake(*args):
         grads, values, wanted = backward_values(args)
-        return tuple(values[t.name].new_empty(values[t.name].shape if wanted[t.name] else (0,))
-                     for t in op.differentiable)
+        return _one([values[t.name].new_empty(values[t.name].shape if wanted[t.name] else (0,))
+                     for t in op.differentiable])
 
     found = {op.name: (user_cpu, user_fake), f"{op.name}_backward": (backward_cpu, backward_fake)}
     if op.saves:

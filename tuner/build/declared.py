@@ -66,11 +66,17 @@ def context(op: declare.Op) -> dict:
     size_index = {n: i for i, n in enumerate(op.sizes)}
 
     def shape(t) -> str:  # C++ of an output's or saved tensor's sizes (`sizes`: the size values, in order)
-        return f"{t.like}.sizes()" if t.like else "{" + ", ".join(f"sizes[{size_index[n]}]" for n in t.shape) + "}"
+        if t.like:
+            return f"{t.like}.sizes()"
+        listed = ", ".join(f"sizes[{size_index[n]}]" for n in t.shape)
+        if t.reduced_by:  # a number unless the word is "none"
+            return f'({t.reduced_by} == "none" ? std::vector<int64_t>{{{listed}}} : std::vector<int64_t>{{}})'
+        return "{" + listed + "}"
 
     def options(t) -> str:
         return f"{t.like}.options()" if t.like else f"{op.tensors[0].name}.options().dtype({AT[t.dtypes[0]]})"
-    bwd_type = f"std::tuple<{', '.join('at::Tensor' for _ in op.differentiable)}>"
+    bwd_type = ("at::Tensor" if len(op.differentiable) == 1
+                else f"std::tuple<{', '.join('at::Tensor' for _ in op.differentiable)}>")
     return {
         "op": op, "name": op.name, "macro": op.name.upper(), "abi": op.abi,
         "vtable": f"Tuner{camel}Vtable", "args": f"Tuner{camel}Args", "bwd_args": f"Tuner{camel}BackwardArgs",

@@ -1,0 +1,62 @@
+"""The cross-entropy family, declared (tuner/families/cross_entropy): its space, its op's C++
+rendered from the declaration and bound from an export (CPU kernels from the float64 reference,
+autograd, opcheck, clear errors, torch's op for what no variant takes). No GPU needed."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tuner
+from tuner.build import compile as build
+from tuner.deploy import export
+from tuner.families import cross_entropy as ce
+
+
+def test_the_space_keeps_loads_within_16_bytes():
+    assert all(p["vec"] * (4 if p["logits"] == "float32" else 2) <= 16 for p in (v.as_dict() for v in ce.space("float32")))
+    assert {v.as_dict()["logits"] for v in ce.covering_set()} == set(ce.DTYPES)
+
+
+def test_the_covering_variants_compile(tuner_home):
+    builds = build.build(ce.covering_set(), "sm_90")
+    assert all(b.ok for b in builds), [b.error for b in builds if not b.ok][:1]
+
+
+@pytest.fixture(scope="module")
+def op(tmp_path_factory, shared_home):
+    winners = [{"variant": ce.space().variant(threads_per_row=256, block_size=256, vec=8),
+                "problem": ce.Problem().__dict__}]
+    return tuner.load(export.write(tmp_path_factory.mktemp("ce"), winners,
+                                   {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}))
+
+
+@pytest.mark.parametrize("reduction", ce.REDUCTIONS)
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_op_on_cpu_is_f_cross_entropy_with_its_gradient(op, reduction, smoothing, dtype):
+    x, t = ce.make_inputs(37, 301, dtype, ignored=0.3, device="cpu", seed=2)
+    x.requires_grad_()
+    loss = op(x, t, -100, smoothing, reduction)
+    assert loss.dtype == torch.float32 and loss.shape == ((37,) if reduction == "none" else ())
+    x64 = x.detach().double().requires_grad_()
+    want = F.cross_entropy(x64, t, reduction=reduction, label_smoothing=smoothing)
+    torch.testing.assert_close(loss.double(), want.detach(), rtol=1e-5, atol=1e-6)
+    g = torch.rand(loss.shape) + 0.5
+    (gx,) = torch.autograd.grad(loss, x, g)
+    (want_x,) = torch.autograd.grad(want, x64, g.double())
+    assert gx.dtype == x.dtype
+    torch.testing.assert_close(gx.double(), want_x.to(x.dtype).double())
+    torch.library.opcheck(op, (x.detach(), t, -100, smoothing, reduction))
+
+
+def test_calls_no_variant_takes_and_bad_input(op):
+    x, t = ce.make_inputs(6, 11, "float32", device="cpu", seed=3)
+    torch.testing.assert_close(op(x.double(), t), F.cross_entropy(x.double(), t).float())  # float64: torch's
+    with pytest.raises(ValueError, match="cross_entropy: reduction must be one of none, mean, sum, got avg"):
+        op(x, t, reduction="avg")
+    with pytest.raises(ValueError, match=r"cross_entropy: target must have shape \[6\] \(rows\), got \[5\]"):
+        op(x, t[:5])
+    with pytest.raises(ValueError, match=r"cross_entropy: logits must be \[rows, vocab\]"):
+        op(x.reshape(2, 3, 11), t)
+    with pytest.raises(RuntimeError, match="target dtype to be Long"):  # no variant takes it: torch's op and words
+        op(x, t.int())

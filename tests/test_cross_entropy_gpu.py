@@ -1,0 +1,98 @@
+"""Cross-entropy on the GPU: variants covering every dimension value and dtype checked against
+float64 by the search's own check (the declaration's: the problem, a vocabulary no vector
+divides, one class, every target ignored), and the exported op against F.cross_entropy in float64
+at odd shapes, each reduction, with label smoothing, under torch.compile and CUDA graphs."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tuner
+from tuner import gpus
+from tuner.build import compile as build
+from tuner.deploy import export
+from tuner.families import cross_entropy as ce
+from tuner.measure.declared import Evaluation
+
+pytestmark = pytest.mark.gpu
+
+
+def test_covering_variants_match_float64(shared_home):
+    evaluation, failed = Evaluation("cross_entropy"), []
+    for b in build.build(ce.covering_set(), gpus.attached().arch):
+        assert b.ok, b.error
+        for reduction, smoothing in (("mean", 0.0), ("none", 0.1), ("sum", 0.0)):
+            problem = {**ce.Problem(300, 2048, b.variant.as_dict()["logits"]).__dict__, "reduction": reduction,
+                       "label_smoothing": smoothing}
+            verdict = evaluation.check(evaluation.load(b.so, b.variant.name, b.entry), problem)
+            if not verdict["ok"]:
+                failed.append((b.variant.name, reduction, verdict["message"]))
+    assert not failed
+
+
+@pytest.fixture(scope="module")
+def op(shared_home, tmp_path_factory):
+    """Two variants a dtype (a warp a row; a block a row), loaded with baseline=False: the variants
+    serve every call of those dtypes."""
+    winners = []
+    for dtype in ce.DTYPES:
+        space = ce.space(dtype)
+        winners += [{"variant": space.nearest(dict(threads_per_row=32, block_size=256, vec=8)),
+                     "problem": ce.Problem(4096, 512, dtype).__dict__},
+                    {"variant": space.nearest(dict(threads_per_row=1024, block_size=1024, vec=8)),
+                     "problem": ce.Problem(4096, 128256, dtype).__dict__}]
+    return tuner.load(export.write(tmp_path_factory.mktemp("ce"), winners, gpus.attached().describe()),
+                      baseline=False)
+
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows,vocab", [(64, 512), (33, 1001), (5, 1), (7, 128256)])
+@pytest.mark.parametrize("reduction,smoothing", [("mean", 0.0), ("sum", 0.1), ("none", 0.0), ("mean", 0.1)])
+def test_op_matches_float64(op, dtype, rows, vocab, reduction, smoothing):
+    x, t = ce.make_inputs(rows, vocab, str(dtype).removeprefix("torch."), ignored=0.25, seed=rows + vocab)
+    x.requires_grad_()
+    loss = op(x, t, -100, smoothing, reduction)
+    x64 = x.detach().double().requires_grad_()
+    want = F.cross_entropy(x64, t, reduction=reduction, label_smoothing=smoothing)
+    assert loss.dtype == torch.float32 and loss.shape == want.shape
+    torch.testing.assert_close(loss.double(), want.detach(), rtol=1e-4, atol=1e-4)
+    g = torch.rand(loss.shape, device="cuda") + 0.5
+    (gx,) = torch.autograd.grad(loss, x, g)
+    (want_x,) = torch.autograd.grad(want, x64, g.double())
+    assert gx.dtype == dtype
+    err = (gx.double() - want_x).norm() / want_x.norm().clamp_min(1e-30)
+    assert err < TOL[dtype], f"gradient's relative error {err:.3g}"
+
+
+def test_every_target_ignored_gives_torch_s_nan_mean_and_zero_gradient(op):
+    x, t = ce.make_inputs(8, 100, "bfloat16", ignored=1.0)
+    x.requires_grad_()
+    loss = op(x, t)
+    assert torch.isnan(loss) and torch.isnan(F.cross_entropy(x.float(), t))
+    (gx,) = torch.autograd.grad(op(x, t, reduction="sum"), x)
+    assert bool((gx == 0).all())
+
+
+def test_opcheck_compile_and_cuda_graphs(op):
+    x, t = ce.make_inputs(256, 4096, "bfloat16", seed=5)
+    torch.library.opcheck(op, (x.requires_grad_(), t, -100, 0.1, "mean"))
+    compiled = torch.compile(lambda x, t: op(x * 2, t, -100, 0.0, "sum") + 1, fullgraph=True)
+    torch.testing.assert_close(compiled(x.detach(), t), op(x.detach() * 2, t, -100, 0.0, "sum") + 1)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.autograd.grad(op(x, t), x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph, static = torch.cuda.CUDAGraph(), {}
+    with torch.cuda.graph(graph):
+        static["loss"] = op(x, t)
+        static["grad"] = torch.autograd.grad(static["loss"], x)[0]
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static["loss"], op(x, t))
+    torch.testing.assert_close(static["grad"], torch.autograd.grad(op(x, t), x)[0])

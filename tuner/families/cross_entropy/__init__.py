@@ -1,0 +1,84 @@
+"""The cross-entropy family: F.cross_entropy(logits, target) over logits [rows, vocab] (float32,
+float16 or bfloat16) with ignore_index, label_smoothing and reduction none/mean/sum; the loss in
+float32, the gradient of the logits in their dtype. Tuned: threads per row, rows per block, the
+vector width of the loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tuner.families.cross_entropy.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
+from tuner.families.cross_entropy.spec import DTYPES, REDUCTIONS, reference  # noqa: F401
+from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, option
+
+FAMILY = "cross_entropy"
+# checked beside the problem's: a vocabulary no vector divides, a row of one class, every target ignored
+ODD_SIZES = ({"rows": 7, "vocab": 1001}, {"rows": 3, "vocab": 1}, {"rows": 5, "vocab": 300, "ignored": 1.0})
+DIMS = (
+    Dim("threads_per_row", (32, 64, 128, 256, 512, 1024), "threads per row: a warp, several warps, a block"),
+    Dim("block_size", (128, 256, 512, 1024), "threads per block (rows per block: block / threads per row)"),
+    Dim("vec", (1, 2, 4, 8), "elements per load"),
+)
+_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def space(logits: str = "bfloat16") -> Space:
+    """The variants for one logits dtype (the problem's, not tuned)."""
+    logits = dtype_name(logits)
+    constraints = (
+        Constraint("a row's threads fit in a block", lambda p: p["threads_per_row"] <= p["block_size"]),
+        Constraint("a load is at most 16 bytes", lambda p: p["vec"] * _BYTES[logits] <= 16),
+    )
+    return Space(FAMILY, {"logits": logits}, DIMS, constraints)
+
+
+space_for, all_spaces, covering_set = fixed_spaces(space, logits=DTYPES)
+
+
+@dataclass(frozen=True)
+class Problem:
+    family: ClassVar[str] = FAMILY
+    rows: int = option(4096, "rows: tokens of the batch")
+    vocab: int = option(32000, "the vocabulary (classes)")
+    logits: str = option("bfloat16", "logits dtype", dtype=True)
+    label_smoothing: float = option(0.0, "label smoothing")
+    reduction: str = option("mean", "reduction: none, mean or sum")
+
+    def key(self) -> str:
+        return f"R{self.rows}-V{self.vocab}-{self.logits}-{self.reduction}-ls{self.label_smoothing:g}"
+
+
+def make_inputs(rows: int, vocab: int, logits: str = "bfloat16", ignored: float = 1 / 7, device="cuda", seed: int = 0,
+                **_scalars):
+    """Logits (normal, scaled as a trained model's) and targets, `ignored` of them -100."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = (torch.randn(rows, vocab, generator=g, device=device) * 4).to(getattr(torch, dtype_name(logits)))
+    target = torch.randint(0, vocab, (rows,), generator=g, device=device)
+    target[torch.rand(rows, generator=g, device=device) < ignored] = -100
+    return x, target
+
+
+def floor_bytes(problem: dict) -> tuple[int, int]:
+    """A forward reads the logits; a fused forward+backward reads them once and writes their gradient."""
+    once = problem["rows"] * problem["vocab"] * _BYTES[problem["logits"]]
+    return once, 2 * once
+
+
+BENCH_SHAPES = ((4096, 32000), (4096, 128256), (16384, 32000), (16384, 128256))  # rows x vocab
+
+
+def anchors() -> dict:
+    """Beside torch's op in `tuner bench`: Liger's kernel, where installed (`pip install 'tuner[bench]'`)."""
+    try:
+        from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+    except ImportError:
+        print("Liger is not installed (pip install 'tuner[bench]'): its rows are left out", flush=True)
+        return {}
+
+    def liger(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+        return LigerCrossEntropyFunction.apply(logits, target, None, ignore_index, 0.0, label_smoothing, reduction)[0]
+
+    return {"Liger": liger}

@@ -1,0 +1,39 @@
+"""Cross-entropy's op, declared: `torch.ops.tuner.cross_entropy(logits, target, ignore_index=-100,
+label_smoothing=0.0, reduction="mean")`, F.cross_entropy over logits [rows, vocab] with a float32
+loss. The core renders its C++ and C ABI from OP_DECLARATION and its CPU and fake kernels from
+the float64 reference."""
+
+from __future__ import annotations
+
+import math
+
+from ... import declare, opspec
+from .spec import DTYPES, REDUCTIONS, reference
+
+OP_DECLARATION = declare.Op(
+    "cross_entropy",
+    inputs=(declare.Tensor("logits", dtypes=DTYPES),
+            declare.Tensor("target", dtypes=("int64",), grad=False, shape=("rows",)),
+            declare.Scalar("ignore_index", "int", -100), declare.Scalar("label_smoothing", "float", 0.0),
+            declare.Scalar("reduction", "str", "mean", choices=REDUCTIONS)),
+    outputs=(declare.Tensor("loss", dtypes=("float32",), shape=("rows",), reduced_by="reduction"),),
+    sizes={"rows": "leading(logits)", "vocab": "logits.size(-1)"},
+    checks=(("logits.dim() == 2", "logits must be [rows, vocab]"),),
+    saves=(declare.Tensor("lse", dtypes=("float32",), shape=("rows",)),  # each row's log-sum-exp
+           declare.Tensor("count", dtypes=("float32",), shape=())),  # rows whose target is not ignored
+    baseline="at::cross_entropy_loss(logits, target, std::nullopt, reduction == \"none\" ? 0 : "
+             "reduction == \"mean\" ? 1 : 2, ignore_index, label_smoothing).to(at::kFloat)",
+)
+
+
+def torch_cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,
+                        reduction: str = "mean"):
+    """The baseline in Python: F.cross_entropy, its loss in float32."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing).float()
+
+
+OP = opspec.spec(OP_DECLARATION, "cross_entropy", reference=reference, torch_op=torch_cross_entropy,
+                 reach=math.log(4))

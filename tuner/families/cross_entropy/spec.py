@@ -1,0 +1,14 @@
+"""Cross-entropy's dtypes and float64 reference (torch alone: exported wheels carry this file)."""
+
+from __future__ import annotations
+
+DTYPES = ("float32", "float16", "bfloat16")  # the logits'
+REDUCTIONS = ("none", "mean", "sum")
+
+
+def reference(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean"):
+    """F.cross_entropy over the last dimension, in float64."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.double(), target, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)
