@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuner import families, opspec
 from tuner.errors import TunerError
-from tuner.report.bench import HBM_TBS, _fmt, side_by_side, write, write_against
+from tuner.report.bench import HBM_TBS, _fmt, graph_us, kernel_us, side_by_side, write, write_against
 
 TUNED = "tuned op"
 
@@ -91,6 +91,9 @@ def bench(family: str, directory, args) -> list[dict]:
     impls = {TUNED: tuned, f"anchor: torch {op.name}": spec.torch_op,
              "anchor: torch.compile": torch.compile(spec.torch_op)}
     impls.update({f"anchor: {k}": fn for k, fn in (getattr(fam, "anchors", lambda: {})()).items()})
+    # GPU time from CUDA-graph replays, or the profiler's sum of kernels where an anchor cannot be
+    # captured in a graph (the family's BENCH_GRAPHS = False)
+    gpu_us = graph_us if getattr(fam, "BENCH_GRAPHS", True) else kernel_us
     rows = []
     for sizes in args.shapes:
         problem = _problem(family, sizes, getattr(args, "dtype", None))
@@ -101,7 +104,7 @@ def bench(family: str, directory, args) -> list[dict]:
             floor = {"impl": f"floor: HBM at {HBM_TBS} TB/s", "fwd_kernel_us": fwd / (HBM_TBS * 1e6),
                      "fwd_bwd_kernel_us": both / (HBM_TBS * 1e6)}
         part = side_by_side(dict(zip(op.sizes, sizes)) | {t.name: problem[t.name] for t in op.varying}, impls,
-                            inputs, grad, floor, agree)
+                            inputs, grad, floor, agree, gpu_us=gpu_us)
         for r in part:
             print(_fmt(r) + "".join(f" {k[:-10]}/floor={r[k] / floor[k]:.2f}x" for k in ("fwd_kernel_us",
                   "fwd_bwd_kernel_us") if floor and r is not part[0]), flush=True)

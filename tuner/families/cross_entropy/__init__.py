@@ -68,6 +68,7 @@ def floor_bytes(problem: dict) -> tuple[int, int]:
 
 
 BENCH_SHAPES = ((4096, 32000), (4096, 128256), (16384, 32000), (16384, 128256))  # rows x vocab
+BENCH_GRAPHS = False  # Liger's backward syncs (torch.equal): GPU times are the profiler's sum of kernels
 
 
 def anchors() -> dict:
