@@ -60,3 +60,26 @@ def test_calls_no_variant_takes_and_bad_input(op):
         op(x.reshape(2, 3, 11), t)
     with pytest.raises(RuntimeError, match="target dtype to be Long"):  # no variant takes it: torch's op and words
         op(x, t.int())
+
+
+def test_a_captured_run_records_its_cross_entropy_calls(tmp_path):
+    """tuner.capture of a step's F.cross_entropy (logits flattened to [tokens, vocab], as
+    language-model code calls it); calls with class weights or 3-D logits are not this family's."""
+    x, t = ce.make_inputs(24, 64, "float32", device="cpu", seed=4)
+    with tuner.capture(tmp_path / "shapes.json") as cap:
+        for _ in range(3):
+            F.cross_entropy(x, t, label_smoothing=0.1)
+        F.cross_entropy(x, t, weight=torch.ones(64))
+        F.cross_entropy(x.reshape(2, 12, 64).transpose(1, 2), t.reshape(2, 12))
+    got = [(p["family"], p["problem"], p["calls"]) for p in cap.problems if p["family"] == "cross_entropy"]
+    assert got == [("cross_entropy", {"rows": 24, "vocab": 64, "logits": "float32", "label_smoothing": 0.1,
+                                      "reduction": "mean"}, 3)]
+
+
+def test_the_functional_form_hands_other_calls_to_torch():
+    import tuner.functional as TF
+
+    x, t = ce.make_inputs(6, 10, "float32", device="cpu", seed=5)
+    torch.testing.assert_close(TF.cross_entropy(x, t, reduction="sum"), F.cross_entropy(x, t, reduction="sum"))
+    w = torch.rand(10)
+    torch.testing.assert_close(TF.cross_entropy(x, t, weight=w), F.cross_entropy(x, t, weight=w))

@@ -96,3 +96,12 @@ def test_opcheck_compile_and_cuda_graphs(op):
     torch.cuda.synchronize()
     torch.testing.assert_close(static["loss"], op(x, t))
     torch.testing.assert_close(static["grad"], torch.autograd.grad(op(x, t), x)[0])
+
+
+def test_the_functional_form_runs_the_op_on_cuda(op):
+    import tuner.functional as TF
+
+    x, t = ce.make_inputs(64, 512, "bfloat16", seed=6)
+    got = TF.cross_entropy(x, t, label_smoothing=0.1)
+    assert got.dtype == torch.float32  # the op's float32 loss, not F.cross_entropy's bfloat16
+    torch.testing.assert_close(got.double(), F.cross_entropy(x.double(), t, label_smoothing=0.1), rtol=1e-4, atol=1e-4)

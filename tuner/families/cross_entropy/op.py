@@ -35,5 +35,27 @@ def torch_cross_entropy(logits, target, ignore_index: int = -100, label_smoothin
                            label_smoothing=label_smoothing).float()
 
 
+def served(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+           reduction: str = "mean", label_smoothing: float = 0.0) -> tuple | None:
+    """The op's arguments for an F.cross_entropy call it takes (class indices over the last
+    dimension of 2-D logits, no class weights), else None."""
+    if (weight is not None or size_average is not None or reduce is not None or input.dim() != 2
+            or target.dim() != 1 or target.dtype.is_floating_point):
+        return None
+    return input, target, ignore_index, float(label_smoothing), reduction
+
+
+def cross_entropy(input, target, *args, **kwargs):
+    """`torch.nn.functional.cross_entropy`'s signature on the tuned op (load an export first): the
+    calls it takes go to `torch.ops.tuner.cross_entropy` (a variant, or torch's op where the export
+    says so; its loss in float32), every other call to F.cross_entropy itself."""
+    import torch
+    import torch.nn.functional as F
+
+    args_ = served(input, target, *args, **kwargs) if input.is_cuda else None
+    return F.cross_entropy(input, target, *args, **kwargs) if args_ is None else torch.ops.tuner.cross_entropy(*args_)
+
+
+FUNCTIONS = {"cross_entropy": cross_entropy}
 OP = opspec.spec(OP_DECLARATION, "cross_entropy", reference=reference, torch_op=torch_cross_entropy,
                  reach=math.log(4))
