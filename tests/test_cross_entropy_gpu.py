@@ -34,14 +34,14 @@ def test_covering_variants_match_float64(shared_home):
 
 @pytest.fixture(scope="module")
 def op(shared_home, tmp_path_factory):
-    """Two variants a dtype (a warp a row; a block a row), loaded with baseline=False: the variants
-    serve every call of those dtypes."""
+    """Two variants a dtype (a warp a row, the gradient by the backward; a block a row, the gradient
+    by the forward), loaded with baseline=False: the variants serve every call of those dtypes."""
     winners = []
     for dtype in ce.DTYPES:
         space = ce.space(dtype)
-        winners += [{"variant": space.nearest(dict(threads_per_row=32, block_size=256, vec=8)),
+        winners += [{"variant": space.nearest(dict(threads_per_row=32, block_size=256, vec=8, gradient="backward")),
                      "problem": ce.Problem(4096, 512, dtype).__dict__},
-                    {"variant": space.nearest(dict(threads_per_row=1024, block_size=1024, vec=8)),
+                    {"variant": space.nearest(dict(threads_per_row=1024, block_size=1024, vec=8, gradient="forward")),
                      "problem": ce.Problem(4096, 128256, dtype).__dict__}]
     return tuner.load(export.write(tmp_path_factory.mktemp("ce"), winners, gpus.attached().describe()),
                       baseline=False)
@@ -105,3 +105,19 @@ def test_the_functional_form_runs_the_op_on_cuda(op):
     got = TF.cross_entropy(x, t, label_smoothing=0.1)
     assert got.dtype == torch.float32  # the op's float32 loss, not F.cross_entropy's bfloat16
     torch.testing.assert_close(got.double(), F.cross_entropy(x.double(), t, label_smoothing=0.1), rtol=1e-4, atol=1e-4)
+
+
+def test_a_gradient_from_the_forward_is_given_once_and_nothing_is_saved_without_autograd(op):
+    x, t = ce.make_inputs(16, 128256, "bfloat16", seed=7)  # the block-a-row variant: the forward's gradient
+    x.requires_grad_()
+    loss = op(x, t)
+    (g1,) = torch.autograd.grad(loss, x, retain_graph=True)
+    with pytest.raises(RuntimeError, match="its backward runs once for a forward"):
+        torch.autograd.grad(loss, x)
+    (g2,) = torch.autograd.grad(op(x, t) * 3, x)  # an output gradient of 3: scaled in place
+    torch.testing.assert_close(g2.float(), 3 * g1.float(), rtol=1e-2, atol=1e-6)
+    with torch.no_grad():
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        op(x, t)
+        assert torch.cuda.max_memory_allocated() - before < 1 << 20  # no gradient buffer (4 MB) where none is asked for

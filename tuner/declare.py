@@ -53,6 +53,11 @@ class Tensor:
     # An output that a word reduces: the name of a str scalar with "none" among its choices; the
     # output has `shape` where it is "none", and is a number (shape ()) for every other word.
     reduced_by: str | None = None
+    # A saved tensor that is the gradient of an input (`like` it): the forward may write the
+    # gradient there (a variant that computes it in the forward, for an output gradient of 1),
+    # and the backward writes or scales it in place and returns it, so that no gradient is
+    # allocated in the backward. The forward gets a null pointer where no gradient will be asked for.
+    gradient_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -313,6 +318,13 @@ def check(op: Op) -> None:
             if "none" not in words.get(t.reduced_by, ()):
                 fail(f"{t.name}: reduced by {t.reduced_by!r}, which is no str scalar with 'none' among its choices")
     for t in op.saves:
+        if isinstance(t, Tensor) and t.gradient_of is not None:
+            if t.gradient_of not in [d.name for d in op.differentiable] or t.like != t.gradient_of:
+                fail(f"saved {t.name}: the gradient of {t.gradient_of!r} must be like it (like={t.gradient_of!r}), "
+                     f"an input that takes a gradient")
+            if [s.gradient_of for s in op.saves].count(t.gradient_of) > 1:
+                fail(f"saved {t.name}: {t.gradient_of} has one gradient saved")
+            continue
         if not isinstance(t, Tensor) or len(t.dtypes) != 1 or t.like is not None or t.shape is None:
             fail(f"saved {getattr(t, 'name', t)!r}: a Tensor of one dtype and a shape of size names "
                  f"(e.g. Tensor('rstd', dtypes=('float32',), shape=('rows',)); shape=() for a number)")

@@ -12,6 +12,7 @@ typedef struct {
   void* loss;
   void* lse;  // saved for the backward
   void* count;  // saved for the backward
+  void* gradient;  // saved for the backward
   long long ignore_index;
   float label_smoothing;
   int reduction;  // 0 none, 1 mean, 2 sum
@@ -27,6 +28,7 @@ typedef struct {
   const void* target;
   const void* lse;
   const void* count;
+  const void* gradient;
   void* grad_logits;
   long long ignore_index;
   float label_smoothing;

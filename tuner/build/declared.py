@@ -110,6 +110,8 @@ def context(op: declare.Op) -> dict:
         "outputs_of_all": ("std::get<0>(all)" if len(op.outputs) == 1
                            else "{" + ", ".join(f"std::get<{i}>(all)" for i in range(len(op.outputs))) + "}"),
         "scalar_cpp": {s.name: declare.SCALAR_TYPES[s.type][0] for s in op.scalars},
+        "grad_saves": [t.name for t in op.saves if t.gradient_of],
+        "saved_grad_of": {t.gradient_of: t.name for t in op.saves if t.gradient_of},
         # the checks that name no optional input: made also of a call that leaves one out
         "unconditional_checks": [c for c in op.checks
                                  if not set(re.findall(r"\w+", c[0])) & {t.name for t in op.tensors if t.optional}],

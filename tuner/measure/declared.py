@@ -75,7 +75,9 @@ class DeclaredKernel(Kernel):
         self._check(values)
         grads = {n: g.contiguous() for n, g in grads.items()}
         into = into or {}
-        gx = {t.name: into.get(t.name, torch.empty_like(values[t.name])) for t in self.op.differentiable}
+        kept = {t.gradient_of: saved[t.name] for t in self.op.saves if t.gradient_of}  # written in place, as the op does
+        gx = {t.name: kept.get(t.name, into.get(t.name)) for t in self.op.differentiable}
+        gx = {n: g if g is not None else torch.empty_like(values[n]) for n, g in gx.items()}
         fields = {**{f"grad_{n}": g.data_ptr() for n, g in grads.items()},
                   **{t.name: values[t.name].data_ptr() for t in self.op.tensors},
                   **{t.name: saved[t.name].data_ptr() for t in self.op.saves},
@@ -200,7 +202,9 @@ class Evaluation:
             self.inputs.clear()
             values = self._values(problem, 1234)
             outs = {t.name: opspec._empty(self.op, t, values) for t in self.op.outputs}
-            self.inputs[key] = (values, {n: torch.randn_like(o, dtype=torch.float32).to(o.dtype) for n, o in outs.items()})
+            # a number's gradient is 1, as a loss's backward gives it; others random
+            self.inputs[key] = (values, {n: torch.ones_like(o) if o.dim() == 0 else
+                                         torch.randn_like(o, dtype=torch.float32).to(o.dtype) for n, o in outs.items()})
         return self.inputs[key]
 
     def calls(self, kernel: DeclaredKernel, problem: dict, objective: str) -> tuple[Callable, Callable | None]:

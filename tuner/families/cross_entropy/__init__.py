@@ -19,6 +19,9 @@ DIMS = (
     Dim("threads_per_row", (32, 64, 128, 256, 512, 1024), "threads per row: a warp, several warps, a block"),
     Dim("block_size", (128, 256, 512, 1024), "threads per block (rows per block: block / threads per row)"),
     Dim("vec", (1, 2, 4, 8), "elements per load"),
+    Dim("gradient", ("backward", "forward"),
+        "the gradient written by the backward (the logits read again), or by the forward (a row read again at once, "
+        "from L2) for an output gradient of 1, which the backward scales where it is not 1"),
 )
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 

@@ -20,7 +20,8 @@ OP_DECLARATION = declare.Op(
     sizes={"rows": "leading(logits)", "vocab": "logits.size(-1)"},
     checks=(("logits.dim() == 2", "logits must be [rows, vocab]"),),
     saves=(declare.Tensor("lse", dtypes=("float32",), shape=("rows",)),  # each row's log-sum-exp
-           declare.Tensor("count", dtypes=("float32",), shape=())),  # rows whose target is not ignored
+           declare.Tensor("count", dtypes=("float32",), shape=()),  # rows whose target is not ignored
+           declare.Tensor("gradient", like="logits", gradient_of="logits")),  # written in the forward, or the backward
     baseline="at::cross_entropy_loss(logits, target, std::nullopt, reduction == \"none\" ? 0 : "
              "reduction == \"mean\" ? 1 : 2, ignore_index, label_smoothing).to(at::kFloat)",
 )
