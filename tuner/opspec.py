@@ -111,8 +111,8 @@ def _shape(op: declare.Op, t, values: dict) -> list[int]:
     return [by_name[n] for n in t.shape]
 
 
-def _empty(op: declare.Op, t, values: dict):
-    """An output or saved tensor of the call, uninitialized."""
+def empty(op: declare.Op, t, values: dict):
+    """An output or saved tensor of a call, uninitialized, of its declared shape and dtype."""
     import torch
 
     like = values[t.like] if t.like is not None else values[op.tensors[0].name]
@@ -124,7 +124,7 @@ def _outputs(op: declare.Op, reference: Callable, values: dict) -> list:
     """The reference's outputs, each in its dtype."""
     got = reference(*(values[a.name] for a in op.inputs))
     got = got if isinstance(got, (tuple, list)) else (got,)
-    return [g.to(_empty(op, o, values).dtype).reshape(_shape(op, o, values)) for o, g in zip(op.outputs, got)]
+    return [g.to(empty(op, o, values).dtype).reshape(_shape(op, o, values)) for o, g in zip(op.outputs, got)]
 
 
 def _one(outs: list):
@@ -179,18 +179,18 @@ def impls(op: declare.Op, reference: Callable, torch_op: Callable | None) -> dic
         check(op, values, dtypes=False)
         if not outside(op, values):
             check(op, values)
-        return _one([_empty(op, o, values) for o in op.outputs])
+        return _one([empty(op, o, values) for o in op.outputs])
 
     def forward_cpu(*args):
         values = bind(op, args)
         check(op, values)
-        saved = [_empty(op, t, values).fill_(float("nan")) for t in op.saves]  # the variants' own: the
+        saved = [empty(op, t, values).fill_(float("nan")) for t in op.saves]  # the variants' own: the
         return (*_outputs(op, reference, values), *saved)  # CPU backward recomputes from the inputs
 
     def forward_fake(*args):
         values = bind(op, args)
         check(op, values)
-        return tuple(_empty(op, t, values) for t in (*op.outputs, *op.saves))
+        return tuple(empty(op, t, values) for t in (*op.outputs, *op.saves))
 
     def backward_values(args):
         grads, rest = list(args[:n_out]), args[n_out:]

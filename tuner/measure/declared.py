@@ -61,7 +61,7 @@ class DeclaredKernel(Kernel):
         number) into the outputs and saved tensors (name -> tensor; `into` gives some)."""
         self._check(values)
         outs = {t.name: (into or {}).get(t.name) for t in (*self.op.outputs, *self.op.saves)}
-        outs = {n: t if t is not None else opspec._empty(self.op, self._by_name(n), values) for n, t in outs.items()}
+        outs = {n: t if t is not None else opspec.empty(self.op, self._by_name(n), values) for n, t in outs.items()}
         args = self.Args(**{t.name: values[t.name].data_ptr() for t in self.op.tensors},
                          **{n: t.data_ptr() for n, t in outs.items()}, **self._scalars_and_sizes(values))
         return self._call(self.forward_fn, args, values, outs, "forward"), outs
@@ -134,7 +134,7 @@ class Evaluation:
         import torch
 
         values = self._values(problem, seed)
-        outs = [opspec._empty(self.op, o, values) for o in self.op.outputs]
+        outs = [opspec.empty(self.op, o, values) for o in self.op.outputs]
         g = torch.Generator(outs[0].device).manual_seed(seed + 1)
         grads = {o.name: torch.randn(out.shape, generator=g, device=out.device).to(out.dtype)
                  for o, out in zip(self.op.outputs, outs)}
@@ -152,7 +152,7 @@ class Evaluation:
         import torch
 
         values = case["values"]
-        nan = {t.name: opspec._empty(self.op, t, values).fill_(float("nan")) for t in (*self.op.outputs, *self.op.saves)}
+        nan = {t.name: opspec.empty(self.op, t, values).fill_(float("nan")) for t in (*self.op.outputs, *self.op.saves)}
         call, outs = kernel.prepare(values, into=nan)
         call()
         saved = {t.name: outs[t.name] for t in self.op.saves}
@@ -201,7 +201,7 @@ class Evaluation:
         if key not in self.inputs:
             self.inputs.clear()
             values = self._values(problem, 1234)
-            outs = {t.name: opspec._empty(self.op, t, values) for t in self.op.outputs}
+            outs = {t.name: opspec.empty(self.op, t, values) for t in self.op.outputs}
             # a number's gradient is 1, as a loss's backward gives it; others random
             self.inputs[key] = (values, {n: torch.ones_like(o) if o.dim() == 0 else
                                          torch.randn_like(o, dtype=torch.float32).to(o.dtype) for n, o in outs.items()})
