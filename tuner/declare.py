@@ -96,8 +96,9 @@ class Op:
     # long rows, long long width)"), after the dtypes: what a variant tells the op (or the search).
     table: tuple[str, ...] = ()
     # float32 scratch memory the backward gets (`float* scratch`, any contents: a kernel that sums
-    # into it clears it on its stream): C++ of `vt` (the variant's table) and `sizes` (the size
-    # values, in order) giving its length, e.g. "vt->scratch_floats(sizes[0], sizes[1])".
+    # into it clears it on its stream): an expression of `vt` (the variant's table) and `sizes` (the
+    # size values, in order) giving its length, e.g. "vt->scratch_floats(sizes[0], sizes[1])"; the
+    # search reads it in Python too, `vt->` as `vt.` (tuner/measure/declared.py).
     scratch: str | None = None
     # What a call must hold beyond dtypes and shapes: (condition, message) pairs, each condition an
     # expression of the inputs as `sizes` are ("x.dim() >= 1"), checked first, refused with
