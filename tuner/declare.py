@@ -111,6 +111,12 @@ class Op:
     # ---------------------------------------------------------- derived
 
     @property
+    def structs(self) -> dict[str, str]:
+        """The C names of its argument structs and variant table, as the header declares them."""
+        camel = "".join(part.capitalize() for part in self.name.split("_"))
+        return {"args": f"Tuner{camel}Args", "bwd_args": f"Tuner{camel}BackwardArgs", "vtable": f"Tuner{camel}Vtable"}
+
+    @property
     def tensors(self) -> list[Tensor]:
         return [a for a in self.inputs if isinstance(a, Tensor)]
 

@@ -3,8 +3,7 @@ runtime's `OpSpec` made from the declaration, with the op's CPU kernels (the fam
 reference, or its torch op outside the variants' dtypes) and fake kernels (torch.compile), the
 sizes and checks the C++ makes, in Python, with the same messages.
 
-    OP = opspec.spec(OP_DECLARATION, "rms_norm", reference=reference, torch_op=torch_rms_norm,
-                     reach=math.log(4))
+    OP = opspec.spec(OP_DECLARATION, FAMILY, reference=reference, torch_op=torch_fn, reach=math.log(4))
 
 `reference(*inputs)` gives the outputs in float64 from the op's inputs (tensors as given, in any
 dtype); the backward's reference is its gradient, by autograd in float64. `torch_op(*inputs)` is

@@ -42,10 +42,6 @@ def _environment() -> jinja2.Environment:
                               keep_trailing_newline=True)
 
 
-def _camel(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("_"))
-
-
 def _cpp(arg, user: bool = False) -> str:
     """An input's C++ parameter type in the op's kernels (`user`: in the op's own, where an
     optional tensor may be left out)."""
@@ -56,7 +52,6 @@ def _cpp(arg, user: bool = False) -> str:
 
 def context(op: declare.Op) -> dict:
     """What both templates read: names and C/C++ spellings made here, so that they stay plain."""
-    camel = _camel(op.name)
     out_type = "at::Tensor" if len(op.outputs) == 1 else f"std::tuple<{', '.join('at::Tensor' for _ in op.outputs)}>"
     grads = [f"grad_{o.name}" for o in op.outputs]
     bwd_params = ([("const at::Tensor&", g) for g in grads] + [(_cpp(t), t.name) for t in (*op.tensors, *op.saves)]
@@ -79,7 +74,7 @@ def context(op: declare.Op) -> dict:
                 else f"std::tuple<{', '.join('at::Tensor' for _ in op.differentiable)}>")
     return {
         "op": op, "name": op.name, "macro": op.name.upper(), "abi": op.abi,
-        "vtable": f"Tuner{camel}Vtable", "args": f"Tuner{camel}Args", "bwd_args": f"Tuner{camel}BackwardArgs",
+        **op.structs,
         "c_scalar": {s.name: declare.SCALAR_TYPES[s.type][1] for s in op.scalars},
         "words": {s.name: "  // " + ", ".join(f"{i} {c}" for i, c in enumerate(s.choices)) if s.choices else ""
                   for s in op.scalars},

@@ -24,8 +24,20 @@ from tuner.measure.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, str
 TOLERANCE = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3, "float64": 1e-12}
 
 
-def _camel(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("_"))
+def tolerance(module) -> dict[str, float]:
+    """Relative error allowed beyond rounding, by dtype: the core's, where the family gives none."""
+    return {**TOLERANCE, **getattr(module, "TOLERANCE", {})}
+
+
+def inputs(module, op, problem: dict, seed: int) -> dict:
+    """name -> value of the op's inputs for a problem: the family's `make_inputs` tensors, and each
+    scalar as the problem gives it, else its default."""
+    tensors = module.make_inputs(**problem, seed=seed)
+    tensors = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
+    values = dict(zip((t.name for t in op.tensors), tensors))
+    for s in op.scalars:
+        values[s.name] = problem.get(s.name, s.default)
+    return values
 
 
 class DeclaredKernel(Kernel):
@@ -35,8 +47,8 @@ class DeclaredKernel(Kernel):
         self.family = family
         super().__init__(so, expected_name, entry)
         self.op = families.part(family, "op").OP_DECLARATION
-        camel = _camel(self.op.name)
-        self.Args, self.BackwardArgs = abi.struct(family, f"Tuner{camel}Args"), abi.struct(family, f"Tuner{camel}BackwardArgs")
+        self.Args = abi.struct(family, self.op.structs["args"])
+        self.BackwardArgs = abi.struct(family, self.op.structs["bwd_args"])
         _, fields = abi.table(family)  # the table as the declaration's `scratch` reads it (vt->f(...))
         self.table = types.SimpleNamespace(**{f: getattr(self, f"{f}_fn" if isinstance(kind, abi.Function) else f)
                                               for f, kind in fields[2:]})
@@ -114,7 +126,7 @@ class Evaluation:
         self.family, self.module = family, families.get(family)
         self.spec = families.part(family, "op").OP
         self.op = families.part(family, "op").OP_DECLARATION
-        self.tolerance = {**TOLERANCE, **getattr(self.module, "TOLERANCE", {})}
+        self.tolerance = tolerance(self.module)
         self.inputs: dict[tuple, tuple] = {}
         self.cases = Cases()
 
@@ -122,12 +134,7 @@ class Evaluation:
         return DeclaredKernel(self.family, so, name, entry)
 
     def _values(self, problem: dict, seed: int) -> dict:
-        tensors = self.module.make_inputs(**problem, seed=seed)
-        tensors = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
-        values = dict(zip((t.name for t in self.op.tensors), tensors))
-        for s in self.op.scalars:
-            values[s.name] = problem.get(s.name, s.default)
-        return values
+        return inputs(self.module, self.op, problem, seed)
 
     def _case(self, problem: dict, seed: int) -> dict:
         """Inputs, an output gradient for each output, and the float64 answers of both passes."""

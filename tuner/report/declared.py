@@ -1,5 +1,5 @@
 """`tuner bench` of a family that declares its op, made from the declaration: the tuned op beside
-the torch op it replaces (eager and torch.compile) and the family's `ANCHORS` (name -> a function
+the torch op it replaces (eager and torch.compile) and the family's `anchors()` (name -> a function
 of the op's inputs, e.g. Liger's kernel), each checked against the float64 reference first (the
 output and every gradient), timed forward and forward+backward (tuner.report.bench). Where the
 family gives `floor_bytes(problem)` (the bytes a forward, and a forward+backward, must move at
@@ -19,8 +19,8 @@ TUNED = "tuned op"
 
 
 def _parts(family: str):
-    spec = families.part(family, "op").OP
-    return families.get(family), families.part(family, "op").OP_DECLARATION, spec
+    op = families.part(family, "op")
+    return families.get(family), op.OP_DECLARATION, op.OP
 
 
 def describe(family: str, problem: dict) -> str:
@@ -43,29 +43,24 @@ def _inputs(family: str, problem: dict):
     and a check of an implementation's output and gradients against the float64 reference."""
     import torch
 
-    from tuner.measure.accuracy import check
-    from tuner.measure.declared import TOLERANCE
+    from tuner.measure import accuracy, declared
 
     fam, op, spec = _parts(family)
-    tensors = fam.make_inputs(**problem, seed=0)
-    tensors = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
-    values = dict(zip((t.name for t in op.tensors), tensors))
+    values = declared.inputs(fam, op, problem, seed=0)
     for t in op.differentiable:
         values[t.name] = values[t.name].detach().requires_grad_()
-    for s in op.scalars:
-        values[s.name] = problem.get(s.name, s.default)
     args = tuple(values[a.name] for a in op.inputs)
     plain = tuple(a.detach() if hasattr(a, "detach") else a for a in args)
     want = spec.reference(*plain)
     grad = torch.randn(want.shape, device=want.device).to(args[0].dtype)
     answers = (want, *opspec.reference_gradients(op, spec.reference, plain, grad))
-    tolerance = {**TOLERANCE, **getattr(fam, "TOLERANCE", {})}
+    tolerance = declared.tolerance(fam)
     names = ["output"] + [f"grad_{t.name}" for t in op.differentiable]
     dtypes = [args[0].dtype] + [values[t.name].dtype for t in op.differentiable]
 
     def agree(name, out, grads):
         for what, got, answer, dtype in zip(names, (out, *grads), answers, dtypes):
-            ok, _, message = check(what, got, answer, tolerance[str(dtype).removeprefix("torch.")], dtype)
+            ok, _, message = accuracy.check(what, got, answer, tolerance[str(dtype).removeprefix("torch.")], dtype)
             if not ok:
                 raise AssertionError(f"{name} disagrees with the float64 reference at {describe(family, problem)}: "
                                      f"{message}")
