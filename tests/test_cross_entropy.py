@@ -24,7 +24,8 @@ def test_the_covering_variants_compile(tuner_home):
 
 @pytest.fixture(scope="module")
 def op(tmp_path_factory, shared_home):
-    winners = [{"variant": ce.space().variant(threads_per_row=256, block_size=256, vec=8, gradient="forward"),
+    winners = [{"variant": ce.space().variant(threads_per_row=256, block_size=256, vec=8, gradient="forward",
+                                              first_read="evict_last", reread="reverse"),
                 "problem": ce.Problem().__dict__}]
     return tuner.load(export.write(tmp_path_factory.mktemp("ce"), winners,
                                    {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}))

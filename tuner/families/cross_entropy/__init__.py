@@ -22,6 +22,9 @@ DIMS = (
     Dim("gradient", ("backward", "forward"),
         "the gradient written by the backward (the logits read again), or by the forward (a row read again at once, "
         "from L2) for an output gradient of 1, which the backward scales where it is not 1"),
+    Dim("first_read", ("normal", "evict_last"), "the L2 priority of the forward's first read of a row it reads again"),
+    Dim("reread", ("in_order", "reverse"), "the forward's second read of a row in order, or from its end back (the "
+        "last lines read are the likeliest still in L2)"),
 )
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -32,6 +35,8 @@ def space(logits: str = "bfloat16") -> Space:
     constraints = (
         Constraint("a row's threads fit in a block", lambda p: p["threads_per_row"] <= p["block_size"]),
         Constraint("a load is at most 16 bytes", lambda p: p["vec"] * _BYTES[logits] <= 16),
+        Constraint("a first read's priority and the second read's order are for a row read again in the forward",
+                   lambda p: p["gradient"] == "forward" or (p["first_read"], p["reread"]) == ("normal", "in_order")),
     )
     return Space(FAMILY, {"logits": logits}, DIMS, constraints)
 
