@@ -75,3 +75,77 @@ def test_parameter_names_are_identifiers():
 
     with pytest.raises(SpaceError, match="must be identifiers"):
         Space("toy", {}, [Dim("backward:vec", (1, 2), "a joined variant's key, not a dimension")])
+
+
+def _toy_op():
+    from tuner import declare
+
+    return declare.Op("toy", inputs=(declare.Tensor("u", dtypes=("float32", "bfloat16")),
+                                     declare.Tensor("v", like="u"), declare.Scalar("smooth_by", "float", 0.0),
+                                     declare.Scalar("steps", "int", 1_000_000),
+                                     declare.Scalar("mode", "str", "mean", choices=("none", "mean", "sum"))),
+                      outputs=(declare.Tensor("out", like="u"),), sizes={"rows": "leading(u)", "cols": "u.size(-1)"})
+
+
+def test_a_declared_problem_is_made_from_the_op():
+    """Sizes, then each varying tensor's dtype, then the scalars asked for, in their order: fields,
+    options of the command line and the key alike."""
+    import dataclasses
+    import pickle
+
+    from tuner.cli import args as cli_args
+    from tuner.families import rms_norm
+    from tuner.space import problem_class
+
+    Problem = problem_class(_toy_op(), "toy", {"rows": 64, "cols": 32, "u": "bf16", "smooth_by": 0},
+                            scalars=("mode", "smooth_by", "steps"))
+    assert Problem.family == "toy" and [f.name for f in dataclasses.fields(Problem)] == [
+        "rows", "cols", "u", "mode", "smooth_by", "steps"]
+    p = Problem()
+    assert (p.u, p.mode, p.smooth_by, p.steps) == ("bfloat16", "mean", 0.0, 1_000_000)  # dtypes canonical, 0 a float
+    assert p.key() == "R64-C32-bfloat16-mean-sb0-s1000000"
+    assert Problem(3, 5, "float32", "sum", 0.125, -2).key() == "R3-C5-float32-sum-sb0.125-s-2"
+    options = {f.name: f.metadata["option"] for f in dataclasses.fields(Problem)}
+    assert options["cols"]["help"] == "cols: u.size(-1)" and options["u"] == {
+        "help": "u dtype", "flag": None, "choices": None, "parse": None, "dtype": True}
+    assert options["mode"]["choices"] == ("none", "mean", "sum") and options["mode"]["help"] == "mode: none, mean, sum"
+    assert [getattr(cli_args, options[n]["parse"])(text) for n, text in (("smooth_by", "0.1"), ("steps", "-3"))] == [
+        0.1, -3]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.rows = 1
+    # RMSNorm's: the keys its studies and exports were made under
+    assert rms_norm.Problem().key() == "R4096-W4096-bfloat16-bfloat16"
+    assert rms_norm.Problem(12, 64, "float32", "float16").key() == "R12-W64-float32-float16"
+    assert pickle.loads(pickle.dumps(rms_norm.Problem(3, 5))) == rms_norm.Problem(3, 5)  # found as its module's Problem
+    assert problem_class(_toy_op(), "toy", {"rows": 1, "cols": 2, "u": "float32"}, key=lambda q: "one")().key() == "one"
+
+
+@pytest.mark.parametrize("defaults, kw, message", [
+    ({"rows": 1, "u": "float32"}, {}, r"toy's problem: give defaults\['cols'\]"),
+    ({"rows": 1, "cols": 2, "u": "float64"}, {}, "u's default dtype 'float64' is not one of its dtypes"),
+    ({"rows": 1, "cols": 2, "u": "float32", "colz": 3}, {}, "'colz' is no field of it"),
+    ({"rows": 1, "cols": 2, "u": "float32"}, {"helps": {"mode": "?"}}, "'mode' is no field of it"),
+    ({"rows": 1, "cols": 2, "u": "float32"}, {"scalars": ("v",)}, "'v' is no scalar of the op"),
+])
+def test_a_declared_problem_says_what_its_family_left_out(defaults, kw, message):
+    from tuner.declare import DeclarationError
+    from tuner.space import problem_class
+
+    with pytest.raises(DeclarationError, match=message):
+        problem_class(_toy_op(), "toy", defaults, **kw)
+
+
+@pytest.mark.parametrize("parse, text, want", [("real", "-1e-3", -1e-3), ("real", "inf", None), ("real", "x", None),
+                                               ("whole", "-100", -100), ("whole", "1.5", None),
+                                               ("boolean", "True", True), ("boolean", "no", False),
+                                               ("boolean", "maybe", None)])
+def test_a_scalars_option_reads_its_type(parse, text, want):
+    import argparse
+
+    from tuner.cli import args as cli_args
+
+    if want is None:
+        with pytest.raises(argparse.ArgumentTypeError):
+            getattr(cli_args, parse)(text)
+    else:
+        assert getattr(cli_args, parse)(text) == want

@@ -6,10 +6,13 @@ Optuna's own constraints are soft, so invalid points never enter a study.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
+from tuner import declare
 from tuner.errors import SpaceError
 from tuner.variant import Variant
 
@@ -178,6 +181,69 @@ def option(default, help: str, *, flag: str | None = None, choices: Sequence[str
     space (`space_for`) then checks the values together."""
     return field(default=default, metadata={"option": {"help": help, "flag": flag, "choices": choices,
                                                        "parse": parse, "dtype": dtype}})
+
+
+# The command line's parser (tuner.cli.args) of a scalar the problem holds, by its declared type
+_SCALAR_PARSE = {"float": "real", "int": "whole", "bool": "boolean", "str": None}
+_SCALAR_TYPE = {"float": float, "int": int, "bool": bool, "str": str}
+
+
+def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], helps: Mapping[str, str] | None = None,
+                  *, scalars: Sequence[str] = (), key: Callable[[Any], str] | None = None) -> type:
+    """A declared family's Problem, from its op's declaration: a frozen dataclass with `family` and,
+    each an `option` of the command line, an int field per size, a str field per varying tensor
+    (its dtype), then a field per scalar named in `scalars` (the values a search checks and times
+    at; a str scalar among its choices). Fields are named as the declaration names them, in its
+    order (sizes, then tensors), the scalars in the order given.
+
+    `defaults`: each size's and dtype's value, and a scalar's where its declared default will not
+    do; `helps`: an option's help where the made one ("n: x.numel()", "x dtype") says too little.
+    `key()` names the problem in studies and exports: each size as its initial, upper-cased, and
+    its value, then the dtypes, then the scalars, a word as itself and a number after its name's
+    initials ("R4096-V32000-bfloat16-mean-ls0.1"); `key(problem)` instead, where given."""
+    def fail(message: str):
+        raise declare.DeclarationError(f"{family}'s problem: {message}")
+
+    helps = dict(helps or {})
+    declared = {s.name: s for s in op.scalars}
+    unknown = [n for n in scalars if n not in declared]
+    if unknown:
+        fail(f"{unknown[0]!r} is no scalar of the op (one of {', '.join(declared) or 'none'})")
+    names = [*op.sizes, *(t.name for t in op.varying), *scalars]
+    stray = [n for n in [*defaults, *helps] if n not in names]
+    if stray:  # a misspelt name would otherwise leave its field at a default unseen
+        fail(f"{stray[0]!r} is no field of it (one of {', '.join(names)})")
+    missing = [n for n in names if defaults.get(n, getattr(declared.get(n), "default", None)) is None]
+    if missing:
+        fail(f"give defaults[{missing[0]!r}]: the value a search tunes for unless told")
+    fields: list[tuple] = [("family", ClassVar[str], family)]
+    for n, expression in op.sizes.items():
+        fields.append((n, int, option(int(defaults[n]), helps.get(n, f"{n}: {expression}"))))
+    for t in op.varying:
+        dtype = dtype_name(defaults[t.name])
+        if dtype not in t.dtypes:
+            fail(f"{t.name}'s default dtype {dtype!r} is not one of its dtypes {list(t.dtypes)}")
+        fields.append((t.name, str, option(dtype, helps.get(t.name, f"{t.name} dtype"), dtype=True)))
+    for n in scalars:
+        s = declared[n]
+        value = _SCALAR_TYPE[s.type](defaults.get(n, s.default))  # 0 -> 0.0: capture files are checked by type
+        made = f"{n.replace('_', ' ')}: {', '.join(s.choices)}" if s.choices else n.replace("_", " ")
+        fields.append((n, _SCALAR_TYPE[s.type], option(value, helps.get(n, made), choices=s.choices or None,
+                                                       parse=_SCALAR_PARSE[s.type])))
+
+    def made_key(problem) -> str:
+        parts = [n[0].upper() + str(getattr(problem, n)) for n in op.sizes]
+        parts += [getattr(problem, t.name) for t in op.varying]
+        for n in scalars:  # a word says what it is; a number is named by its initials ("ls0.1")
+            v = getattr(problem, n)
+            if not isinstance(v, str):
+                v = "".join(w[0] for w in n.split("_")) + (f"{v:g}" if isinstance(v, float) else str(int(v)))
+            parts.append(v)
+        return "-".join(parts)
+
+    cls = dataclasses.make_dataclass("Problem", fields, frozen=True, namespace={"key": key or made_key})
+    cls.__module__ = sys._getframe(1).f_globals["__name__"]  # the family's: pickle finds it there as Problem
+    return cls
 
 
 def fixed_spaces(make: Callable[..., Space], **choices: Sequence[str]):

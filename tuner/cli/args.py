@@ -81,6 +81,26 @@ seconds = number(0, 30 * 86400, above_lo=True, unit=" seconds (30 days)")
 delay = number(0, 3600, unit=" seconds")
 fraction = number(0, 1)
 percent = number(0, 100)
+whole = integer(-2**63, 2**63 - 1)  # an op's int scalar (int64_t)
+
+
+def real(text: str) -> float:
+    """Any finite number (an op's float scalar)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {_quoted(text)}")
+    return value
+
+
+def boolean(text: str) -> bool:
+    """true or false (an op's bool scalar; 1 and 0, yes and no too)."""
+    word = text.strip().lower()
+    if word not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {_quoted(text)}")
+    return word in ("true", "1", "yes")
 
 
 def prune_factor(text: str) -> float:

@@ -50,8 +50,8 @@ def _declared_bench_args(family: str, p) -> None:
 
 def add_space_args(parser, family: str) -> None:
     """The options that pick the spaces `variants` and `build` list: one per fixed field of the
-    family's spaces (`fixed_spaces`: its dtypes), its default `space()`'s, and `--all-dtypes`; or
-    the family's own (its cli part's `add_space_args`)."""
+    family's spaces (`fixed_spaces`: its dtypes), its default `space()`'s, and `--all-dtypes` where
+    there are any; or the family's own (its cli part's `add_space_args`)."""
     import inspect
 
     from tuner import families
@@ -64,7 +64,9 @@ def add_space_args(parser, family: str) -> None:
     for name, values in fam.space_for.choices.items():
         default = defaults[name].default
         parser.add_argument(f"--{name}", default=default, help=f"{name} dtype: {', '.join(values)} (default {default})")
-    parser.add_argument("--all-dtypes", action="store_true", help=f"every ({', '.join(fam.space_for.choices)}) dtype pair")
+    if fam.space_for.choices:  # a family of one space has nothing to pick
+        parser.add_argument("--all-dtypes", action="store_true",
+                            help=f"every ({', '.join(fam.space_for.choices)}) dtype pair")
 
 
 def spaces(args) -> list:
@@ -75,7 +77,7 @@ def spaces(args) -> list:
     if own is not None:
         return own(args)
     fam = families.get(args.family)
-    if args.all_dtypes:
+    if getattr(args, "all_dtypes", False):
         return fam.all_spaces()
     return [fam.space_for({name: getattr(args, name) for name in fam.space_for.choices})]
 

@@ -2,16 +2,15 @@
 
 It exists to hold the boundary between tuner's core and its families: tests/test_family_plugin.py
 takes it through `variants`, `build`, a simulated search, `export-best` and `tuner.load` with no
-edit to tuner itself. Everything a family gives core is here and in cli.py and op.py.
+edit to tuner itself. Everything a family gives core is here and in op.py: its command line (the
+problem's options, `describe`, `bench`) is the one its declaration gives (tuner.cli.target).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
-from tuner.space import Constraint, Dim, Space, fixed_spaces
+from tuner.space import Constraint, Dim, Space, fixed_spaces, problem_class
 
 FAMILY = "scale_add"
 TEMPLATES = Path(__file__).parent / "templates"
@@ -26,14 +25,10 @@ DIMS = (
 CONSTRAINTS = (Constraint("at most 512 elements per block", lambda p: p["block_size"] * p["items"] <= 512),)
 
 
-@dataclass(frozen=True)
-class Problem:
-    family: ClassVar[str] = FAMILY
-    n: int = 1 << 20
-    alpha: float = -1.5  # the op's scalar, where a search checks and times it
-
-    def key(self) -> str:
-        return f"N{self.n}"
+# n and alpha, the op's scalar, where a search checks and times it; keyed by n alone ("N1048576"):
+# alpha changes no timing
+Problem = problem_class(OP_DECLARATION, FAMILY, {"n": 1 << 20, "alpha": -1.5}, {"n": "vector length"},
+                        scalars=("alpha",), key=lambda problem: f"N{problem.n}")
 
 
 def space(_problem: dict | None = None) -> Space:

@@ -9,13 +9,10 @@ is reduced (float atomics, or deterministic per-block partials).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 from tuner.errors import SpaceError
 from tuner.families.rms_norm.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
 from tuner.families.rms_norm.spec import DEFAULT_EPS, DTYPES, reference  # noqa: F401
-from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option
+from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, problem_class
 
 FAMILY = "rms_norm"  # its kernel template by convention: templates/rms_norm/rms_norm.cu.j2
 ODD_SIZES = ({"rows": 1, "width": 1027}, {"rows": 37, "width": 771})  # checked beside the problem's: no vector
@@ -58,16 +55,11 @@ def space(x: str = "bfloat16", weight: str = "bfloat16") -> Space:
 space_for, all_spaces, covering_set = fixed_spaces(space, x=DTYPES, weight=DTYPES)
 
 
-@dataclass(frozen=True)
-class Problem:
-    family: ClassVar[str] = FAMILY
-    rows: int = option(4096, "rows: x's leading dimensions multiplied")
-    width: int = option(4096, "the normalized (last) dimension")
-    x: str = option("bfloat16", "x dtype", dtype=True)
-    weight: str = option("bfloat16", "weight dtype", dtype=True)
-
-    def key(self) -> str:
-        return f"R{self.rows}-W{self.width}-{self.x}-{self.weight}"
+# rows, width, x, weight (their dtypes); its key "R4096-W4096-bfloat16-bfloat16"
+Problem = problem_class(OP_DECLARATION, FAMILY,
+                        {"rows": 4096, "width": 4096, "x": "bfloat16", "weight": "bfloat16"},
+                        {"rows": "rows: x's leading dimensions multiplied",
+                         "width": "the normalized (last) dimension"})
 
 
 def make_inputs(rows: int, width: int, x: str = "bfloat16", weight: str = "bfloat16", device="cuda",
