@@ -123,3 +123,26 @@ def test_a_gradient_from_the_forward_is_given_once_and_nothing_is_saved_without_
         torch.cuda.reset_peak_memory_stats()
         op(x, t)
         assert torch.cuda.max_memory_allocated() - before < 1 << 20  # no gradient buffer (4 MB) where none is asked for
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [512, 128256])  # the gradient by the backward, and by the forward
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_in_place_writes_the_gradient_over_the_logits_and_allocates_none(op, dtype, vocab, reduction):
+    x, t = ce.make_inputs(33, vocab, str(dtype).removeprefix("torch."), ignored=0.25, seed=vocab)
+    x64 = x.double().requires_grad_()
+    want = F.cross_entropy(x64, t, reduction=reduction, label_smoothing=0.1)
+    g = torch.rand(want.shape, device="cuda") + 0.5
+    (want_x,) = torch.autograd.grad(want, x64, g.double())
+    logits = x.clone().requires_grad_()
+    storage, size = logits.data_ptr(), logits.numel() * logits.element_size()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss = op(logits, t, -100, 0.1, reduction, True)
+    (gx,) = torch.autograd.grad(loss, logits, g)
+    assert torch.cuda.max_memory_allocated() - before < size // 4  # the loss and a row's numbers, no gradient
+    assert gx.data_ptr() == storage  # the gradient is the logits' storage
+    torch.testing.assert_close(loss.double(), want.detach(), rtol=1e-4, atol=1e-4)
+    err = (gx.double() - want_x).norm() / want_x.norm()
+    assert err < TOL[dtype], f"gradient's relative error {err:.3g}"

@@ -108,6 +108,8 @@ def test_a_problem_whose_op_was_slower_than_torch_when_checked_goes_to_torch(tmp
     ("rms_norm", ["--x", "fp16", "--weight", "float32", "--rows", "3"], {"x": "float16", "weight": "float32", "rows": 3}),
     ("embedding_bag", ["--bag-size", "0", "--ids", "one_hot", "--index", "i32"],
      {"bag_size": 0, "distribution": "one_hot", "index": "int32"}),
+    ("cross_entropy", ["--label-smoothing", "0.1", "--reduction", "sum", "--vocab", "1001"],
+     {"label_smoothing": 0.1, "reduction": "sum", "vocab": 1001}),
 ])
 def test_a_problem_is_made_from_its_declared_options(family, argv, want):
     from tuner.cli import main as cli

@@ -58,6 +58,10 @@ class Tensor:
     # and the backward writes or scales it in place and returns it, so that no gradient is
     # allocated in the backward. The forward gets a null pointer where no gradient will be asked for.
     gradient_of: str | None = None
+    # For a saved gradient: the name of a bool Scalar that, where a caller sets it, makes the gradient
+    # the input's own storage (no allocation: the input is overwritten by its gradient, as Liger's
+    # cross-entropy does). The kernels must read an element before they write its gradient.
+    in_place: str | None = None
 
 
 @dataclass(frozen=True)
@@ -331,7 +335,11 @@ def check(op: Op) -> None:
                      f"an input that takes a gradient")
             if [s.gradient_of for s in op.saves].count(t.gradient_of) > 1:
                 fail(f"saved {t.name}: {t.gradient_of} has one gradient saved")
+            if t.in_place is not None and t.in_place not in [a.name for a in op.scalars if a.type == "bool"]:
+                fail(f"saved {t.name}: in_place={t.in_place!r} names no bool scalar of the op")
             continue
+        if isinstance(t, Tensor) and t.in_place is not None:
+            fail(f"saved {t.name}: in_place is for a saved gradient (gradient_of=...)")
         if not isinstance(t, Tensor) or len(t.dtypes) != 1 or t.like is not None or t.shape is None:
             fail(f"saved {getattr(t, 'name', t)!r}: a Tensor of one dtype and a shape of size names "
                  f"(e.g. Tensor('rstd', dtypes=('float32',), shape=('rows',)); shape=() for a number)")

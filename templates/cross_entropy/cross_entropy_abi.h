@@ -16,6 +16,7 @@ typedef struct {
   long long ignore_index;
   float label_smoothing;
   int reduction;  // 0 none, 1 mean, 2 sum
+  int in_place;
   long long rows;  // leading(logits)
   long long vocab;  // logits.size(-1)
 } TunerCrossEntropyArgs;
@@ -33,6 +34,7 @@ typedef struct {
   long long ignore_index;
   float label_smoothing;
   int reduction;  // 0 none, 1 mean, 2 sum
+  int in_place;
   long long rows;
   long long vocab;
 } TunerCrossEntropyBackwardArgs;

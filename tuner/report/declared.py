@@ -4,7 +4,8 @@ of the op's inputs, e.g. Liger's kernel), each checked against the float64 refer
 output and every gradient), timed forward and forward+backward (tuner.report.bench). Where the
 family gives `floor_bytes(problem)` (the bytes a forward, and a forward+backward, must move at
 least), the bandwidth floor comes first. With `--problems FILE` (tuner.capture's shapes), the op
-against the torch op alone at each captured problem."""
+against the torch op alone at each captured problem. A family's `tuned_rows()` adds rows of the tuned
+op called otherwise (cross-entropy's gradient written over its logits)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _load(directory: Path):
 
 def _inputs(family: str, problem: dict):
     """(inputs, output gradient, agree): the op's inputs (the differentiable ones requiring grad),
-    and a check of an implementation's output and gradients against the float64 reference."""
+    the gradient of its output (1 for a number: a loss's), and a check of an implementation's output and gradients against the float64 reference."""
     import torch
 
     from tuner.measure import accuracy, declared
@@ -52,7 +53,9 @@ def _inputs(family: str, problem: dict):
     args = tuple(values[a.name] for a in op.inputs)
     plain = tuple(a.detach() if hasattr(a, "detach") else a for a in args)
     want = spec.reference(*plain)
-    grad = torch.randn(want.shape, device=want.device).to(args[0].dtype)
+    # a number's output gradient is 1, as a loss's backward gives it (the search times it so too); others random
+    grad = (torch.ones(want.shape, device=want.device) if want.dim() == 0 else
+            torch.randn(want.shape, device=want.device)).to(args[0].dtype)
     answers = (want, *opspec.reference_gradients(op, spec.reference, plain, grad))
     tolerance = declared.tolerance(fam)
     names = ["output"] + [f"grad_{t.name}" for t in op.differentiable]
@@ -83,8 +86,10 @@ def bench(family: str, directory, args) -> list[dict]:
 
     fam, op, spec = _parts(family)
     tuned = _load(directory)
-    impls = {TUNED: tuned, f"anchor: torch {op.name}": spec.torch_op,
-             "anchor: torch.compile": torch.compile(spec.torch_op)}
+    impls = {TUNED: tuned}
+    # the family's other ways to call the tuned op (`tuned_rows()`: name -> a function of the inputs)
+    impls.update({f"{TUNED}, {k}": fn for k, fn in (getattr(fam, "tuned_rows", lambda: {})()).items()})
+    impls.update({f"anchor: torch {op.name}": spec.torch_op, "anchor: torch.compile": torch.compile(spec.torch_op)})
     impls.update({f"anchor: {k}": fn for k, fn in (getattr(fam, "anchors", lambda: {})()).items()})
     # GPU time from CUDA-graph replays, or the profiler's sum of kernels where an anchor cannot be
     # captured in a graph (the family's BENCH_GRAPHS = False)

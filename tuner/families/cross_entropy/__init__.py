@@ -5,12 +5,9 @@ vector width of the loads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 from tuner.families.cross_entropy.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
 from tuner.families.cross_entropy.spec import DTYPES, REDUCTIONS, reference  # noqa: F401
-from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, option
+from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, problem_class
 
 FAMILY = "cross_entropy"
 # checked beside the problem's: a vocabulary no vector divides, a row of one class, every target ignored
@@ -44,17 +41,10 @@ def space(logits: str = "bfloat16") -> Space:
 space_for, all_spaces, covering_set = fixed_spaces(space, logits=DTYPES)
 
 
-@dataclass(frozen=True)
-class Problem:
-    family: ClassVar[str] = FAMILY
-    rows: int = option(4096, "rows: tokens of the batch")
-    vocab: int = option(32000, "the vocabulary (classes)")
-    logits: str = option("bfloat16", "logits dtype", dtype=True)
-    label_smoothing: float = option(0.0, "label smoothing")
-    reduction: str = option("mean", "reduction: none, mean or sum")
-
-    def key(self) -> str:
-        return f"R{self.rows}-V{self.vocab}-{self.logits}-{self.reduction}-ls{self.label_smoothing:g}"
+# rows, vocab, logits (its dtype), reduction, label_smoothing; its key "R4096-V32000-bfloat16-mean-ls0"
+Problem = problem_class(OP_DECLARATION, FAMILY, {"rows": 4096, "vocab": 32000, "logits": "bfloat16"},
+                        {"rows": "rows: tokens of the batch", "vocab": "the vocabulary (classes)"},
+                        scalars=("reduction", "label_smoothing"))
 
 
 def make_inputs(rows: int, vocab: int, logits: str = "bfloat16", ignored: float = 1 / 7, device="cuda", seed: int = 0,
@@ -87,7 +77,14 @@ def anchors() -> dict:
         print("Liger is not installed (pip install 'tuner[bench]'): its rows are left out", flush=True)
         return {}
 
-    def liger(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    def liger(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean", in_place=False):
         return LigerCrossEntropyFunction.apply(logits, target, None, ignore_index, 0.0, label_smoothing, reduction)[0]
 
     return {"Liger": liger}
+
+
+def tuned_rows() -> dict:
+    """More rows of the tuned op in `tuner bench`: its gradient written over the logits, as Liger's is."""
+    import torch
+
+    return {"in place": lambda *args: torch.ops.tuner.cross_entropy(*args[:5], True)}

@@ -1,6 +1,9 @@
 """Cross-entropy's op, declared: `torch.ops.tuner.cross_entropy(logits, target, ignore_index=-100,
-label_smoothing=0.0, reduction="mean")`, F.cross_entropy over logits [rows, vocab] with a float32
-loss. The core renders its C++ and C ABI from OP_DECLARATION and its CPU and fake kernels from
+label_smoothing=0.0, reduction="mean", in_place=False)`, F.cross_entropy over logits [rows, vocab]
+with a float32 loss. `in_place=True` lets the op write the logits' gradient over the logits (as
+Liger's does): no memory for the gradient, and the logits are gone after the forward, so only for
+logits nothing else reads (an LM head's, in eager mode; torch.compile is not told of the write).
+The core renders its C++ and C ABI from OP_DECLARATION and its CPU and fake kernels from
 the float64 reference."""
 
 from __future__ import annotations
@@ -15,20 +18,22 @@ OP_DECLARATION = declare.Op(
     inputs=(declare.Tensor("logits", dtypes=DTYPES),
             declare.Tensor("target", dtypes=("int64",), grad=False, shape=("rows",)),
             declare.Scalar("ignore_index", "int", -100), declare.Scalar("label_smoothing", "float", 0.0),
-            declare.Scalar("reduction", "str", "mean", choices=REDUCTIONS)),
+            declare.Scalar("reduction", "str", "mean", choices=REDUCTIONS),
+            declare.Scalar("in_place", "bool", False)),  # opt-in: the logits' storage takes their gradient
     outputs=(declare.Tensor("loss", dtypes=("float32",), shape=("rows",), reduced_by="reduction"),),
     sizes={"rows": "leading(logits)", "vocab": "logits.size(-1)"},
     checks=(("logits.dim() == 2", "logits must be [rows, vocab]"),),
     saves=(declare.Tensor("lse", dtypes=("float32",), shape=("rows",)),  # each row's log-sum-exp
            declare.Tensor("count", dtypes=("float32",), shape=()),  # rows whose target is not ignored
-           declare.Tensor("gradient", like="logits", gradient_of="logits")),  # written in the forward, or the backward
+           # written in the forward, or the backward; in the logits' storage where in_place is set
+           declare.Tensor("gradient", like="logits", gradient_of="logits", in_place="in_place")),
     baseline="at::cross_entropy_loss(logits, target, std::nullopt, reduction == \"none\" ? 0 : "
              "reduction == \"mean\" ? 1 : 2, ignore_index, label_smoothing).to(at::kFloat)",
 )
 
 
 def torch_cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,
-                        reduction: str = "mean"):
+                        reduction: str = "mean", in_place: bool = False):
     """The baseline in Python: F.cross_entropy, its loss in float32."""
     import torch.nn.functional as F
 
@@ -46,15 +51,18 @@ def served(input, target, weight=None, size_average=None, ignore_index: int = -1
     return input, target, ignore_index, float(label_smoothing), reduction
 
 
-def cross_entropy(input, target, *args, **kwargs):
+def cross_entropy(input, target, *args, in_place: bool = False, **kwargs):
     """`torch.nn.functional.cross_entropy`'s signature on the tuned op (load an export first): the
     calls it takes go to `torch.ops.tuner.cross_entropy` (a variant, or torch's op where the export
-    says so; its loss in float32), every other call to F.cross_entropy itself."""
+    says so; its loss in float32), every other call to F.cross_entropy itself. `in_place=True`: the
+    logits' gradient may be written over the logits (see the op)."""
     import torch
     import torch.nn.functional as F
 
     args_ = served(input, target, *args, **kwargs) if input.is_cuda else None
-    return F.cross_entropy(input, target, *args, **kwargs) if args_ is None else torch.ops.tuner.cross_entropy(*args_)
+    if args_ is None:
+        return F.cross_entropy(input, target, *args, **kwargs)
+    return torch.ops.tuner.cross_entropy(*args_, in_place)
 
 
 FUNCTIONS = {"cross_entropy": cross_entropy}

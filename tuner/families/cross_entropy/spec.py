@@ -6,8 +6,9 @@ DTYPES = ("float32", "float16", "bfloat16")  # the logits'
 REDUCTIONS = ("none", "mean", "sum")
 
 
-def reference(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean"):
-    """F.cross_entropy over the last dimension, in float64."""
+def reference(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean",
+              in_place: bool = False):
+    """F.cross_entropy over the last dimension, in float64 (`in_place` changes no value)."""
     import torch.nn.functional as F
 
     return F.cross_entropy(logits.double(), target, ignore_index=ignore_index, reduction=reduction,
