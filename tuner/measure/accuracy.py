@@ -12,8 +12,9 @@ CHUNK = 1 << 24
 
 
 def _errors(got, want, dtype=None) -> tuple[float, float]:
-    """(||got - want|| / ||want||, inf where got has NaN/inf; the same for want rounded to `dtype`,
-    or 0), in float64 over chunks, with one copy to the host."""
+    """(||got - want|| / ||want||, inf where got is NaN/inf where want is finite or the other way
+    round; the same for want rounded to `dtype`, or 0), in float64 over chunks, with one copy to
+    the host. Where the reference itself is NaN/inf (a mean over no element), got must be too."""
     import torch
 
     if got.shape != want.shape:
@@ -23,9 +24,11 @@ def _errors(got, want, dtype=None) -> tuple[float, float]:
     for i in range(0, w.numel(), CHUNK):
         a = g[i:i + CHUNK].to(device=w.device, dtype=torch.float64)
         b = w[i:i + CHUNK].to(torch.float64)
+        finite = torch.isfinite(b)
+        a, b = torch.where(finite, a, 0.0), torch.where(finite, b, 0.0)  # (a NaN of both compares as agreeing)
         r = b.to(dtype).to(torch.float64) - b if dtype is not None else torch.zeros((), dtype=torch.float64, device=w.device)
-        totals += torch.stack([(~torch.isfinite(a)).sum().double(), b.square().sum(), (a - b).square().sum(),
-                               r.square().sum()])
+        totals += torch.stack([(torch.isfinite(g[i:i + CHUNK].to(w.device)) != finite).sum().double(),
+                               b.square().sum(), (a - b).square().sum(), r.square().sum()])
     bad, scale, diff, rounding = (math.sqrt(v) if k else v for k, v in enumerate(totals.tolist()))
     if bad:
         return math.inf, 0.0
@@ -33,7 +36,7 @@ def _errors(got, want, dtype=None) -> tuple[float, float]:
 
 
 def relative_error(got, want) -> float:
-    """||got - want|| / ||want||, inf when got has NaN/inf where want is finite."""
+    """||got - want|| / ||want||, inf when got has NaN/inf where want is finite (or is finite where want is not)."""
     return _errors(got, want)[0]
 
 
