@@ -38,3 +38,29 @@ def test_a_set_made_ahead_serves_its_full_share_of_checks():
     assert made and len(made) == 1
     got = [cases.get("k", make) for _ in range(7)]
     assert got == [1, 2, 3, 1, 2, 3, 4] and len(made) == 4
+
+
+def test_large_sets_are_kept_fewer_and_dropped_before_their_replacement(monkeypatch):
+    import torch
+
+    from tuner.measure import cases as module
+
+    monkeypatch.setattr(module, "CPU_BYTES", 3000)  # room for one set of 2,000 bytes, not two
+    alive = []
+
+    def make(seed):
+        assert len([a for a in alive if a() is not None]) <= 1  # the used-up set is gone first
+        case = {"x": torch.empty(500), "answers": [torch.empty(0, dtype=torch.float64)]}
+        import weakref
+
+        alive.append(weakref.ref(case["x"]))
+        return case
+
+    cases = Cases(sets=3, uses=2)
+    made = []
+    for _ in range(6):
+        case = cases.get("k", make)
+        made.append(alive.index(next(a for a in alive if a() is case["x"])))
+        del case  # the test keeps none: what stays alive is what the sets hold
+    assert made == [0, 0, 1, 1, 2, 2]  # one set at a time, each used twice
+    assert module.nbytes({"a": torch.empty(3), "b": (torch.empty(2, dtype=torch.float64),)})[0] == 28

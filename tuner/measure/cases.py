@@ -6,7 +6,10 @@ computed once and checks up to `uses` variants, then is replaced by a fresh one
 (new random inputs, new answers). Consecutive variants get different sets, and
 no set lives long: a variant that passes only on particular inputs is still caught
 by the next set, while the reference runs once per `uses` checks instead of once
-per check. Every variant still writes into fresh, NaN-filled outputs.
+per check. Every variant still writes into fresh, NaN-filled outputs. Large sets are kept fewer
+(at most an eighth of the GPU's memory in a key's sets: a 16384 x 128256 cross-entropy's set,
+its logits and their float64 gradient, is 20 GiB), and a used-up set is dropped before its
+replacement is made.
 """
 
 from __future__ import annotations
@@ -17,6 +20,30 @@ from typing import Any, Callable, Hashable
 SETS = 3
 USES = 8
 MAX_KEYS = 64  # checks of other problems drop the oldest sets
+SHARE = 8  # a key's sets take at most 1/SHARE of their device's memory (a set at least)
+CPU_BYTES = 4 << 30  # the same bound for sets on the CPU
+
+
+def nbytes(case: Any) -> tuple[int, Any]:
+    """The bytes of the tensors in `case` (nested dicts, lists, tuples), and one tensor's device."""
+    import torch
+
+    if isinstance(case, torch.Tensor):
+        return case.numel() * case.element_size(), case.device
+    parts = case.values() if isinstance(case, dict) else case if isinstance(case, (list, tuple)) else ()
+    total, device = 0, None
+    for part in parts:
+        n, d = nbytes(part)
+        total, device = total + n, device or d
+    return total, device
+
+
+def _budget(device) -> int:
+    import torch
+
+    if device is not None and device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // SHARE
+    return CPU_BYTES
 
 
 class Cases:
@@ -45,10 +72,23 @@ class Cases:
         slots = self._slots(key)
         turn = self._turn.get(key, 0)
         self._turn[key] = turn + 1
-        i = turn % self.sets
+        i = turn % self._sets(slots)
         if i >= len(slots):
-            slots.append([make(self._seeds.randrange(1 << 62)), 0])
-        elif slots[i][1] >= self.uses:
+            slots.append(None)
+        if slots[i] is None or slots[i][1] >= self.uses:
+            slots[i] = None  # the used-up set goes before its replacement is made
             slots[i] = [make(self._seeds.randrange(1 << 62)), 0]
+            keep = self._sets(slots)  # a large set: fewer kept, this one among them
+            if i >= keep:
+                slots[0], i = slots[i], 0
+            del slots[keep:]
         slots[i][1] += 1
         return slots[i][0]
+
+    def _sets(self, slots: list) -> int:
+        """How many sets a key keeps: `sets`, fewer where they would take more than the budget."""
+        made = next((slot[0] for slot in slots if slot is not None), None)
+        if made is None:
+            return self.sets
+        size, device = nbytes(made)
+        return max(1, min(self.sets, _budget(device) // max(size, 1)))
