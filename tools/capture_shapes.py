@@ -3,10 +3,13 @@ run), for `tuner search --problems` and `tuner bench --problems`:
 
     python tools/capture_shapes.py rms_norm shapes.json        # a Llama-style set: 8 (tokens, hidden, dtypes)
     python tools/capture_shapes.py embedding_bag shapes.json   # a DLRM-style set of 8 tables and bags
+    python tools/capture_shapes.py cross_entropy shapes.json   # training steps of small Llama-style models
     python tools/capture_shapes.py rms_norm held-out.json --held-out   # other shapes, for a second check
 
 Each shape is called a few times through the torch module a model holds (nn.RMSNorm,
-nn.EmbeddingBag) under `tuner.capture`, forward and backward, on the GPU."""
+nn.EmbeddingBag) under `tuner.capture`, forward and backward, on the GPU; cross-entropy's are the
+F.cross_entropy calls of whole training steps (embedding, blocks of RMSNorm and an MLP, the LM
+head, the loss over the vocabulary) of small Llama-style models with real vocabularies."""
 
 from __future__ import annotations
 
@@ -32,6 +35,48 @@ EMBEDDING_BAG = [(1_000_000, 32, 8192, 20, "sum", "float32"), (2_000_000, 64, 40
                  (4_000_000, 16, 8192, 50, "sum", "float32"), (1_000_000, 256, 2048, 8, "mean", "bfloat16")]
 EMBEDDING_BAG_HELD_OUT = [(3_000_000, 32, 4096, 30, "sum", "float32"), (200_000, 128, 8192, 5, "mean", "float32"),
                           (1_000_000, 64, 8192, 60, "max", "float16"), (8_000_000, 64, 1024, 100, "sum", "bfloat16")]
+# (batch, sequence, hidden, vocabulary, dtype): the vocabularies of Llama 2 (32000), Mistral (32768),
+# GPT-2 (50257: no vector divides it), Llama 3 (128256) and Qwen 2 (151936), 1 in 7 labels ignored
+CROSS_ENTROPY = [(4, 1024, 256, 32000, "bfloat16"), (8, 2048, 256, 32000, "bfloat16"),
+                 (4, 2048, 256, 32768, "bfloat16"), (8, 1024, 256, 50257, "bfloat16"),
+                 (2, 2048, 256, 128256, "bfloat16"), (4, 4096, 256, 128256, "bfloat16"),
+                 (2, 4096, 256, 151936, "bfloat16"), (16, 512, 256, 32000, "float32")]
+CROSS_ENTROPY_HELD_OUT = [(2, 2048, 256, 49152, "bfloat16"), (1, 8192, 256, 256000, "bfloat16"),
+                          (6, 1024, 256, 100352, "bfloat16"), (2, 1024, 256, 128256, "float16"),
+                          (3, 1000, 256, 32001, "bfloat16")]
+
+
+def llama_step(batch: int, seq: int, hidden: int, vocab: int, dtype: str, device: str = "cuda"):
+    """A training step of a small Llama-style model (2 blocks of RMSNorm and a SiLU MLP, an LM head,
+    the loss over the vocabulary): a function that runs one forward and backward."""
+    dt = getattr(torch, dtype)
+    embed = torch.nn.Embedding(vocab, hidden, device=device, dtype=dt)
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(
+        torch.nn.RMSNorm(hidden, eps=1e-6, device=device, dtype=dt), torch.nn.Linear(hidden, 4 * hidden, device=device, dtype=dt),
+        torch.nn.SiLU(), torch.nn.Linear(4 * hidden, hidden, device=device, dtype=dt)) for _ in range(2))
+    norm = torch.nn.RMSNorm(hidden, eps=1e-6, device=device, dtype=dt)
+    head = torch.nn.Linear(hidden, vocab, bias=False, device=device, dtype=dt)
+    tokens = torch.randint(0, vocab, (batch, seq + 1), device=device)
+    labels = tokens[:, 1:].clone()
+    labels[torch.rand(labels.shape, device=device) < 1 / 7] = -100
+
+    def step():
+        h = embed(tokens[:, :-1])
+        for block in blocks:
+            h = h + block(h)
+        logits = head(norm(h))
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), labels.reshape(-1))
+        loss.backward()
+        return loss
+
+    return step
+
+
+def cross_entropy(shapes, calls: int) -> None:
+    for shape in shapes:
+        step = llama_step(*shape)
+        for _ in range(calls):
+            step()
 
 
 def rms_norm(shapes, calls: int) -> None:
@@ -59,13 +104,15 @@ def embedding_bag(tables, calls: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("family", choices=("rms_norm", "embedding_bag"))
+    p.add_argument("family", choices=("rms_norm", "embedding_bag", "cross_entropy"))
     p.add_argument("out")
     p.add_argument("--held-out", action="store_true", help="the second set of shapes, for a check of other shapes")
     p.add_argument("--calls", type=int, default=3, help="calls per shape")
     args = p.parse_args()
-    run, shapes = ((rms_norm, RMS_NORM_HELD_OUT if args.held_out else RMS_NORM) if args.family == "rms_norm" else
-                   (embedding_bag, EMBEDDING_BAG_HELD_OUT if args.held_out else EMBEDDING_BAG))
+    run, shapes = {"rms_norm": (rms_norm, RMS_NORM_HELD_OUT if args.held_out else RMS_NORM),
+                   "embedding_bag": (embedding_bag, EMBEDDING_BAG_HELD_OUT if args.held_out else EMBEDDING_BAG),
+                   "cross_entropy": (cross_entropy, CROSS_ENTROPY_HELD_OUT if args.held_out else CROSS_ENTROPY),
+                   }[args.family]
     run(shapes, 1)  # first calls (CUDA's start, kernels loaded) outside the capture: a training run's steady state
     torch.cuda.synchronize()
     with tuner.capture(args.out) as cap:
