@@ -41,7 +41,8 @@ def _load(directory: Path):
 
 def _inputs(family: str, problem: dict):
     """(inputs, output gradient, agree): the op's inputs (the differentiable ones requiring grad),
-    the gradient of its output (1 for a number: a loss's), and a check of an implementation's output and gradients against the float64 reference."""
+    the gradient of its output (1 for a number: a loss's), and a check of an implementation's
+    output and gradients against the float64 reference."""
     import torch
 
     from tuner.measure import accuracy, declared
