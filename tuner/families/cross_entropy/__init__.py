@@ -1,7 +1,8 @@
 """The cross-entropy family: F.cross_entropy(logits, target) over logits [rows, vocab] (float32,
 float16 or bfloat16) with ignore_index, label_smoothing and reduction none/mean/sum; the loss in
 float32, the gradient of the logits in their dtype. Tuned: threads per row, rows per block, the
-vector width of the loads."""
+vector width of the loads, who writes the gradient, and the cache hints of a row the forward reads
+twice."""
 
 from __future__ import annotations
 
