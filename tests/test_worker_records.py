@@ -17,6 +17,8 @@ TORCH_SUFFIX = ("\nCUDA kernel errors might be asynchronously reported at some o
     ("RuntimeError: giou_loss: variant x failed to launch: invalid argument", "launch error"),
     ("RuntimeError: CUDA error: too many resources requested for launch", "launch error"),
     ("RuntimeError: CUDA error: unspecified launch failure", "launch error"),
+    ("OutOfMemoryError: CUDA out of memory. Tried to allocate 15.66 GiB. GPU 0 has a total capacity of 79.18 GiB",
+     "out of memory"),
     ("ValueError: something of our own", None),
 ])
 def test_cuda_errors_are_classified_by_their_own_text(message, reason):

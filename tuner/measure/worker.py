@@ -33,7 +33,8 @@ _CUDA_REASONS = (
     ("invalid argument", "launch error"),
     ("launch failed", "launch error"),
     ("launch failure", "launch error"),
-    ("out of memory", "launch error"),
+    # the harness's memory (inputs, float64 answers) or the variant's: a fresh child starts empty
+    ("out of memory", "out of memory"),
     ("cuda error", "cuda error"),
     ("accelerator error", "cuda error"),
 )
