@@ -64,3 +64,21 @@ def test_large_sets_are_kept_fewer_and_dropped_before_their_replacement(monkeypa
         del case  # the test keeps none: what stays alive is what the sets hold
     assert made == [0, 0, 1, 1, 2, 2]  # one set at a time, each used twice
     assert module.nbytes({"a": torch.empty(3), "b": (torch.empty(2, dtype=torch.float64),)})[0] == 28
+
+
+def test_a_large_set_made_ahead_is_the_only_one_kept(monkeypatch):
+    import torch
+
+    from tuner.measure import cases as module
+
+    monkeypatch.setattr(module, "CPU_BYTES", 3000)
+    made = []
+
+    def make(seed):
+        made.append(seed)
+        return {"x": torch.empty(500)}
+
+    cases = Cases(sets=3, uses=2)
+    cases.prime("k", make)
+    first = cases.get("k", make)
+    assert cases.get("k", make) is first and len(made) == 1  # its second use, not a second set beside it

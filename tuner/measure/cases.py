@@ -51,6 +51,7 @@ class Cases:
         self.sets, self.uses = sets, uses
         self._pool: dict[Hashable, list[list]] = {}  # key -> [[case, uses so far], ...]
         self._turn: dict[Hashable, int] = {}
+        self._keep: dict[Hashable, int] = {}  # sets a key keeps: fewer where they are large (measured when made)
         self._seeds = random.SystemRandom()
 
     def _slots(self, key: Hashable) -> list[list]:
@@ -58,6 +59,7 @@ class Cases:
             oldest = next(iter(self._pool))
             del self._pool[oldest]
             self._turn.pop(oldest, None)
+            self._keep.pop(oldest, None)
         return self._pool.setdefault(key, [])
 
     def prime(self, key: Hashable, make: Callable[[int], Any]) -> None:
@@ -66,29 +68,28 @@ class Cases:
         slots = self._slots(key)
         if not slots:
             slots.append([make(self._seeds.randrange(1 << 62)), 0])
+            self._keep[key] = self._sets(slots[0][0])
 
     def get(self, key: Hashable, make: Callable[[int], Any]) -> Any:
         """The next set for `key`; `make(seed)` builds a new one when its turn's set is used up."""
         slots = self._slots(key)
         turn = self._turn.get(key, 0)
         self._turn[key] = turn + 1
-        i = turn % self._sets(slots)
+        i = turn % self._keep.get(key, self.sets)
         if i >= len(slots):
             slots.append(None)
         if slots[i] is None or slots[i][1] >= self.uses:
             slots[i] = None  # the used-up set goes before its replacement is made
             slots[i] = [make(self._seeds.randrange(1 << 62)), 0]
-            keep = self._sets(slots)  # a large set: fewer kept, this one among them
+            keep = self._keep[key] = self._sets(slots[i][0])  # a large set: fewer kept, this one among them
             if i >= keep:
                 slots[0], i = slots[i], 0
             del slots[keep:]
         slots[i][1] += 1
         return slots[i][0]
 
-    def _sets(self, slots: list) -> int:
-        """How many sets a key keeps: `sets`, fewer where they would take more than the budget."""
-        made = next((slot[0] for slot in slots if slot is not None), None)
-        if made is None:
-            return self.sets
+    def _sets(self, made: Any) -> int:
+        """How many sets a key keeps, given one of them: `sets`, fewer where they would take more
+        than the budget."""
         size, device = nbytes(made)
         return max(1, min(self.sets, _budget(device) // max(size, 1)))
