@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import tuner
 from tuner.build import compile as build
 from tuner.deploy import export
+from tuner.errors import KernelInputError
 from tuner.families import cross_entropy as ce
 
 
@@ -61,6 +62,12 @@ def test_calls_no_variant_takes_and_bad_input(op):
         op(x.reshape(2, 3, 11), t)
     with pytest.raises(RuntimeError, match="target dtype to be Long"):  # no variant takes it: torch's op and words
         op(x, t.int())
+    bad = t.clone()
+    bad[2] = 11  # the vocabulary is 11 words
+    with pytest.raises(KernelInputError, match=r"cross_entropy: invalid input: a target is outside \[0, vocab\)"):
+        op(x, bad)
+    bad[2] = -100  # ignored, not refused
+    op(x, bad)
 
 
 def test_a_captured_run_records_its_cross_entropy_calls(tmp_path):

@@ -146,3 +146,45 @@ def test_in_place_writes_the_gradient_over_the_logits_and_allocates_none(op, dty
     torch.testing.assert_close(loss.double(), want.detach(), rtol=1e-4, atol=1e-4)
     err = (gx.double() - want_x).norm() / want_x.norm()
     assert err < TOL[dtype], f"gradient's relative error {err:.3g}"
+
+
+def test_a_target_outside_the_vocabulary_is_refused_as_the_validate_mode_says(op):
+    """The forward's kernel reports a target outside [0, vocab) (its loss is NaN): "sync" raises in
+    the call, "async" (the default) in a later call, "deferred" at tuner.check_errors(); an ignored
+    target is no error, and the search's kernel reports the same bit."""
+    from tuner.errors import KernelInputError
+
+    x, t = ce.make_inputs(64, 512, "bfloat16", seed=5)
+    bad = t.clone()
+    bad[3] = 512
+    words = r"cross_entropy: invalid input: a target is outside \[0, vocab\)"
+    try:
+        tuner.set_validate("sync")
+        with pytest.raises(KernelInputError, match=words):
+            op(x, bad)
+        op(x, t)  # the word was cleared
+        tuner.set_validate("async")
+        op(x, bad)
+        torch.cuda.synchronize()
+        with pytest.raises(KernelInputError, match="invalid input in an earlier call: a target is outside"):
+            op(x, t)
+        tuner.set_validate("deferred")
+        assert torch.isnan(op(x, bad, reduction="none")[3])
+        with pytest.raises(KernelInputError, match="a target is outside"):
+            tuner.check_errors()
+        bad[3] = -100
+        op(x, bad)
+        tuner.check_errors()  # ignored: nothing reported
+    finally:
+        tuner.set_validate("async")
+    evaluation = Evaluation("cross_entropy")
+    b = build.build([ce.space("bfloat16").nearest(dict(threads_per_row=256, block_size=256, vec=8))],
+                    gpus.attached().arch)[0]
+    kernel = evaluation.load(b.so, b.variant.name, b.entry)
+    problem = ce.Problem(64, 512, "bfloat16").__dict__
+    assert evaluation.check(kernel, problem)["ok"] and evaluation.errors(kernel) == 0
+    bad[3] = 700
+    call, _ = kernel.prepare({"logits": x, "target": bad, "ignore_index": -100, "label_smoothing": 0.0,
+                              "reduction": "mean", "in_place": False})
+    call()
+    assert evaluation.errors(kernel) == 1 and evaluation.errors(kernel) == 0

@@ -164,6 +164,9 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("mode", "str", "sum", ("sum", "a b")))),
      "must be distinct words"),
     (dict(checks=(("x.dim() && 1", "m"),)), "a (condition, message) pair, the condition in the sizes' words"),
+    (dict(errors=("bad",)), "error 'bad': a (name, message) pair"),
+    (dict(errors=(("Bad", "m"),)), "the name a C identifier in lower case"),
+    (dict(errors=(("bad", "m"), ("bad", "n"))), "at most 8, each named once"),
 ])
 def test_a_declaration_the_core_cannot_render_says_what_to_change(change, message):
     given = dict(inputs=(declare.Tensor("x", dtypes=("float32",)),), outputs=(declare.Tensor("y", like="x"),),
@@ -234,3 +237,21 @@ def test_the_python_side_of_a_declared_op_checks_and_computes_as_its_cpp_does():
     torch.testing.assert_close(cpu(x), x)  # the default word
     with pytest.raises(ValueError, match="worded: mode must be one of sum, mean, got max"):
         cpu(x, "max")
+
+
+def test_declared_errors_reach_the_header_and_the_op():
+    """A declaration's errors: a bit each in the header, the forward's error word and host flags, a
+    `validates` in the table, and the op's words for the bits (its launch checked as the validate
+    mode says)."""
+    op = declare.Op("probe", inputs=(declare.Tensor("x", dtypes=("float32",)),), outputs=(declare.Tensor("y", like="x"),),
+                    sizes={"n": "x.numel()"}, errors=(("negative", "x has a negative element"), ("big", "x is big")))
+    header = declared.header(op)
+    assert "#define TUNER_PROBE_ERROR_NEGATIVE 0  // x has a negative element" in header
+    assert "#define TUNER_PROBE_ERROR_BIG 1" in header
+    assert "unsigned* errors;" in header and "unsigned char* error_flags;" in header and "int validates;" in header
+    assert "tuner_probe_report(unsigned* errors, unsigned char* error_flags, int bit)" in header
+    source = declared.op_source(op)
+    assert '"x has a negative element", "x is big"' in source
+    assert "op.launch(vt, vt->validates != 0, op.check(), ws, stream" in source
+    plain = declared.op_source(declare.Op("probe", inputs=op.inputs, outputs=op.outputs, sizes=op.sizes))
+    assert "error_flags" not in plain and "validates" not in plain

@@ -108,6 +108,12 @@ class Op:
     # expression of the inputs as `sizes` are ("x.dim() >= 1"), checked first, refused with
     # "<op>: <message>".
     checks: tuple = ()
+    # Bad input the forward's kernels find in values, not shapes (a target outside the vocabulary):
+    # (name, message) pairs, the i-th bit i. A variant reports one with `tuner_<op>_report(args, i)`
+    # (its ABI header) and says in its table's `validates` whether it does; the op raises
+    # tuner.KernelInputError("<op>: invalid input: <message>") as the validate mode says
+    # (tuner.set_validate: "async", a later call; "sync", this one; "deferred", tuner.check_errors()).
+    errors: tuple = ()
 
     def __post_init__(self):
         check(self)
@@ -182,7 +188,7 @@ FLOATING = {"float32", "float16", "bfloat16", "float64"}
 _PYTHON = {"float": (float, int), "int": int, "bool": bool, "str": str}
 # What the rendered C++ names itself: a declared name must not be one of these.
 RESERVED = {
-    "a", "all", "baseline", "ctx", "got", "grads", "guard", "known", "live", "op", "outs", "pair", "result", "saved",
+    "a", "all", "baseline", "errors", "error_flags", "validates", "ctx", "got", "grads", "guard", "known", "live", "op", "outs", "pair", "result", "saved",
     "scratch", "sizes", "stream", "vt", "winner", "abi", "name", "forward", "backward", "at", "c10",
     "std", "torch", "tuner_op",
     # C and C++ keywords a lower-case name could be
@@ -318,6 +324,13 @@ def check(op: Op) -> None:
             fail(f"{t.name}: only an input can be optional")
     if any(isinstance(a, Tensor) and a.optional for a in op.inputs) and op.baseline is None:
         fail("an optional input needs a baseline: it serves the calls that leave the input out")
+    error_names = [e[0] if isinstance(e, tuple) and len(e) == 2 else None for e in op.errors]
+    for e, n in zip(op.errors, error_names):
+        if n is None or not isinstance(n, str) or not _NAME.match(n) or not isinstance(e[1], str) or '"' in e[1]:
+            fail(f"error {e!r}: a (name, message) pair, the name a C identifier in lower case "
+                 f"(e.g. ('target', 'a target is outside [0, vocab)'))")
+    if len(set(error_names)) != len(error_names) or len(error_names) > 8:
+        fail(f"errors {error_names}: at most 8, each named once")
     for field_ in op.table:
         if not isinstance(field_, str) or ";" in field_ or not re.search(r"\w\s*\)?\s*(\(.*\))?\s*$", field_):
             fail(f"table field {field_!r}: one C declaration without its ';' (e.g. 'int vec')")

@@ -52,6 +52,25 @@ class DeclaredKernel(Kernel):
         _, fields = abi.table(family)  # the table as the declaration's `scratch` reads it (vt->f(...))
         self.table = types.SimpleNamespace(**{f: getattr(self, f"{f}_fn" if isinstance(kind, abi.Function) else f)
                                               for f, kind in fields[2:]})
+        self.error_word = None  # the errors the forward reported (where the op declares errors), zeroed
+
+    def _errors(self, device) -> dict:
+        """The forward's error fields, where the op declares errors: a zeroed word, no host flags."""
+        import torch
+
+        if not self.op.errors:
+            return {}
+        if self.error_word is None or self.error_word.device != device:
+            self.error_word = torch.zeros(1, dtype=torch.int32, device=device)
+        return {"errors": self.error_word.data_ptr(), "error_flags": None}
+
+    def take_errors(self) -> int:
+        """The error bits reported since the last take (a sync), cleared."""
+        if self.error_word is None:
+            return 0
+        bits = int(self.error_word.item()) & 0xFFFFFFFF
+        self.error_word.zero_()
+        return bits
 
     def _check(self, values: dict) -> None:
         """What a variant takes: its dtypes, contiguous tensors on one GPU, the declared shapes."""
@@ -75,7 +94,8 @@ class DeclaredKernel(Kernel):
         outs = {t.name: (into or {}).get(t.name) for t in (*self.op.outputs, *self.op.saves)}
         outs = {n: t if t is not None else opspec.empty(self.op, self._by_name(n), values) for n, t in outs.items()}
         args = self.Args(**{t.name: values[t.name].data_ptr() for t in self.op.tensors},
-                         **{n: t.data_ptr() for n, t in outs.items()}, **self._scalars_and_sizes(values))
+                         **{n: t.data_ptr() for n, t in outs.items()}, **self._scalars_and_sizes(values),
+                         **self._errors(values[self.op.tensors[0].name].device))
         return self._call(self.forward_fn, args, values, outs, "forward"), outs
 
     def prepare_backward(self, grads: dict, values: dict, saved: dict, into: dict | None = None) -> tuple[Callable, dict]:
@@ -240,4 +260,5 @@ class Evaluation:
         return fwd, timing.gradient_call(tuple(outs), tuple(leaves.values()), tuple(grads.values()))
 
     def errors(self, kernel: DeclaredKernel) -> int:
-        return 0  # a declared op's kernels validate nothing of their inputs
+        """Error bits the forward reported since the last call (generated inputs are valid)."""
+        return kernel.take_errors()

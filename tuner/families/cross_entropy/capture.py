@@ -8,11 +8,9 @@ from tuner.families.cross_entropy.op import OP_DECLARATION, served
 
 
 def _functional(*args, **kwargs) -> dict | None:
-    call = served(*args, **kwargs)
-    if call is None:
-        return None
-    values = dict(zip(("logits", "target", "ignore_index", "label_smoothing", "reduction"), call))
-    return opspec.problem(OP_DECLARATION, values, ("label_smoothing", "reduction"))
+    call, names = served(*args, **kwargs), ("logits", "target", "ignore_index", "label_smoothing", "reduction")
+    return None if call is None else opspec.problem(OP_DECLARATION, dict(zip(names, call)),
+                                                     ("label_smoothing", "reduction"))
 
 
 CALLS = {"torch.nn.functional.cross_entropy": lambda args, kwargs: _functional(*args, **kwargs)}

@@ -3,15 +3,14 @@ label_smoothing=0.0, reduction="mean", in_place=False)`, F.cross_entropy over lo
 with a float32 loss. `in_place=True` lets the op write the logits' gradient over the logits (as
 Liger's does): no memory for the gradient, and the logits are gone after the forward, so only for
 logits nothing else reads (an LM head's, in eager mode; torch.compile is not told of the write).
-The core renders its C++ and C ABI from OP_DECLARATION and its CPU and fake kernels from
-the float64 reference."""
+The core renders its C++, C ABI, CPU and fake kernels from OP_DECLARATION and the reference."""
 
 from __future__ import annotations
 
 import math
 
 from ... import declare, opspec
-from .spec import DTYPES, REDUCTIONS, reference
+from .spec import BAD_TARGET, DTYPES, REDUCTIONS, reference
 
 OP_DECLARATION = declare.Op(
     "cross_entropy",
@@ -23,6 +22,8 @@ OP_DECLARATION = declare.Op(
     outputs=(declare.Tensor("loss", dtypes=("float32",), shape=("rows",), reduced_by="reduction"),),
     sizes={"rows": "leading(logits)", "vocab": "logits.size(-1)"},
     checks=(("logits.dim() == 2", "logits must be [rows, vocab]"),),
+    errors=(("bad_target", BAD_TARGET),),  # found by the forward's kernel
+    abi=2,
     saves=(declare.Tensor("lse", dtypes=("float32",), shape=("rows",)),  # each row's log-sum-exp
            declare.Tensor("count", dtypes=("float32",), shape=()),  # rows whose target is not ignored
            # written in the forward, or the backward; in the logits' storage where in_place is set
