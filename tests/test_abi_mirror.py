@@ -12,14 +12,15 @@ import subprocess
 import pytest
 
 from tuner.build import toolkit
-from tuner.build.render import templates_dir
+from tuner.build.render import templates_dir, write_headers
 from tuner.measure import abi
 from tuner.measure.kernel import TORCH_DTYPES
 from tuner.errors import SpaceError
 from tuner.families.giou import kernel as giou_kernel
 
 MIRRORS = [(family, header, name) for family, header in (("giou", "giou_abi.h"), ("rms_norm", "rms_norm_abi.h"),
-                                                         ("embedding_bag", "embedding_bag_abi.h"))
+                                                         ("embedding_bag", "embedding_bag_abi.h"),
+                                                         ("cross_entropy", "cross_entropy_abi.h"))
            for name in abi.declarations(family)]
 
 
@@ -34,8 +35,9 @@ def _layout_in_c(tmp_path, family: str, header: str, struct: str, fields: list[s
     lines += ["  return 0;", "}"]
     src, exe = tmp_path / "layout.c", tmp_path / "layout"
     src.write_text("\n".join(lines) + "\n")
-    subprocess.run([cc, f"-I{templates_dir(family)}", f"-I{toolkit.cuda_home() / 'include'}", str(src), "-o", str(exe)],
-                   check=True, capture_output=True, timeout=120)
+    headers = write_headers(family, tmp_path / "include")  # as a build has them (a declared op's rendered)
+    subprocess.run([cc, f"-I{headers}", f"-I{templates_dir(family)}", f"-I{toolkit.cuda_home() / 'include'}", str(src),
+                    "-o", str(exe)], check=True, capture_output=True, timeout=120)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60).stdout
     return [int(n) for n in out.split()]
 

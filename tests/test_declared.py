@@ -40,9 +40,18 @@ RICH = declare.Op(
 )
 
 
-def test_the_toy_header_is_what_its_declaration_renders():
+def test_a_declared_header_is_rendered_where_it_is_included_and_kept_nowhere(capsys, tmp_path):
+    """No file to write or keep in step: the builds, the exports and the ctypes mirror take the
+    header the declaration renders; `python -m tuner.build.declared NAME` prints it."""
+    from tuner.build import render
+
     families.add_path(HERE)
-    assert declared.main(["scale_add", "--check"]) == 0
+    assert not (families.templates("scale_add") / "scale_add_abi.h").exists()
+    text = declared.header(families.get("scale_add").OP_DECLARATION)
+    assert render.headers("scale_add") == {"scale_add_abi.h": text}
+    assert (render.write_headers("scale_add", tmp_path) / "scale_add_abi.h").read_text() == text
+    assert declared.main(["scale_add"]) == 0 and capsys.readouterr().out == text
+    assert abi.table("scale_add")[0] == "TunerScaleAddVtable"
 
 
 def test_a_rendered_header_is_c_and_its_mirror_lays_out_as_the_compiler_does(tmp_path, monkeypatch):
@@ -175,18 +184,18 @@ def test_a_declaration_the_core_cannot_render_says_what_to_change(change, messag
         declare.Op("probe", **{**given, **change})
 
 
-def test_a_binding_is_not_built_from_a_header_its_declaration_no_longer_renders(tmp_path, monkeypatch):
-    from tuner.errors import TunerError
+def test_a_changed_declaration_changes_what_every_build_is_keyed_by(monkeypatch):
+    """The header is part of each variant's and the binding's content hash: a declaration that
+    changes rebuilds them (nothing stale is loaded against a new layout)."""
+    from dataclasses import replace
+
+    from tuner.build import render
 
     families.add_path(HERE)
     fam = families.get("scale_add")
-    folder = tmp_path / "templates"
-    shutil.copytree(families.templates("scale_add"), folder)
-    monkeypatch.setattr(fam, "TEMPLATES", folder)
-    assert "scale_add_op.cpp" in binding.sources("scale_add")  # as written
-    (folder / "scale_add_abi.h").write_text((folder / "scale_add_abi.h").read_text().replace("float alpha", "double alpha"))
-    with pytest.raises(TunerError, match="is not what scale_add's declaration renders: write it with"):
-        binding.sources("scale_add")
+    before, key = render.header_text("scale_add"), binding._key("scale_add")
+    monkeypatch.setattr(fam, "OP_DECLARATION", replace(fam.OP_DECLARATION, abi=fam.OP_DECLARATION.abi + 1))
+    assert render.header_text("scale_add") != before and binding._key("scale_add") != key
 
 
 def test_the_python_side_of_a_declared_op_checks_and_computes_as_its_cpp_does():

@@ -121,10 +121,10 @@ def main() -> None:
     lib = nvrtc_library()
     nvcc = toolkit.nvcc()
     include = str(Path(toolkit.cuda_home()) / "include")
-    headers = str(render.templates_dir("rms_norm"))
     times: dict[str, list[float]] = {"nvcc shared object": [], "nvcc -cubin": [], "NVRTC": []}
     print(f"{os.cpu_count()} cores; nvcc {toolkit.nvcc_version()}; one compile at a time")
     with tempfile.TemporaryDirectory() as tmp:
+        headers = str(render.write_headers("rms_norm", Path(tmp, "include")))  # its ABI, rendered as a build does
         for i, variant in enumerate(rms_norm.covering_set()[:args.variants]):
             source = render.render(variant)
             cu = Path(tmp, f"v{i}.cu")

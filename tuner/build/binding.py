@@ -24,7 +24,7 @@ from pathlib import Path
 from tuner import families, paths, runtime
 from tuner.build import toolkit
 from tuner.build.compile import torch_version
-from tuner.build.render import header_text, templates_dir
+from tuner.build.render import header_text, templates_dir, write_headers
 from tuner.errors import TunerError
 
 
@@ -50,10 +50,6 @@ def sources(family: str) -> dict[str, str]:
         return {f: (templates_dir(family) / f).read_text() for f in fam.BINDING}
     if f"{family}_op.cpp" in fam.BINDING:
         raise TunerError(f"family {family!r} declares its op and writes {family}_op.cpp too: keep one of the two")
-    header = declared.header_path(family)
-    if not header.is_file() or header.read_text() != declared.header(op):  # the variants were built against it
-        raise TunerError(f"{header} is not what {family}'s declaration renders: write it with "
-                         f"`python -m tuner.build.declared {family}` (and rebuild its variants)")
     return {f"{family}_op.cpp": declared.op_source(op), **{f: (templates_dir(family) / f).read_text() for f in fam.BINDING}}
 
 
@@ -174,7 +170,7 @@ def _build(family: str, path: Path, verbose: bool) -> None:
         rendered = build_dir / f"{family}_op.cpp"
         rendered.write_text(sources(family)[f"{family}_op.cpp"])
         files.insert(0, rendered)
-    compile_library(path, files, [templates_dir(family)], verbose)
+    compile_library(path, files, [write_headers(family, build_dir), templates_dir(family)], verbose)
 
 
 def compile_library(path: Path, files: list[Path], includes: list[Path], verbose: bool = False) -> Path:

@@ -41,7 +41,7 @@ from typing import Callable, Iterable
 from tuner import families, paths
 from tuner.build import toolkit
 from tuner.errors import BuildError, ToolchainError
-from tuner.build.render import header_text, in_namespace, includes, render, templates_dir
+from tuner.build.render import header_text, in_namespace, includes, render, templates_dir, write_headers
 from tuner.variant import Variant
 
 BASE_FLAGS = (
@@ -355,7 +355,8 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
                 text = unit_source([(k, todo[k][1]) for k in unit], families.get(family).ENTRY)
             (tmp / f"{name}.cu").write_text(text)
             lines.append(f"build {name}.so: nvcc {name}.cu")
-            lines.append(f"  include = -I{templates_dir(family)}")
+            headers = write_headers(family, tmp / f"include-{family}")  # a declared op's ABI is rendered
+            lines.append(f"  include = -I{headers} -I{templates_dir(family)}")
         (tmp / "build.ninja").write_text("\n".join(lines) + "\n")
         # At low priority: a search times kernels while its next batch compiles, and a timing
         # process starved of CPU launches late, so that the GPU idles inside the timed window.

@@ -1,12 +1,11 @@
 """The C ABI header and the op's C++ of a family that declares its op (`OP_DECLARATION`, a
 tuner.declare.Op), rendered from templates/common/declared_abi.h.j2 and declared_op.cpp.j2.
 
-The op's C++ is rendered when the family's binding builds (tuner/build/binding.py); the header is
-kept beside the family's kernel template (its variants and exports include it), written by
+Both are rendered where they are needed: the header into each build of the family's variants and
+of its binding, and into an export (tuner/build/render.py's `headers`), the op's C++ when the
+binding builds (tuner/build/binding.py). To read them:
 
-    python -m tuner.build.declared FAMILY [--check]
-
-and checked against the declaration by the tests (`--check`: exit 1 where it differs).
+    python -m tuner.build.declared FAMILY [--op]
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import functools
 import json
 import re
 import sys
-from pathlib import Path
 
 import jinja2
 
@@ -28,11 +26,6 @@ AT = {"float32": "at::kFloat", "float16": "at::kHalf", "bfloat16": "at::kBFloat1
 
 def declaration(family: str) -> declare.Op | None:
     return getattr(families.get(family), "OP_DECLARATION", None)
-
-
-def header_path(family: str) -> Path:
-    """Where a declared family's C ABI header is kept: beside its kernel template."""
-    return families.templates(family) / f"{family}_abi.h"
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,23 +117,15 @@ def op_source(op: declare.Op) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="write (or --check) a declared family's C ABI header")
+    ap = argparse.ArgumentParser(description="print a declared family's C ABI header (or its op's C++), as rendered")
     ap.add_argument("family")
-    ap.add_argument("--check", action="store_true", help="exit 1 where the header on disk differs")
+    ap.add_argument("--op", action="store_true", help="the op's C++ instead of the header")
     args = ap.parse_args(argv)
     op = declaration(args.family)
     if op is None:
         print(f"family {args.family!r} declares no op (OP_DECLARATION)", file=sys.stderr)
         return 2
-    path, text = header_path(args.family), header(op)
-    if args.check:
-        if not path.is_file() or path.read_text() != text:
-            print(f"{path} differs from {args.family}'s declaration: python -m tuner.build.declared {args.family}",
-                  file=sys.stderr)
-            return 1
-        return 0
-    path.write_text(text)
-    print(path)
+    print(op_source(op) if args.op else header(op), end="")
     return 0
 
 

@@ -117,7 +117,26 @@ def _render_joined(joined: Variant, forward: Variant, backward: Variant, focus: 
                       _INCLUDE.sub("", glue)])
 
 
+def headers(family_name: str) -> dict[str, str]:
+    """The headers a family's sources include, name -> text: a declared op's C ABI rendered from
+    its declaration (tuner/build/declared.py), others read from its templates folder."""
+    from tuner.build import declared
+
+    family, op = families.get(family_name), declared.declaration(family_name)
+    return {h: declared.header(op) if op is not None and h == f"{family_name}_abi.h"
+            else (templates_dir(family_name) / h).read_text() for h in family.HEADERS}
+
+
+def write_headers(family_name: str, folder: Path) -> Path:
+    """The family's headers written into `folder` (a build's), for its sources to include."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in headers(family_name).items():
+        path = folder / name
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+    return folder
+
+
 def header_text(family_name: str) -> str:
     """The headers a family's sources include, concatenated (part of every content hash)."""
-    family = families.get(family_name)
-    return "".join((templates_dir(family_name) / h).read_text() for h in family.HEADERS)
+    return "".join(headers(family_name).values())

@@ -24,7 +24,7 @@ from tuner.deploy import binaries as _binaries
 from tuner.store import study as studies
 from tuner.errors import TunerError
 from tuner.store.records import served_by
-from tuner.build.render import header_text, render, templates_dir
+from tuner.build.render import header_text, headers, render, templates_dir
 from tuner.variant import Variant
 
 MANIFEST = runtime.MANIFEST
@@ -145,8 +145,8 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = 
             "baseline_us": w.get("baseline_us"), "served_by": w.get("served_by", "variant"),
             **({"checked": w["checked"]} if "checked" in w else {}),  # the op / torch's op, per cell
         })
-    for name in family.HEADERS:  # the sources include them
-        (out / name).write_text((templates_dir(family.FAMILY) / name).read_text())
+    for name, text in headers(family.FAMILY).items():  # the sources include them
+        (out / name).write_text(text)
     manifest = {
         "format": FORMAT, "family": family.FAMILY, "tuner": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

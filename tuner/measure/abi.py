@@ -1,8 +1,8 @@
-"""A family's C ABI header (`HEADERS` in templates/<family>/) read into ctypes: its argument
-structs and its variant table, each `typedef struct { ... } Name;` of plain fields and function
-pointers. The search calls variants through these (tuner/measure/kernel.py), so the header is the
-one place the C interface is written; tests/test_abi_mirror.py holds every struct read here
-against the layout the C compiler gives it."""
+"""A family's C ABI header (`HEADERS` in templates/<family>/, or rendered from its declared op)
+read into ctypes: its argument structs and its variant table, each `typedef struct { ... } Name;`
+of plain fields and function pointers. The search calls variants through these
+(tuner/measure/kernel.py), so the header is the one place the C interface is written;
+tests/test_abi_mirror.py holds every struct read here against the layout the C compiler gives it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import ctypes
 import functools
 import re
 
-from tuner import families
 from tuner.errors import SpaceError
 
 _TYPES = {
@@ -82,10 +81,11 @@ def _fields(body: str, where: str) -> list[tuple[str, object]]:
 @functools.cache
 def declarations(family: str) -> dict[str, list[tuple[str, object]]]:
     """Each struct of the family's ABI headers: name -> [(field, ctypes type or Function)]."""
-    fam = families.get(family)
+    from tuner.build.render import headers
+
     found: dict[str, list[tuple[str, object]]] = {}
-    for header in fam.HEADERS:
-        found.update(parse((families.templates(family) / header).read_text(), header))
+    for header, text in headers(family).items():
+        found.update(parse(text, header))
     return found
 
 
