@@ -109,8 +109,9 @@ class Op:
     # "<op>: <message>".
     checks: tuple = ()
     # Bad input the forward's kernels find in values, not shapes (a target outside the vocabulary):
-    # (name, message) pairs, the i-th bit i. A variant reports one with `tuner_<op>_report(args, i)`
-    # (its ABI header) and says in its table's `validates` whether it does; the op raises
+    # (name, message) pairs, the i-th bit i. A kernel reports one with `tuner_<op>_report(errors,
+    # error_flags, i)` (the ABI header; the forward's args hold both), a variant says in its table's
+    # `validates` whether it does; the op raises
     # tuner.KernelInputError("<op>: invalid input: <message>") as the validate mode says
     # (tuner.set_validate: "async", a later call; "sync", this one; "deferred", tuner.check_errors()).
     errors: tuple = ()
@@ -188,8 +189,9 @@ FLOATING = {"float32", "float16", "bfloat16", "float64"}
 _PYTHON = {"float": (float, int), "int": int, "bool": bool, "str": str}
 # What the rendered C++ names itself: a declared name must not be one of these.
 RESERVED = {
-    "a", "all", "baseline", "errors", "error_flags", "validates", "ctx", "got", "grads", "guard", "known", "live", "op", "outs", "pair", "result", "saved",
-    "scratch", "sizes", "stream", "vt", "winner", "abi", "name", "forward", "backward", "at", "c10",
+    "a", "all", "baseline", "ctx", "got", "grads", "guard", "known", "live", "op", "outs", "pair", "result", "saved",
+    "errors", "error_flags", "validates", "scratch", "sizes", "stream", "vt", "winner", "abi", "name", "forward",
+    "backward", "at", "c10", "ws", "describe",
     "std", "torch", "tuner_op",
     # C and C++ keywords a lower-case name could be
     "alignas", "alignof", "and", "asm", "auto", "bool", "break", "case", "catch", "char", "class", "const",
