@@ -121,6 +121,49 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
         torch.ops.tuner.declared_probe(x, x.bfloat16(), torch.zeros(5, dtype=torch.long), 0.5, 3)
 
 
+# An input the variants may get as null (GIoU's num_boxes: valid slots from the targets where it is left out).
+NULLABLE = declare.Op(
+    "nullable_probe",
+    inputs=(declare.Tensor("x", dtypes=("float32",)),
+            declare.Tensor("counts", dtypes=("int64",), grad=False, shape=("rows",), optional="null"),
+            declare.Scalar("eps", "float", 1e-6)),
+    outputs=(declare.Tensor("y", like="x"),),
+    sizes={"rows": "x.size(0)"},
+    saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),),
+    baseline="x * eps",
+)
+
+
+def test_an_input_the_variants_get_as_null_is_optional_in_every_schema_and_checked_where_given(tmp_path):
+    import torch
+
+    from tuner import opspec
+
+    header = declared.header(NULLABLE)
+    assert "const void* counts;" in header  # a pointer, null where the caller left it out
+    source = tmp_path / "nullable_probe_op.cpp"
+    source.write_text(declared.op_source(NULLABLE))
+    (tmp_path / "nullable_probe_abi.h").write_text(header)
+    library = binding.compile_library(tmp_path / "build" / "tuner_nullable_probe.so", [source], [tmp_path])
+    torch.ops.load_library(str(library))
+    assert [str(a.type) for a in torch.ops.tuner.nullable_probe.default._schema.arguments] == [
+        "Tensor", "Optional[Tensor]", "float"]
+    assert "Tensor? counts" in str(torch.ops.tuner.nullable_probe_forward.default._schema)
+    assert "Tensor? counts" in str(torch.ops.tuner.nullable_probe_backward.default._schema)
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"nullable_probe: counts must have shape \[4\] \(rows\), got \[5\]"):
+        torch.ops.tuner.nullable_probe(x, torch.zeros(5, dtype=torch.long), 0.5)
+    counts32 = torch.zeros(4, dtype=torch.int32)  # outside the variants' dtypes: the baseline's
+    torch.testing.assert_close(torch.ops.tuner.nullable_probe(x, counts32, 0.5), x * 0.5)
+    with pytest.raises(ValueError, match="nullable_probe: x is on cpu but counts is on meta"):
+        torch.ops.tuner.nullable_probe(x, torch.zeros(4, dtype=torch.long, device="meta"), 0.5)
+    # In Python as in C++: a call that leaves it out is the variants' (no baseline), one that gives it
+    # in another dtype the baseline's.
+    assert not opspec.outside(NULLABLE, opspec.bind(NULLABLE, (x, None, 0.5)))
+    assert opspec.outside(NULLABLE, opspec.bind(NULLABLE, (x, counts32, 0.5)))
+    assert opspec.problem(NULLABLE, opspec.bind(NULLABLE, (x, None, 0.5))) == {"rows": 4}
+
+
 def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_them():
     """torch counts a C++ Function's inputs that need a gradient among its tensors alone; the
     gradients it returns, one per argument."""
@@ -173,6 +216,14 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("mode", "str", "sum", ("sum", "a b")))),
      "must be distinct words"),
     (dict(checks=(("x.dim() && 1", "m"),)), "a (condition, message) pair, the condition in the sizes' words"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)),
+                  declare.Tensor("m", dtypes=("int64",), grad=False, optional="none"))),
+     "m: optional='none': True (the baseline serves a call without it) or \"null\""),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("m", dtypes=("float32",), optional="null"))),
+     "input m: an input the variants may get as null is of one dtype, takes no gradient"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)),
+                  declare.Tensor("m", dtypes=("int64",), grad=False, optional="null")), sizes={"n": "m.numel()"}),
+     "input m: an input the variants may get as null"),
     (dict(errors=("bad",)), "error 'bad': a (name, message) pair"),
     (dict(errors=(("Bad", "m"),)), "the name a C identifier in lower case"),
     (dict(errors=(("bad", "m"), ("bad", "n"))), "at most 8, each named once"),

@@ -49,7 +49,9 @@ class Tensor:
     like: str | None = None
     grad: bool = True
     shape: tuple[str, ...] | None = None  # by the op's size names: an output's or saved tensor's, an input's checked
-    optional: bool = False  # an input the caller may leave out (`Tensor?`): the baseline serves such a call
+    # An input the caller may leave out (`Tensor?`): True, the baseline serves such a call; "null", the
+    # variants get a null pointer for it (an input of one dtype, no gradient, in no size or check).
+    optional: bool | str = False
     # An output that a word reduces: the name of a str scalar with "none" among its choices; the
     # output has `shape` where it is "none", and is a number (shape ()) for every other word.
     reduced_by: str | None = None
@@ -136,6 +138,11 @@ class Op:
         return [a for a in self.inputs if isinstance(a, Scalar)]
 
     @property
+    def nullable(self) -> list[str]:
+        """The inputs the variants may get as a null pointer (optional="null")."""
+        return [t.name for t in self.tensors if t.optional == "null"]
+
+    @property
     def differentiable(self) -> list[Tensor]:
         return [t for t in self.tensors if t.grad]
 
@@ -172,13 +179,15 @@ class Op:
 
     def forward_schema(self) -> str:
         """`<name>_forward`'s, where the op saves tensors: the outputs, then the saved ones."""
-        args = [f"Tensor {a.name}" if isinstance(a, Tensor) else f"{a.type} {a.name}" for a in self.inputs]
+        args = [(f"Tensor? {a.name}" if a.name in self.nullable else f"Tensor {a.name}") if isinstance(a, Tensor)
+                else f"{a.type} {a.name}" for a in self.inputs]
         outs = ", ".join("Tensor" for _ in (*self.outputs, *self.saves))
         return f"{self.name}_forward({', '.join(args)}) -> ({outs})"
 
     def backward_schema(self) -> str:
         grads = [f"Tensor grad_{o.name}" for o in self.outputs]
-        args = [f"Tensor {t.name}" for t in (*self.tensors, *self.saves)] + [f"{s.type} {s.name}" for s in self.scalars]
+        args = [f"Tensor{'?' if t.name in self.nullable else ''} {t.name}" for t in (*self.tensors, *self.saves)]
+        args += [f"{s.type} {s.name}" for s in self.scalars]
         wants = [f"bool {t.name}_grad" for t in self.differentiable]
         n = len(self.differentiable)  # one gradient is a Tensor (torch reads "(Tensor)" as one too)
         outs = "Tensor" if n == 1 else "(" + ", ".join("Tensor" for _ in self.differentiable) + ")"
@@ -324,7 +333,19 @@ def check(op: Op) -> None:
     for t in (*op.outputs, *op.saves):
         if isinstance(t, Tensor) and t.optional:
             fail(f"{t.name}: only an input can be optional")
-    if any(isinstance(a, Tensor) and a.optional for a in op.inputs) and op.baseline is None:
+    for t in op.tensors:
+        if t.optional not in (False, True, "null"):
+            fail(f"{t.name}: optional={t.optional!r}: True (the baseline serves a call without it) or \"null\" "
+                 f"(the variants get a null pointer)")
+        if t.optional != "null":
+            continue
+        used = [e for e in (*op.sizes.values(), *(c[0] for c in op.checks if isinstance(c, tuple)))
+                if t.name in re.findall(r"\w+", str(e))]
+        others = [u.name for u in (*op.tensors, *op.outputs, *op.saves) if u.like == t.name]
+        if t.grad or t.like is not None or len(t.dtypes) != 1 or t is op.tensors[0] or used or others:
+            fail(f"input {t.name}: an input the variants may get as null is of one dtype, takes no gradient "
+                 f"(grad=False), is not the first tensor, and no size, check or tensor's `like` names it")
+    if any(isinstance(a, Tensor) and a.optional is True for a in op.inputs) and op.baseline is None:
         fail("an optional input needs a baseline: it serves the calls that leave the input out")
     error_names = [e[0] if isinstance(e, tuple) and len(e) == 2 else None for e in op.errors]
     for e, n in zip(op.errors, error_names):

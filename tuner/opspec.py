@@ -90,11 +90,13 @@ def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
 
 
 def outside(op: declare.Op, values: dict) -> bool:
-    """A call the variants do not take (a dtype outside theirs, an optional input left out): the
-    baseline's."""
+    """A call the variants do not take (a dtype outside theirs, an optional input left out that
+    they cannot get as null): the baseline's."""
     for t in op.tensors:
         v = values[t.name]
         if v is None:
+            if t.optional == "null":
+                continue
             return True
         if (_dtype(v) not in t.dtypes) if t.like is None else v.dtype != values[t.like].dtype:
             return True
@@ -224,7 +226,7 @@ def problem(op: declare.Op, values: dict, fields=()) -> dict | None:
         check(op, values)
     except (ValueError, TypeError, IndexError, RuntimeError):
         return None
-    if outside(op, values) or any(values[t.name].numel() == 0 for t in op.tensors):
+    if outside(op, values) or any(values[t.name] is not None and values[t.name].numel() == 0 for t in op.tensors):
         return None
     found = dict(zip(op.sizes, sizes(op, values)))
     found.update({t.name: _dtype(values[t.name]) for t in op.varying})

@@ -37,9 +37,10 @@ def _environment() -> jinja2.Environment:
 
 def _cpp(arg, user: bool = False) -> str:
     """An input's C++ parameter type in the op's kernels (`user`: in the op's own, where an
-    optional tensor may be left out)."""
+    optional tensor may be left out; one the variants may get as null is optional everywhere)."""
     if isinstance(arg, declare.Tensor):
-        return "const std::optional<at::Tensor>&" if user and arg.optional else "const at::Tensor&"
+        nullable = user and arg.optional or arg.optional == "null"
+        return "const std::optional<at::Tensor>&" if nullable else "const at::Tensor&"
     return declare.SCALAR_TYPES[arg.type][0]
 
 
@@ -79,8 +80,10 @@ def context(op: declare.Op) -> dict:
         "signature": ", ".join(f"{_cpp(a)} {a.name}" for a in op.inputs),
         "sig": f"{out_type}({', '.join(_cpp(a, user=True) for a in op.inputs)})",
         "user_signature": ", ".join(f"{_cpp(a, user=True)} {a.name}" for a in op.inputs),
-        "optional": [a.name for a in op.tensors if a.optional],
-        "unwrapped_args": ", ".join(f"*{a.name}" if isinstance(a, declare.Tensor) and a.optional else a.name
+        "optional": [a.name for a in op.tensors if a.optional is True], "nullable": op.nullable,
+        "saved_inputs": ", ".join(f"{t.name}.value_or(at::Tensor())" if t.name in op.nullable else t.name
+                                  for t in op.tensors),
+        "unwrapped_args": ", ".join(f"*{a.name}" if isinstance(a, declare.Tensor) and a.optional is True else a.name
                                     for a in op.inputs),
         "call_args": ", ".join(a.name for a in op.inputs), "out_type": out_type,
         "fn_type": "at::Tensor" if len(op.outputs) == 1 else "variable_list",  # what an autograd Function returns
@@ -101,8 +104,8 @@ def context(op: declare.Op) -> dict:
         "grad_saves": [t.name for t in op.saves if t.gradient_of],
         "saved_grad_of": {t.gradient_of: t.name for t in op.saves if t.gradient_of},
         # the checks that name no optional input: made also of a call that leaves one out
-        "unconditional_checks": [c for c in op.checks
-                                 if not set(re.findall(r"\w+", c[0])) & {t.name for t in op.tensors if t.optional}],
+        "unconditional_checks": [c for c in op.checks if not set(re.findall(r"\w+", c[0]))
+                                 & {t.name for t in op.tensors if t.optional is True}],
     }
 
 

@@ -80,8 +80,12 @@ class DeclaredKernel(Kernel):
             if got != want:
                 raise ValueError(f"{self.op.name}: variant {self.name} takes {t.name} {want}, got {got}")
         for t in self.op.tensors:
-            if not values[t.name].is_contiguous():
+            if values[t.name] is not None and not values[t.name].is_contiguous():
                 raise ValueError(f"{self.op.name}: variant {self.name} takes a contiguous {t.name}")
+
+    def _pointers(self, values: dict) -> dict:
+        """Each input tensor's address (None: an input left out, which the variants get as null)."""
+        return {t.name: None if values[t.name] is None else values[t.name].data_ptr() for t in self.op.tensors}
 
     def _scalars_and_sizes(self, values: dict) -> dict:
         return {**{s.name: s.choices.index(values[s.name]) if s.choices else values[s.name] for s in self.op.scalars},
@@ -93,9 +97,8 @@ class DeclaredKernel(Kernel):
         self._check(values)
         outs = {t.name: (into or {}).get(t.name) for t in (*self.op.outputs, *self.op.saves)}
         outs = {n: t if t is not None else opspec.empty(self.op, self._by_name(n), values) for n, t in outs.items()}
-        args = self.Args(**{t.name: values[t.name].data_ptr() for t in self.op.tensors},
-                         **{n: t.data_ptr() for n, t in outs.items()}, **self._scalars_and_sizes(values),
-                         **self._errors(values[self.op.tensors[0].name].device))
+        args = self.Args(**self._pointers(values), **{n: t.data_ptr() for n, t in outs.items()},
+                         **self._scalars_and_sizes(values), **self._errors(values[self.op.tensors[0].name].device))
         return self._call(self.forward_fn, args, values, outs, "forward"), outs
 
     def prepare_backward(self, grads: dict, values: dict, saved: dict, into: dict | None = None) -> tuple[Callable, dict]:
@@ -111,8 +114,7 @@ class DeclaredKernel(Kernel):
         gx = {t.name: kept.get(t.name, into.get(t.name)) for t in self.op.differentiable}
         gx = {n: g if g is not None else torch.empty_like(values[n]) for n, g in gx.items()}
         fields = {**{f"grad_{n}": g.data_ptr() for n, g in grads.items()},
-                  **{t.name: values[t.name].data_ptr() for t in self.op.tensors},
-                  **{t.name: saved[t.name].data_ptr() for t in self.op.saves},
+                  **self._pointers(values), **{t.name: saved[t.name].data_ptr() for t in self.op.saves},
                   **{f"grad_{n}": (g.data_ptr() if g.numel() else None) for n, g in gx.items()},
                   **self._scalars_and_sizes(values)}
         keep = [grads, gx]
