@@ -131,6 +131,8 @@ NULLABLE = declare.Op(
     sizes={"rows": "x.size(0)"},
     saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),),
     baseline="x * eps",
+    table=("long long (*workspace_words)(long long rows)",),
+    workspace="vt->workspace_words(sizes[0])",  # zeroed words kept between calls (a last block's sums)
 )
 
 
@@ -141,6 +143,8 @@ def test_an_input_the_variants_get_as_null_is_optional_in_every_schema_and_check
 
     header = declared.header(NULLABLE)
     assert "const void* counts;" in header  # a pointer, null where the caller left it out
+    assert "unsigned* workspace;" in header and "unsigned* errors;" not in header
+    assert ".workspace = ws.words + 1" in declared.op_source(NULLABLE)  # after the errors' word
     source = tmp_path / "nullable_probe_op.cpp"
     source.write_text(declared.op_source(NULLABLE))
     (tmp_path / "nullable_probe_abi.h").write_text(header)
@@ -162,6 +166,31 @@ def test_an_input_the_variants_get_as_null_is_optional_in_every_schema_and_check
     assert not opspec.outside(NULLABLE, opspec.bind(NULLABLE, (x, None, 0.5)))
     assert opspec.outside(NULLABLE, opspec.bind(NULLABLE, (x, counts32, 0.5)))
     assert opspec.problem(NULLABLE, opspec.bind(NULLABLE, (x, None, 0.5))) == {"rows": 4}
+
+
+def test_the_search_gives_a_declared_workspace_zeroed_after_the_errors_word():
+    import types
+
+    import torch
+
+    from tuner.measure.declared import DeclaredKernel
+
+    kernel = object.__new__(DeclaredKernel)  # no variant needed for its memory
+    kernel.op, kernel.words = NULLABLE, None
+    kernel.table = types.SimpleNamespace(workspace_words=lambda rows: 2 * rows)
+    fields = kernel._words({"x": torch.randn(4, 8), "counts": None, "eps": 0.5})
+    assert set(fields) == {"workspace"} and kernel.words.numel() == 1 + 8 and not kernel.words.any()
+    assert fields["workspace"] == kernel.words.data_ptr() + 4
+    kernel._words({"x": torch.randn(2, 8), "counts": None, "eps": 0.5})
+    assert kernel.words.numel() == 9  # kept while it is long enough
+    reporting = object.__new__(DeclaredKernel)  # errors alone (cross-entropy's): one word, taken and cleared
+    reporting.op, reporting.words, reporting.table = families.get("cross_entropy").OP_DECLARATION, None, None
+    x = torch.randn(3, 5)
+    fields = reporting._words({"logits": x, "target": torch.zeros(3, dtype=torch.long), "ignore_index": -100,
+                               "label_smoothing": 0.0, "reduction": "mean", "in_place": False})
+    assert set(fields) == {"errors", "error_flags"} and fields["error_flags"] is None
+    reporting.words[0] = 1
+    assert reporting.take_errors() == 1 and reporting.take_errors() == 0
 
 
 def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_them():
@@ -225,6 +254,7 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
                   declare.Tensor("m", dtypes=("int64",), grad=False, optional="null")), sizes={"n": "m.numel()"}),
      "input m: an input the variants may get as null"),
     (dict(errors=("bad",)), "error 'bad': a (name, message) pair"),
+    (dict(workspace=3), "workspace 3: a C++ expression of vt and sizes"),
     (dict(errors=(("Bad", "m"),)), "the name a C identifier in lower case"),
     (dict(errors=(("bad", "m"), ("bad", "n"))), "at most 8, each named once"),
 ])

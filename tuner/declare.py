@@ -106,6 +106,10 @@ class Op:
     # size values, in order) giving its length, e.g. "vt->scratch_floats(sizes[0], sizes[1])"; the
     # search reads it in Python too, `vt->` as `vt.` (tuner/measure/declared.py).
     scratch: str | None = None
+    # 32-bit words the forward gets zeroed (`unsigned* workspace`) and must leave zeroed: a last block's
+    # ticket and running sums, kept per device and stream between calls. Its length as `scratch`'s is
+    # written ("vt->workspace_words(sizes[0])"); it follows the errors' word in the same memory.
+    workspace: str | None = None
     # What a call must hold beyond dtypes and shapes: (condition, message) pairs, each condition an
     # expression of the inputs as `sizes` are ("x.dim() >= 1"), checked first, refused with
     # "<op>: <message>".
@@ -199,8 +203,8 @@ _PYTHON = {"float": (float, int), "int": int, "bool": bool, "str": str}
 # What the rendered C++ names itself: a declared name must not be one of these.
 RESERVED = {
     "a", "all", "baseline", "ctx", "got", "grads", "guard", "known", "live", "op", "outs", "pair", "result", "saved",
-    "errors", "error_flags", "validates", "scratch", "sizes", "stream", "vt", "winner", "abi", "name", "forward",
-    "backward", "at", "c10", "ws", "describe",
+    "errors", "error_flags", "validates", "workspace", "scratch", "sizes", "stream", "vt", "winner", "abi", "name",
+    "forward", "backward", "at", "c10", "ws", "describe",
     "std", "torch", "tuner_op",
     # C and C++ keywords a lower-case name could be
     "alignas", "alignof", "and", "asm", "auto", "bool", "break", "case", "catch", "char", "class", "const",
@@ -354,6 +358,9 @@ def check(op: Op) -> None:
                  f"(e.g. ('target', 'a target is outside [0, vocab)'))")
     if len(set(error_names)) != len(error_names) or len(error_names) > 8:
         fail(f"errors {error_names}: at most 8, each named once")
+    for what, e in (("scratch", op.scratch), ("workspace", op.workspace)):
+        if e is not None and (not isinstance(e, str) or ";" in e):
+            fail(f"{what} {e!r}: a C++ expression of vt and sizes, e.g. 'vt->{what}_words(sizes[0])'")
     for field_ in op.table:
         if not isinstance(field_, str) or ";" in field_ or not re.search(r"\w\s*\)?\s*(\(.*\))?\s*$", field_):
             fail(f"table field {field_!r}: one C declaration without its ';' (e.g. 'int vec')")

@@ -52,24 +52,34 @@ class DeclaredKernel(Kernel):
         _, fields = abi.table(family)  # the table as the declaration's `scratch` reads it (vt->f(...))
         self.table = types.SimpleNamespace(**{f: getattr(self, f"{f}_fn" if isinstance(kind, abi.Function) else f)
                                               for f, kind in fields[2:]})
-        self.error_word = None  # the errors the forward reported (where the op declares errors), zeroed
+        self.words = None  # the errors' word, then the workspace (where declared), zeroed, as the op keeps them
 
-    def _errors(self, device) -> dict:
-        """The forward's error fields, where the op declares errors: a zeroed word, no host flags."""
+    def _length(self, expression: str, values: dict) -> int:
+        """A declared length (`scratch`, `workspace`): its C++ read as Python, `vt->` as `vt.`."""
+        sizes = opspec.sizes(self.op, values)
+        return int(eval(expression.replace("->", "."), {"__builtins__": {}}, {"vt": self.table, "sizes": sizes}))  # noqa: S307
+
+    def _words(self, values: dict) -> dict:
+        """The forward's error fields and workspace, where declared: zeroed words, no host flags."""
         import torch
 
-        if not self.op.errors:
+        if not (self.op.errors or self.op.workspace):
             return {}
-        if self.error_word is None or self.error_word.device != device:
-            self.error_word = torch.zeros(1, dtype=torch.int32, device=device)
-        return {"errors": self.error_word.data_ptr(), "error_flags": None}
+        n = 1 + (max(self._length(self.op.workspace, values), 0) if self.op.workspace else 0)
+        device = values[self.op.tensors[0].name].device
+        if self.words is None or self.words.device != device or self.words.numel() < n:
+            self.words = torch.zeros(n, dtype=torch.int32, device=device)
+        found = {"errors": self.words.data_ptr(), "error_flags": None} if self.op.errors else {}
+        if self.op.workspace:
+            found["workspace"] = self.words.data_ptr() + 4
+        return found
 
     def take_errors(self) -> int:
         """The error bits reported since the last take (a sync), cleared."""
-        if self.error_word is None:
+        if self.words is None or not self.op.errors:
             return 0
-        bits = int(self.error_word.item()) & 0xFFFFFFFF
-        self.error_word.zero_()
+        bits = int(self.words[0].item()) & 0xFFFFFFFF
+        self.words[0].zero_()
         return bits
 
     def _check(self, values: dict) -> None:
@@ -98,7 +108,7 @@ class DeclaredKernel(Kernel):
         outs = {t.name: (into or {}).get(t.name) for t in (*self.op.outputs, *self.op.saves)}
         outs = {n: t if t is not None else opspec.empty(self.op, self._by_name(n), values) for n, t in outs.items()}
         args = self.Args(**self._pointers(values), **{n: t.data_ptr() for n, t in outs.items()},
-                         **self._scalars_and_sizes(values), **self._errors(values[self.op.tensors[0].name].device))
+                         **self._scalars_and_sizes(values), **self._words(values))
         return self._call(self.forward_fn, args, values, outs, "forward"), outs
 
     def prepare_backward(self, grads: dict, values: dict, saved: dict, into: dict | None = None) -> tuple[Callable, dict]:
@@ -119,9 +129,8 @@ class DeclaredKernel(Kernel):
                   **self._scalars_and_sizes(values)}
         keep = [grads, gx]
         if self.op.scratch:
-            sizes = opspec.sizes(self.op, values)
-            n = eval(self.op.scratch.replace("->", "."), {"__builtins__": {}}, {"vt": self.table, "sizes": sizes})  # noqa: S307
-            scratch = torch.empty(max(int(n), 1), device=values[self.op.tensors[0].name].device, dtype=torch.float32)
+            n = self._length(self.op.scratch, values)
+            scratch = torch.empty(max(n, 1), device=values[self.op.tensors[0].name].device, dtype=torch.float32)
             fields["scratch"] = scratch.data_ptr()
             keep.append(scratch)
         args = self.BackwardArgs(**fields)
