@@ -141,7 +141,7 @@ class DeclaredKernel(Kernel):
 
     def _call(self, fn, args, values, outs, what: str) -> Callable:
         pointer, device = ctypes.addressof(args), values[self.op.tensors[0].name].device.index
-        keep = (values, outs, args)  # what the pointers point into lives as long as the call
+        keep = (values, outs, args, self.words)  # what the pointers point into lives as long as the call
 
         def call():
             launched(fn(pointer, stream(device)), self, what)
