@@ -24,10 +24,10 @@ def _errors(got, want, dtype=None) -> tuple[float, float]:
     for i in range(0, w.numel(), CHUNK):
         a = g[i:i + CHUNK].to(device=w.device, dtype=torch.float64)
         b = w[i:i + CHUNK].to(torch.float64)
-        finite = torch.isfinite(b)
+        finite, got_finite = torch.isfinite(b), torch.isfinite(a)
         a, b = torch.where(finite, a, 0.0), torch.where(finite, b, 0.0)  # (a NaN of both compares as agreeing)
         r = b.to(dtype).to(torch.float64) - b if dtype is not None else torch.zeros((), dtype=torch.float64, device=w.device)
-        totals += torch.stack([(torch.isfinite(g[i:i + CHUNK].to(w.device)) != finite).sum().double(),
+        totals += torch.stack([(got_finite != finite).sum().double(),
                                b.square().sum(), (a - b).square().sum(), r.square().sum()])
     bad, scale, diff, rounding = (math.sqrt(v) if k else v for k, v in enumerate(totals.tolist()))
     if bad:

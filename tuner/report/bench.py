@@ -133,14 +133,15 @@ def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, 
     def both(fn):
         return lambda: torch.autograd.grad(fn(*inputs), leaves, grad)
 
-    def fresh():  # each check on its own copy: an implementation may write over its inputs (Liger's does)
-        copies = [t.detach().clone().requires_grad_(t.requires_grad) if hasattr(t, "detach") else t for t in inputs]
+    def fresh(grad: bool):  # each check on its own copy: an implementation may write over its inputs (Liger's does)
+        copies = [t.detach().clone().requires_grad_(grad and t.requires_grad) if hasattr(t, "detach") else t
+                  for t in inputs]
         return copies, [c for c, t in zip(copies, inputs) if getattr(t, "requires_grad", False)]
 
     for name, fn in impls.items():
         if check is not None:
-            out = fn(*[t.detach() if hasattr(t, "detach") else t for t in fresh()[0]])
-            copies, copied_leaves = fresh()
+            out = fn(*fresh(False)[0])
+            copies, copied_leaves = fresh(True)
             check(name, out, torch.autograd.grad(fn(*copies), copied_leaves, grad))
             del out, copies, copied_leaves
     fwd = wall_us({name: (forward(fn), None) for name, fn in impls.items()})
