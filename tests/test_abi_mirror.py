@@ -68,6 +68,27 @@ def test_a_built_variant_loads_and_is_called_through_its_table_without_a_binding
     assert "too many resources" in kernel.error_string(701)
 
 
+def test_a_built_declared_variant_gives_the_search_its_error_word(tuner_home):
+    """A declared family's variant loaded as the worker loads it: the declaration's structs and
+    table read, and the forward's error fields pointing into the kernel's zeroed words."""
+    import torch
+
+    from tuner.build import compile as build
+    from tuner.families import cross_entropy
+    from tuner.measure.declared import DeclaredKernel
+
+    variant = cross_entropy.covering_set()[0]
+    built = build.build([variant], "sm_90", jobs=2)[0]
+    assert built.ok, built.error
+    kernel = DeclaredKernel("cross_entropy", built.so, variant.name, built.entry)
+    assert kernel.name == variant.name
+    values = {"logits": torch.randn(3, 5), "target": torch.zeros(3, dtype=torch.long), "ignore_index": -100,
+              "label_smoothing": 0.0, "reduction": "mean", "in_place": False}
+    fields = kernel._word_fields(values)
+    assert fields == {"errors": kernel._words.data_ptr(), "error_flags": None} and not kernel._words.any()
+    assert kernel.take_errors() == 0
+
+
 def test_the_reader_takes_the_c_the_headers_write():
     fields = dict(abi._fields("""
         const void* x;  // a comment; with a semicolon

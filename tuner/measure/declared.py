@@ -52,35 +52,23 @@ class DeclaredKernel(Kernel):
         _, fields = abi.table(family)  # the table as the declaration's `scratch` reads it (vt->f(...))
         self.table = types.SimpleNamespace(**{f: getattr(self, f"{f}_fn" if isinstance(kind, abi.Function) else f)
                                               for f, kind in fields[2:]})
-        self.words = None  # the errors' word, then the workspace (where declared), zeroed, as the op keeps them
 
     def _length(self, expression: str, values: dict) -> int:
         """A declared length (`scratch`, `workspace`): its C++ read as Python, `vt->` as `vt.`."""
         sizes = opspec.sizes(self.op, values)
         return int(eval(expression.replace("->", "."), {"__builtins__": {}}, {"vt": self.table, "sizes": sizes}))  # noqa: S307
 
-    def _words(self, values: dict) -> dict:
-        """The forward's error fields and workspace, where declared: zeroed words, no host flags."""
-        import torch
-
+    def _word_fields(self, values: dict) -> dict:
+        """The forward's error fields and workspace, where declared: the zeroed words of
+        `Kernel.workspace` (the errors' word first, then the workspace), no host flags."""
         if not (self.op.errors or self.op.workspace):
             return {}
         n = 1 + (max(self._length(self.op.workspace, values), 0) if self.op.workspace else 0)
-        device = values[self.op.tensors[0].name].device
-        if self.words is None or self.words.device != device or self.words.numel() < n:
-            self.words = torch.zeros(n, dtype=torch.int32, device=device)
-        found = {"errors": self.words.data_ptr(), "error_flags": None} if self.op.errors else {}
+        words = self.workspace(n, values[self.op.tensors[0].name].device).data_ptr()
+        found = {"errors": words, "error_flags": None} if self.op.errors else {}
         if self.op.workspace:
-            found["workspace"] = self.words.data_ptr() + 4
+            found["workspace"] = words + 4
         return found
-
-    def take_errors(self) -> int:
-        """The error bits reported since the last take (a sync), cleared."""
-        if self.words is None or not self.op.errors:
-            return 0
-        bits = int(self.words[0].item()) & 0xFFFFFFFF
-        self.words[0].zero_()
-        return bits
 
     def _check(self, values: dict) -> None:
         """What a variant takes: its dtypes, contiguous tensors on one GPU, the declared shapes."""
@@ -108,7 +96,7 @@ class DeclaredKernel(Kernel):
         outs = {t.name: (into or {}).get(t.name) for t in (*self.op.outputs, *self.op.saves)}
         outs = {n: t if t is not None else opspec.empty(self.op, self._by_name(n), values) for n, t in outs.items()}
         args = self.Args(**self._pointers(values), **{n: t.data_ptr() for n, t in outs.items()},
-                         **self._scalars_and_sizes(values), **self._words(values))
+                         **self._scalars_and_sizes(values), **self._word_fields(values))
         return self._call(self.forward_fn, args, values, outs, "forward"), outs
 
     def prepare_backward(self, grads: dict, values: dict, saved: dict, into: dict | None = None) -> tuple[Callable, dict]:
@@ -141,7 +129,7 @@ class DeclaredKernel(Kernel):
 
     def _call(self, fn, args, values, outs, what: str) -> Callable:
         pointer, device = ctypes.addressof(args), values[self.op.tensors[0].name].device.index
-        keep = (values, outs, args, self.words)  # what the pointers point into lives as long as the call
+        keep = (values, outs, args, self._words)  # what the pointers point into lives as long as the call
 
         def call():
             launched(fn(pointer, stream(device)), self, what)
