@@ -59,8 +59,6 @@ def chosen(pred: str, target: str, batch: int, slots: int) -> dict:
     """The GIoU winner a call of this shape runs (the C++ choice), with its params."""
     import torch
 
-    from tuner.families.giou.spec import C10_NAMES
-
     state = runtime("giou").loaded("giou")
-    winners = [b for b in state.bound if (b["params"]["pred"], b["params"]["target"]) == (pred, target)]
-    return winners[torch.ops.tuner_giou.chosen(C10_NAMES[pred], C10_NAMES[target], batch, slots)]
+    name = torch.ops.tuner_giou.served([batch, slots], getattr(torch, pred), getattr(torch, target))
+    return next(b for b in state.bound if b["variant"] == name)

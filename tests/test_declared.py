@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import declare, families
+from tuner import declare, families, opspec
 from tuner.build import binding, declared, toolkit
 from tuner.measure import abi
 
@@ -262,6 +262,12 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
     (dict(workspace=3), "workspace 3: a C++ expression of vt and sizes"),
     (dict(errors=(("Bad", "m"),)), "the name a C identifier in lower case"),
     (dict(errors=(("bad", "m"), ("bad", "n"))), "at most 8, each named once"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("k", dtypes=("float32",), converts=True))),
+     "input k: converts=True is for an integer input of one dtype"),
+    (dict(saves=(declare.Tensor("g", dtypes=("float32",), shape=("n",), only_if="saves_g"),)),
+     "g: only_if='saves_g' is for a saved tensor (not a gradient_of one), naming an int field of the table"),
+    (dict(saves=(declare.Tensor("g", dtypes=("float32",), shape=("n", "four")),)),
+     "saved g: its shape names 'four', which is no size"),
 ])
 def test_a_declaration_the_core_cannot_render_says_what_to_change(change, message):
     given = dict(inputs=(declare.Tensor("x", dtypes=("float32",)),), outputs=(declare.Tensor("y", like="x"),),
@@ -350,3 +356,42 @@ def test_declared_errors_reach_the_header_and_the_op():
     assert "op.launch(vt, vt->validates != 0, op.check(), ws, stream" in source
     plain = declared.op_source(declare.Op("probe", inputs=op.inputs, outputs=op.outputs, sizes=op.sizes))
     assert "error_flags" not in plain and "validates" not in plain
+
+
+BOXES = declare.Op(  # GIoU's parts: an integer input of any integer dtype, a saved tensor some variants
+    "boxes_probe",   # write, a shape with a number, a check that reads sizes, a baseline of statements
+    inputs=(declare.Tensor("p", dtypes=("float32",)),
+            declare.Tensor("n", dtypes=("int64",), grad=False, shape=("b",), optional="null", converts=True)),
+    outputs=(declare.Tensor("y", dtypes=("float32",), shape=("b",)),),
+    sizes={"b": "p.size(0)"},
+    checks=(("p.dim() == 2", "p must be [b, 4]"), ("p.size(1) == 4", "p must be [b, 4]")),
+    saves=(declare.Tensor("g", dtypes=("float32",), shape=("b", 4), only_if="saves_g"),),
+    table=("int saves_g",),
+    baseline="""
+        const at::Tensor s = p.sum(-1);
+        return s;""",
+)
+
+
+def test_an_integer_input_a_saved_tensor_some_variants_write_and_statements_render():
+    import torch
+
+    source = declared.op_source(BOXES)
+    assert "ready(n->to(at::kLong), 16)" in source  # any integer dtype, converted for the variants
+    assert ".g = g.defined() && vt->saves_g ? g.data_ptr() : nullptr" in source  # null to a variant that does not
+    assert ".g = vt->saves_g ? g_.data_ptr() : nullptr" in source
+    assert "at::empty({sizes[0], int64_t{4}}" in source
+    assert "  const at::Tensor s = p.sum(-1);\n  return s;\n}" in source
+    # The check that reads a size is made once shapes are concrete (after the symbolic return), the other first.
+    early, late = source.index("p.dim() == 2"), source.index("p.size(1) == 4")
+    assert early < source.index("return;  // checked when it runs") < late
+    p = torch.randn(3, 4)
+    for n in (torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([1, 2, 3], dtype=torch.uint8), None):
+        values = opspec.bind(BOXES, (p, n))
+        opspec.check(BOXES, values)
+        assert not opspec.outside(BOXES, values)
+    with pytest.raises(TypeError, match="boxes_probe: n must be an integer tensor, got torch.float32"):
+        opspec.check(BOXES, opspec.bind(BOXES, (p, torch.ones(3))))
+    with pytest.raises(ValueError, match=r"boxes_probe: p must be \[b, 4\]"):
+        opspec.check(BOXES, opspec.bind(BOXES, (torch.randn(3, 5), None)))
+    assert list(opspec.empty(BOXES, BOXES.saves[0], opspec.bind(BOXES, (p, None))).shape) == [3, 4]

@@ -133,12 +133,11 @@ def test_cpu_implementation_equals_the_reference(artifact):
 
 
 @pytest.mark.parametrize("bad,message", [
-    (lambda p, t, n: (p.double(), t, n), "pred must be float32"),
-    (lambda p, t, n: (p, t.to(torch.int32), n), "target must be uint8"),
-    (lambda p, t, n: (p, t[:, :3], n), "must have pred's shape"),
-    (lambda p, t, n: (p[..., :3], t[..., :3], n), r"shape \[B, S, 4\]"),
-    (lambda p, t, n: (p, t, n.float()), "integer tensor"),
-    (lambda p, t, n: (p, t, n[:2]), r"shape \[B\]"),
+    (lambda p, t, n: (p[0], t[0], n), r"pred must have shape \[B, S, 4\]"),
+    (lambda p, t, n: (p, t[:, :3], n), r"target must have shape \[4, 5, 4\] \(batch, slots, 4\), got \[4, 3, 4\]"),
+    (lambda p, t, n: (p[..., :3], t[..., :3], n), r"pred must have shape \[B, S, 4\]"),
+    (lambda p, t, n: (p, t, n.float()), "num_boxes must be an integer tensor, got torch.float32"),
+    (lambda p, t, n: (p, t, n[:2]), r"num_boxes must have shape \[4\] \(batch\), got \[2\]"),
 ])
 def test_bad_input_gets_a_clear_error(artifact, bad, message):
     out, _ = artifact

@@ -51,6 +51,7 @@ def _kernels(name: str) -> dict[str, str]:
 
 
 def test_cuda_and_autograd_kernels_are_registered_from_cpp(op):
+    """From the op's C++, rendered from its declaration into the binding's giou_op.cpp."""
     assert op is torch.ops.tuner.giou_loss
     loss = _kernels("tuner::giou_loss")
     assert "giou_op.cpp" in loss["CUDA"] and "giou_op.cpp" in loss["Autograd[alias]"]
@@ -95,6 +96,7 @@ def _nearest(winners, B, S):
     return min(range(len(winners)), key=lambda i: distance(winners[i]))
 
 
+@pytest.mark.filterwarnings("ignore:giou_loss. no variant was tuned:UserWarning")  # untuned pairs, on purpose
 def test_cpp_picks_the_same_winner_as_python(artifact, op, shared_home):
     """Stages the artifact's prebuilt variants (built for sm_90, never run here) and asks the
     C++ table which winner each shape gets."""
@@ -105,22 +107,20 @@ def test_cpp_picks_the_same_winner_as_python(artifact, op, shared_home):
     keep = runtime.stage(giou_op.OP, ops, bound, libraries)
     ops.publish(False, 0.0)
     rng = random.Random(0)
-    names = {"bfloat16": "BFloat16", "float32": "Float", "float16": "Half", "uint8": "Byte"}
     for _ in range(200):
         pred, target = rng.choice(giou.PRED_DTYPES), rng.choice(giou.TARGET_DTYPES)
         B, S = rng.choice([0, 1, 63, 64, 100, 256, 1023, 2048, 4096, 10**6]), rng.choice([1, 7, 32, 64, 256, 300])
         winners = [b for b in bound if (b["params"]["pred"], b["params"]["target"]) == (pred, target)]
-        assert ops.chosen(names[pred], names[target], B, S) == _nearest(winners, B, S), (pred, target, B, S)
-    # One fused winner: every pair binds its parameters, so every forward returns a saved gradient.
-    assert all(ops.saves(names[p], names[t]) for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES)
-    f = torch.ops.tuner.giou_loss_forward(*giou.make_inputs(3, 5, "float32", "uint8"), 1, 1e-7)
+        got = ops.served([B, S], getattr(torch, pred), getattr(torch, target))
+        assert got == winners[_nearest(winners, B, S)]["variant"], (pred, target, B, S)
+    # The forward returns a saved gradient's room (the fused winner's; null to one that recomputes).
+    f = torch.ops.tuner.giou_loss_forward(*giou.make_inputs(3, 5, "float32", "uint8"), "mean", 1e-7)
     assert f[2].shape == (3, 5, 4)
     del keep
 
 
 @pytest.mark.parametrize("bad", [
-    lambda p, t, n: (p.double(), t, n),
-    lambda p, t, n: (p, t.to(torch.int32), n),
+    lambda p, t, n: (p[0], t[0], n),
     lambda p, t, n: (p, t[:, :3], n),
     lambda p, t, n: (p[..., :3], t[..., :3], n),
     lambda p, t, n: (p, t, n.float()),
@@ -139,6 +139,20 @@ def test_cpp_checks_raise_what_the_cpu_path_raises(op, bad):
     assert str(got.value).splitlines()[0] == str(want.value).splitlines()[0]
 
 
+@pytest.mark.parametrize("outside", [lambda p, t: (p.double(), t), lambda p, t: (p, t.to(torch.int32))])
+def test_a_call_outside_the_variants_dtypes_is_the_eager_losss(op, outside):
+    """Dtypes no variant takes are handed to torch's formula (the baseline), by the C++ kernel and
+    the CPU path alike, in float32 as the eager loss computes."""
+    from tuner.families.giou.spec import eager
+
+    p, t, n = giou.make_inputs(4, 5, "float32", "uint8")
+    p, t = outside(p, t)
+    want = eager(p, t, n, "sum")
+    torch.testing.assert_close(op(p, t, n, "sum"), want)
+    cuda_kernel = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    torch.testing.assert_close(torch.ops.tuner.giou_loss.default.redispatch(cuda_kernel, p, t, n, "sum", 1e-7), want)
+
+
 def test_fake_impls_are_registered_by_the_runtime(op):
     """torch.compile traces the op with fake tensors: the runtime registers the family's fake
     implementations when it binds an export (a wheel's copy of it too, so the C++ names no
@@ -149,7 +163,7 @@ def test_fake_impls_are_registered_by_the_runtime(op):
         p, t = torch.empty(8, 16, 4, dtype=torch.bfloat16), torch.empty(8, 16, 4, dtype=torch.uint8)
         n = torch.empty(8, dtype=torch.int64)
         loss = torch.ops.tuner.giou_loss(p, t, n, "none")
-        fwd = torch.ops.tuner.giou_loss_forward(p, t, n, 1, 1e-7)
+        fwd = torch.ops.tuner.giou_loss_forward(p, t, n, "mean", 1e-7)
     assert loss.shape == (8, 16) and fwd[0].shape == ()
 
 
@@ -174,9 +188,10 @@ def test_the_eager_loss_serves_where_no_variant_beat_it(tmp_path, shared_home):
     keep = runtime.stage(giou_op.OP, ops, manifest["binaries"]["bound"],
                          {n: out / n for n in manifest["binaries"]["libraries"]})
     ops.publish(False, giou_op.OP.reach)
-    assert not ops.served_by_baseline("BFloat16", "Byte", 1024, 256)
-    assert ops.served_by_baseline("BFloat16", "Byte", 16, 8) and ops.served_by_baseline("BFloat16", "Byte", 20, 6)
-    assert not ops.served_by_baseline("BFloat16", "Byte", 10**6, 4096)  # far away: still the nearest variant
-    assert not ops.served_by_baseline("Float", "Float", 1024, 256)  # an untuned pair runs the tuned parameters
-    assert ops.served_by_baseline("Float", "Float", 16, 8)  # but where torch won, torch
+    bf16, u8, f32 = torch.bfloat16, torch.uint8, torch.float32
+    assert ops.served([1024, 256], bf16, u8) != "torch"
+    assert ops.served([16, 8], bf16, u8) == "torch" and ops.served([20, 6], bf16, u8) == "torch"
+    assert ops.served([10**6, 4096], bf16, u8) != "torch"  # far away: still the nearest variant
+    assert ops.served([1024, 256], f32, f32) != "torch"  # an untuned pair runs the tuned parameters
+    assert ops.served([16, 8], f32, f32) == "torch"  # but where torch won, torch
     del keep

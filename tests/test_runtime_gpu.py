@@ -65,7 +65,7 @@ def test_opcheck(op, pred, target):
     for reduction in ("mean", "none"):
         torch.library.opcheck(torch.ops.tuner.giou_loss, (p.clone().requires_grad_(True), t, n, reduction))
     torch.library.opcheck(torch.ops.tuner.giou_loss, (p, t, None, "sum"))
-    torch.library.opcheck(torch.ops.tuner.giou_loss_forward, (p, t, None, 0, 1e-7))
+    torch.library.opcheck(torch.ops.tuner.giou_loss_forward, (p, t, None, "none", 1e-7))
 
 
 @pytest.mark.parametrize("pred,target", PAIRS)
@@ -135,8 +135,11 @@ def test_hostile_inputs_error_or_match_the_reference(op):
         fn(p, t.cpu(), n)
     with pytest.raises(ValueError, match="num_boxes is on cpu"):
         fn(p, t, n.cpu())
-    with pytest.raises(TypeError, match="pred must be"):
-        fn(p.double(), t, n)
+    from tuner.families.giou.spec import eager
+
+    torch.testing.assert_close(fn(p.double(), t, n), eager(p.double(), t, n))  # no variant's dtype: torch's formula
+    with pytest.raises(TypeError, match="num_boxes must be an integer tensor"):
+        fn(p, t, n.float())
     with pytest.raises(ValueError, match="shape"):
         fn(p, t[:8], n)
     _usable(fn)

@@ -48,7 +48,8 @@ class Tensor:
     dtypes: tuple[str, ...] = ()
     like: str | None = None
     grad: bool = True
-    shape: tuple[str, ...] | None = None  # by the op's size names: an output's or saved tensor's, an input's checked
+    # by the op's size names (or whole numbers: ("batch", "slots", 4)): an output's or saved tensor's, an input's checked
+    shape: tuple[str | int, ...] | None = None
     # An input the caller may leave out (`Tensor?`): True, the baseline serves such a call; "null", the
     # variants get a null pointer for it (an input of one dtype, no gradient, in no size or check).
     optional: bool | str = False
@@ -64,6 +65,13 @@ class Tensor:
     # the input's own storage (no allocation: the input is overwritten by its gradient, as Liger's
     # cross-entropy does). The kernels must read an element before they write its gradient.
     in_place: str | None = None
+    # An integer input that takes any integer dtype (counts as int32, say): the op converts it to its
+    # one declared dtype before the variants see it.
+    converts: bool = False
+    # A saved tensor that only some variants write (a gradient a fused forward computes): the name of
+    # an int field of the table (`table=("int saves_grad",)`); the forward and backward get a null
+    # pointer for it where the variant's field is 0, and the op keeps it only where a backward follows.
+    only_if: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,8 +103,9 @@ class Op:
     saves: tuple = ()
     alignment: int = 16  # bytes a variant may assume of every tensor's pointer
     abi: int = 1
-    # The torch op the family replaces, as C++ of the inputs giving the output(s) (at:: calls): it
-    # serves calls outside the declared dtypes and those no variant was tuned near or beat.
+    # The torch op the family replaces, as C++ of the inputs giving the output(s) (at:: calls), or
+    # statements that end in a `return` of them: it serves calls outside the declared dtypes and
+    # those no variant was tuned near or beat.
     baseline: str | None = None
     # More fields of a variant's table, C declarations ("int vec", "long long (*scratch_floats)(long
     # long rows, long long width)"), after the dtypes: what a variant tells the op (or the search).
@@ -124,6 +133,12 @@ class Op:
 
     def __post_init__(self):
         check(self)
+
+    @property
+    def sized_checks(self) -> list[tuple[str, str]]:
+        """The checks that read sizes (`.size(d)`, `.numel()`, `leading(t)`): made once the shapes are
+        concrete (a graph traced with symbolic shapes makes them when it runs); the others first."""
+        return [c for c in self.checks if re.search(r"\.(size|numel)\(|\bleading\(", c[0])]
 
     # ---------------------------------------------------------- derived
 
@@ -199,6 +214,7 @@ class Op:
 
 
 FLOATING = {"float32", "float16", "bfloat16", "float64"}
+INTEGER = {"uint8", "int8", "int32", "int64"}
 _PYTHON = {"float": (float, int), "int": int, "bool": bool, "str": str}
 # What the rendered C++ names itself: a declared name must not be one of these.
 RESERVED = {
@@ -237,6 +253,11 @@ def _check_names(op: "Op", fail) -> None:
     for f in fields:
         if f in {"abi", "name", "forward", "backward"} | {f"{t.name}_dtype" for t in op.varying}:
             fail(f"table field {f!r}: the table has that field already")
+
+
+def _whole(n) -> bool:
+    """A shape's number (not a size's name)."""
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def _schema_value(v) -> str:
@@ -287,13 +308,13 @@ def check(op: Op) -> None:
                  f"and a shape of size names (shape=() for a number)")
         if t.like is not None and t.shape is not None:
             fail(f"output {t.name}: like {t.like} gives its shape already")
-        unknown = [n for n in t.shape or () if n not in op.sizes]
+        unknown = [n for n in t.shape or () if not _whole(n) and n not in op.sizes]
         if unknown:
             fail(f"output {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
     for t in op.tensors:  # an input's shape, where given, is checked against the sizes
         if t.shape is not None and t.like is not None:
             fail(f"input {t.name}: like {t.like} gives its shape already")
-        unknown = [n for n in t.shape or () if n not in op.sizes]
+        unknown = [n for n in t.shape or () if not _whole(n) and n not in op.sizes]
         if unknown:
             fail(f"input {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
     for a in op.scalars:
@@ -349,6 +370,18 @@ def check(op: Op) -> None:
         if t.grad or t.like is not None or len(t.dtypes) != 1 or t is op.tensors[0] or used or others:
             fail(f"input {t.name}: an input the variants may get as null is of one dtype, takes no gradient "
                  f"(grad=False), is not the first tensor, and no size, check or tensor's `like` names it")
+    for t in op.tensors:
+        if t.converts and (t.grad or t.like is not None or len(t.dtypes) != 1 or t.dtypes[0] not in INTEGER):
+            fail(f"input {t.name}: converts=True is for an integer input of one dtype (the variants'), "
+                 f"no gradient (grad=False)")
+    ints = {m.group(1) for f in op.table if isinstance(f, str) for m in [re.fullmatch(r"\s*int\s+(\w+)\s*", f)] if m}
+    for t in (*op.tensors, *op.outputs, *op.saves):
+        if isinstance(t, Tensor) and t.only_if is not None and (t not in op.saves or t.only_if not in ints
+                                                                  or t.gradient_of is not None):
+            fail(f"{t.name}: only_if={t.only_if!r} is for a saved tensor (not a gradient_of one), naming an "
+                 f"int field of the table (table=('int {t.only_if}',))")
+        if isinstance(t, Tensor) and t.converts and t not in op.tensors:
+            fail(f"{t.name}: converts is for an input")
     if any(isinstance(a, Tensor) and a.optional is True for a in op.inputs) and op.baseline is None:
         fail("an optional input needs a baseline: it serves the calls that leave the input out")
     error_names = [e[0] if isinstance(e, tuple) and len(e) == 2 else None for e in op.errors]
@@ -388,6 +421,6 @@ def check(op: Op) -> None:
                  f"(e.g. Tensor('rstd', dtypes=('float32',), shape=('rows',)); shape=() for a number)")
         if t.dtypes[0] not in TORCH_DTYPES:
             fail(f"saved {t.name}: unknown dtype {t.dtypes[0]!r} (one of {', '.join(TORCH_DTYPES)})")
-        unknown = [n for n in t.shape if n not in op.sizes]
+        unknown = [n for n in t.shape if not _whole(n) and n not in op.sizes]
         if unknown:
             fail(f"saved {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")

@@ -50,14 +50,20 @@ def _dtype(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+def _integer(t) -> bool:
+    """An integer tensor (what an input that `converts` takes): not floating, complex or bool."""
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or _dtype(t) == "bool")
+
+
 def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
     """The C++ checks and messages (declared_op.cpp.j2's check_shapes, check_dtypes), in Python."""
     name, present = op.name, {t.name: values[t.name] for t in op.tensors if values[t.name] is not None}
     for s in op.scalars:
         if s.choices and values[s.name] not in s.choices:
             raise ValueError(f"{name}: {s.name} must be one of {', '.join(s.choices)}, got {values[s.name]}")
+    sized = op.sized_checks
     for condition, message in op.checks:
-        if not _eval(condition, values):
+        if (condition, message) not in sized and not _eval(condition, values):
             raise ValueError(f"{name}: {message}")
     first = op.tensors[0].name
     for t in op.tensors:
@@ -69,11 +75,17 @@ def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
                              f"got {list(v.shape)}")
         if t.name != first and v.device != present[first].device:
             raise ValueError(f"{name}: {first} is on {present[first].device} but {t.name} is on {v.device}")
+    for t in op.tensors:
+        if t.converts and t.name in present and not _integer(present[t.name]):
+            raise TypeError(f"{name}: {t.name} must be an integer tensor, got {present[t.name].dtype}")  # as C++ says it
+    for condition, message in sized:  # as the C++ makes them: once the shapes are concrete
+        if not _eval(condition, values):
+            raise ValueError(f"{name}: {message}")
     shaped = [t for t in op.tensors if t.shape is not None and t.name in present]
     if shaped:
         by_name = dict(zip(op.sizes, sizes(op, values)))
         for t in shaped:
-            want = [by_name[n] for n in t.shape]
+            want = [n if isinstance(n, int) else by_name[n] for n in t.shape]
             if list(present[t.name].shape) != want:
                 raise ValueError(f"{name}: {t.name} must have shape {want} ({', '.join(t.shape)}), "
                                  f"got {list(present[t.name].shape)}")
@@ -83,7 +95,7 @@ def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
         v = present.get(t.name)
         if v is None:
             continue
-        if t.like is None and _dtype(v) not in t.dtypes:
+        if t.like is None and not t.converts and _dtype(v) not in t.dtypes:
             raise TypeError(f"{name}: {t.name} must be {' or '.join(t.dtypes)}, got {_dtype(v)}")
         if t.like is not None and v.dtype != present[t.like].dtype:
             raise TypeError(f"{name}: {t.name} must have {t.like}'s dtype, {_dtype(present[t.like])}, got {_dtype(v)}")
@@ -98,6 +110,8 @@ def outside(op: declare.Op, values: dict) -> bool:
             if t.optional == "null":
                 continue
             return True
+        if t.converts:  # any integer dtype (another is refused)
+            continue
         if (_dtype(v) not in t.dtypes) if t.like is None else v.dtype != values[t.like].dtype:
             return True
     return False
@@ -109,7 +123,7 @@ def _shape(op: declare.Op, t, values: dict) -> list[int]:
     if t.reduced_by is not None and values[t.reduced_by] != "none":
         return []
     by_name = dict(zip(op.sizes, sizes(op, values)))
-    return [by_name[n] for n in t.shape]
+    return [n if isinstance(n, int) else by_name[n] for n in t.shape]
 
 
 def empty(op: declare.Op, t, values: dict):
@@ -245,11 +259,13 @@ def pair(op: declare.Op, problem: dict) -> int:
 
 
 def spec(op: declare.Op, family: str, reference: Callable, torch_op: Callable | None = None, reach: float = 0.0,
-         extras: dict | None = None) -> runtime.OpSpec:
+         extras: dict | None = None, untuned_by_baseline: bool = True) -> runtime.OpSpec:
     """The runtime's OpSpec of a declared op: a winner's problem names its sizes as the
-    declaration does (`rows`, `width`), and each varying tensor's dtype by the tensor's name."""
+    declaration does (`rows`, `width`), and each varying tensor's dtype by the tensor's name.
+    `untuned_by_baseline=False`: a dtype pair no search tuned runs the tuned parameters nearest it
+    (rendered for its dtypes) instead of the baseline."""
     return runtime.OpSpec(
         family=family, op=op.name, namespace=f"tuner_{family}", abi=op.abi, impls=impls(op, reference, torch_op),
         shape=lambda problem: ([int(problem[n]) for n in op.sizes], 0), extras=dict(extras or {}),
         baseline=op.baseline is not None, reach=reach, pair=lambda problem: pair(op, problem),
-        reference=reference, torch_op=torch_op)
+        reference=reference, torch_op=torch_op, untuned_by_baseline=untuned_by_baseline)

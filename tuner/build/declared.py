@@ -15,6 +15,7 @@ import functools
 import json
 import re
 import sys
+import textwrap
 
 import jinja2
 
@@ -44,8 +45,30 @@ def _cpp(arg, user: bool = False) -> str:
     return declare.SCALAR_TYPES[arg.type][0]
 
 
-def context(op: declare.Op) -> dict:
-    """What both templates read: names and C/C++ spellings made here, so that they stay plain."""
+def _prepared(op: declare.Op, t) -> str:
+    """C++ of an input tensor as the variants get it: contiguous and aligned (a copy only where it is
+    not), converted where it `converts`, undefined (a null pointer) where a nullable one is left out."""
+    value = f"*{t.name}" if t.name in op.nullable else t.name
+    if t.converts:
+        value = f"{t.name}{'->' if t.name in op.nullable else '.'}to({AT[t.dtypes[0]]})"
+    ready = f"ready({value}, {op.alignment})"
+    return f"{t.name}.has_value() ? {ready} : at::Tensor()" if t.name in op.nullable else ready
+
+
+def _baseline_body(op: declare.Op) -> str | None:
+    """The baseline's function body: its statements as declared, or a `return` of its expression."""
+    if op.baseline is None:
+        return None
+    if ";" in op.baseline:
+        return textwrap.indent(textwrap.dedent(op.baseline).strip("\n"), "  ")
+    return f"  return {op.baseline};"
+
+
+def context(op: declare.Op, family: str | None = None) -> dict:
+    """What both templates read: names and C/C++ spellings made here, so that they stay plain.
+    `family`: the family's name, which names its header, its variants' entry and the namespace of
+    the op's control ops (the op's name where it is the family's)."""
+    family = family or op.name
     out_type = "at::Tensor" if len(op.outputs) == 1 else f"std::tuple<{', '.join('at::Tensor' for _ in op.outputs)}>"
     grads = [f"grad_{o.name}" for o in op.outputs]
     bwd_params = ([("const at::Tensor&", g) for g in grads] + [(_cpp(t), t.name) for t in (*op.tensors, *op.saves)]
@@ -54,10 +77,13 @@ def context(op: declare.Op) -> dict:
     fwd_type = out_type if not op.saves else f"std::tuple<{', '.join('at::Tensor' for _ in everything)}>"
     size_index = {n: i for i, n in enumerate(op.sizes)}
 
+    def dim(n) -> str:  # one of a shape's sizes in C++: a size's value, or a number
+        return f"int64_t{{{n}}}" if isinstance(n, int) else f"sizes[{size_index[n]}]"
+
     def shape(t) -> str:  # C++ of an output's or saved tensor's sizes (`sizes`: the size values, in order)
         if t.like:
             return f"{t.like}.sizes()"
-        listed = ", ".join(f"sizes[{size_index[n]}]" for n in t.shape)
+        listed = ", ".join(dim(n) for n in t.shape)
         if t.reduced_by:  # a number unless the word is "none"
             return f'({t.reduced_by} == "none" ? std::vector<int64_t>{{{listed}}} : std::vector<int64_t>{{}})'
         return "{" + listed + "}"
@@ -96,6 +122,11 @@ def context(op: declare.Op) -> dict:
         "fwd_schema": json.dumps(op.forward_schema()) if op.saves else None,
         "shape": {t.name: shape(t) for t in (*op.outputs, *op.saves, *op.tensors) if t.like or t.shape is not None},
         "shaped_inputs": [t for t in op.tensors if t.shape is not None], "size_index": size_index,
+        "dims": {t.name: [dim(n) for n in t.shape] for t in op.tensors if t.shape is not None},
+        "prepared": {t.name: _prepared(op, t) for t in op.tensors},
+        "baseline_body": _baseline_body(op), "family": family,
+        "only_if": {t.name: t.only_if for t in op.saves if t.only_if},
+        "converts": [t.name for t in op.tensors if t.converts],
         "options": {t.name: options(t) for t in (*op.outputs, *op.saves)},
         "dtype_of": {t.name: f"{t.like}.scalar_type()" if t.like else AT[t.dtypes[0]] for t in op.outputs},
         "outputs_of_all": ("std::get<0>(all)" if len(op.outputs) == 1
@@ -109,14 +140,14 @@ def context(op: declare.Op) -> dict:
     }
 
 
-def header(op: declare.Op) -> str:
+def header(op: declare.Op, family: str | None = None) -> str:
     """The C ABI header: the argument structs and the variants' table."""
-    return _environment().get_template("declared_abi.h.j2").render(**context(op))
+    return _environment().get_template("declared_abi.h.j2").render(**context(op, family))
 
 
-def op_source(op: declare.Op) -> str:
+def op_source(op: declare.Op, family: str | None = None) -> str:
     """The op's C++: schema, checks, the CUDA kernels of the op and its backward, the autograd."""
-    return _environment().get_template("declared_op.cpp.j2").render(**context(op))
+    return _environment().get_template("declared_op.cpp.j2").render(**context(op, family))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if op is None:
         print(f"family {args.family!r} declares no op (OP_DECLARATION)", file=sys.stderr)
         return 2
-    print(op_source(op) if args.op else header(op), end="")
+    print(op_source(op, args.family) if args.op else header(op, args.family), end="")
     return 0
 
 

@@ -123,7 +123,7 @@ def headers(family_name: str) -> dict[str, str]:
     from tuner.build import declared
 
     family, op = families.get(family_name), declared.declaration(family_name)
-    return {h: declared.header(op) if op is not None and h == f"{family_name}_abi.h"
+    return {h: declared.header(op, family_name) if op is not None and h == f"{family_name}_abi.h"
             else (templates_dir(family_name) / h).read_text() for h in family.HEADERS}
 
 

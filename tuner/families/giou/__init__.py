@@ -17,11 +17,10 @@ from typing import Any, ClassVar
 from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option  # noqa: F401
 from tuner.variant import Variant
 
-FAMILY = "giou"  # giou.cu.j2, giou_abi.h by convention (tuner.families.conventions); its op in two files:
-BINDING = ("giou_binding.cpp", "giou_op.cpp")
-BINDING_HEADERS = ("giou_binding.h",)
+FAMILY = "giou"  # giou.cu.j2 by convention (tuner.families.conventions); its op is declared (op.py)
 KERNEL_ARGS = {"0": "none", "1": "mean", "2": "sum"}  # the kernels' template argument: the reduction
 
+from tuner.families.giou.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
 from tuner.families.giou.spec import (C10_NAMES, DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES,  # noqa: F401
                                       giou_loss_elementwise, reference, reference_with_grad, valid_mask)
 

@@ -1,19 +1,18 @@
-"""A built GIoU variant, called directly through its C table (templates/giou/giou_abi.h)."""
+"""A built GIoU variant, called directly through its C table (the structs of giou_abi.h, rendered
+from the op's declaration: `python -m tuner.build.declared giou`)."""
 
 from __future__ import annotations
 
 import ctypes
 
-from tuner.families.giou import DEFAULT_EPS, REDUCTIONS
+from tuner.families.giou import DEFAULT_EPS, OP_DECLARATION, REDUCTIONS
+from tuner.families.giou.op import BAD_COUNT, BAD_TARGET
 from tuner.measure import abi
 from tuner.measure.kernel import CHECK as _CHECK
 from tuner.measure.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, stream
 
-Args = abi.struct("giou", "TunerGiouArgs")  # mirrors of the header's structs
-BackwardArgs = abi.struct("giou", "TunerGiouBackwardArgs")
-
-
-WS_ERROR = 1  # TUNER_GIOU_WS_ERROR
+Args = abi.struct("giou", OP_DECLARATION.structs["args"])  # mirrors of the header's structs
+BackwardArgs = abi.struct("giou", OP_DECLARATION.structs["bwd_args"])
 
 
 class GiouKernel(Kernel):
@@ -26,11 +25,7 @@ class GiouKernel(Kernel):
     """
 
     family = "giou"
-    error_text = {1: "num_boxes has a value outside [0, S]", 2: "a valid target box has a non-finite coordinate"}
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.error_word = WS_ERROR
+    error_text = {1: BAD_COUNT, 2: BAD_TARGET}
 
     def _ready(self, t, dtype: str, what: str):
         """Contiguous [B, S, 4] of the variant's dtype, aligned for its loads (a copy only when needed)."""
@@ -54,8 +49,9 @@ class GiouKernel(Kernel):
             num_boxes = num_boxes.to(device=pred.device, dtype=torch.int64).contiguous()
             if num_boxes.shape != (pred.shape[0],):
                 raise ValueError(f"giou_loss: num_boxes must have shape [B] = [{pred.shape[0]}]")
-        args = cls(pred.data_ptr(), target.data_ptr(), None if num_boxes is None else num_boxes.data_ptr(),
-                   pred.shape[0], pred.shape[1], _reduction_code(reduction), eps)
+        args = cls(pred=pred.data_ptr(), target=target.data_ptr(),
+                   num_boxes=None if num_boxes is None else num_boxes.data_ptr(), batch=pred.shape[0],
+                   slots=pred.shape[1], reduction=_reduction_code(reduction), eps=eps)
         return args, pred, target, num_boxes
 
     def prepare(self, pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS, *,
@@ -80,8 +76,8 @@ class GiouKernel(Kernel):
                 out.zero_()
                 count.zero_()
             return call, out, count, saved_grad
-        ws = self.workspace(self.workspace_words_fn(B, S), pred.device)
-        args.out, args.count_out, args.workspace = out.data_ptr(), count.data_ptr(), ws.data_ptr()
+        ws = self.workspace(1 + self.workspace_words_fn(B, S), pred.device)  # the error word, then the variant's
+        args.loss, args.count, args.errors, args.workspace = out.data_ptr(), count.data_ptr(), ws.data_ptr(), ws.data_ptr() + 4
         args.saved_grad = saved_grad.data_ptr() if saved_grad.numel() else None
         forward, pointer, device = self.forward_fn, ctypes.addressof(args), pred.device.index
         keep = (pred, target, num_boxes, out, count, saved_grad, ws, args)  # what the pointers point into
@@ -117,7 +113,7 @@ class GiouKernel(Kernel):
             return (lambda: None), grad_pred
         if self.saves_grad and saved_grad.numel() != pred.numel():
             raise ValueError(f"giou_loss: variant {self.name} needs the gradient its forward saves (need_grad=True)")
-        args.grad_out, args.count, args.grad_pred = grad_out.data_ptr(), count.data_ptr(), grad_pred.data_ptr()
+        args.grad_loss, args.count, args.grad_pred = grad_out.data_ptr(), count.data_ptr(), grad_pred.data_ptr()
         args.saved_grad = saved_grad.data_ptr() if self.saves_grad else None
         backward, pointer, device = self.backward_fn, ctypes.addressof(args), pred.device.index
         keep = (grad_out, pred, target, num_boxes, count, saved_grad, grad_pred, args)

@@ -1,28 +1,61 @@
-"""The GIoU family's op, `torch.ops.tuner.giou_loss`, as the runtime binds it (torch alone).
-
-The op lives in C++ (templates/giou/giou_op.cpp, part of the binding built once per
-torch/CUDA version), as pytorch/extension-cpp does it: its schema, its CUDA kernels,
-its autograd (a `torch::autograd::Function` calling the backward kernel) and its
-input checks, so that an eager call is one dispatcher hop and runs no Python:
-
-    tuner::giou_loss(pred, target, num_boxes=None, reduction="mean", eps=1e-7) -> Tensor
-        CUDA and Autograd kernels in C++; the Autograd kernel calls the two below
-    tuner::giou_loss_forward(pred, target, num_boxes, reduction, eps) -> (loss, count, saved_grad)
-    tuner::giou_loss_backward(grad, pred, target, num_boxes, count, saved_grad, reduction, eps) -> grad_pred
-
-Each winner is staged with its tuned shape (each call picks, in C++, the winner of its dtype
-pair nearest to its shape). What stays in Python is off the CUDA path: the CPU
-implementation (the float64 reference) and the fake implementation for torch.compile. This
-module and spec.py import nothing from tuner but the runtime (relatively), so an exported
-wheel carries them as they are.
-"""
+"""The GIoU family's op, declared: `torch.ops.tuner.giou_loss(pred, target, num_boxes=None,
+reduction="mean", eps=1e-7)`; the core renders its C++ (schema, checks, the CUDA kernels of the
+op and of its backward, the autograd function: one dispatcher hop, no Python on the call path)
+and its C ABI from OP_DECLARATION (tuner/build/declared.py), its CPU and fake kernels from the
+float64 reference (tuner/opspec.py). This module and spec.py import nothing from tuner but the
+runtime, declare and opspec (relatively), so an exported wheel carries them as they are."""
 
 from __future__ import annotations
 
-from ... import runtime
-from .spec import C10_NAMES, DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES, reference, reference_with_grad, valid_mask
+from ... import declare, opspec, runtime
+from .spec import DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES, eager, reference, valid_mask
 
-NAMESPACE = "tuner_giou"  # the binding's own ops: stage, publish, set_check, take_errors, ...
+BAD_COUNT = "num_boxes has a value outside [0, S]"
+BAD_TARGET = "a valid target box has a non-finite coordinate"
+
+OP_DECLARATION = declare.Op(
+    "giou_loss",
+    inputs=(declare.Tensor("pred", dtypes=PRED_DTYPES),
+            declare.Tensor("target", dtypes=TARGET_DTYPES, grad=False, shape=("batch", "slots", 4)),
+            # valid slots of each image (any integer dtype); left out, a slot is valid where its target's y2 > 0
+            declare.Tensor("num_boxes", dtypes=("int64",), grad=False, shape=("batch",), optional="null",
+                           converts=True),
+            declare.Scalar("reduction", "str", "mean", choices=REDUCTIONS),
+            declare.Scalar("eps", "float", DEFAULT_EPS)),
+    outputs=(declare.Tensor("loss", dtypes=("float32",), shape=("batch", "slots"), reduced_by="reduction"),),
+    sizes={"batch": "pred.size(0)", "slots": "pred.size(1)"},
+    checks=(("pred.dim() == 3", "pred must have shape [B, S, 4]"), ("pred.size(2) == 4", "pred must have shape [B, S, 4]"),
+            ("pred.numel() < 2147483647", "at most 536870911 boxes a call")),  # the kernels index boxes by int
+    errors=(("bad_count", BAD_COUNT), ("bad_target", BAD_TARGET)),  # found by a validating variant's forward
+    abi=3,
+    saves=(declare.Tensor("count", dtypes=("float32",), shape=()),  # valid boxes (a mean's divisor)
+           # d loss_i / d pred, written by a fused variant's forward
+           declare.Tensor("saved_grad", dtypes=("float32",), shape=("batch", "slots", 4), only_if="saves_grad")),
+    table=("int alignment", "int saves_grad", "long long (*workspace_words)(long long batch, long long slots)"),
+    workspace="vt->workspace_words(sizes[0], sizes[1])",  # a last block's ticket, sums and partials
+    # The eager loss (spec.eager): torchvision's formula in float32 ATen ops, padding slots a unit box
+    # before the math, counts clamped to [0, S]. It validates nothing, as torch's composite would not.
+    baseline="""
+        const auto f32 = pred.options().dtype(at::kFloat);
+        const at::Tensor valid = num_boxes.has_value()
+            ? at::arange(pred.size(1), pred.options().dtype(at::kLong)).unsqueeze(0)
+                  < num_boxes->to(at::kLong).clamp(0, pred.size(1)).unsqueeze(1)
+            : target.select(-1, 3) > 0;
+        const at::Tensor unit = (at::arange(4, f32) >= 2).to(at::kFloat), v4 = valid.unsqueeze(-1);
+        const at::Tensor p = at::where(v4, pred.to(at::kFloat), unit), t = at::where(v4, target.to(at::kFloat), unit);
+        const at::Tensor x1 = p.select(-1, 0), y1 = p.select(-1, 1), x2 = p.select(-1, 2), y2 = p.select(-1, 3);
+        const at::Tensor x1g = t.select(-1, 0), y1g = t.select(-1, 1), x2g = t.select(-1, 2), y2g = t.select(-1, 3);
+        const at::Tensor xk1 = at::maximum(x1, x1g), yk1 = at::maximum(y1, y1g);
+        const at::Tensor xk2 = at::minimum(x2, x2g), yk2 = at::minimum(y2, y2g);
+        const at::Tensor inter = at::where((yk2 > yk1) & (xk2 > xk1), (xk2 - xk1) * (yk2 - yk1), at::zeros_like(x1));
+        const at::Tensor uni = (x2 - x1) * (y2 - y1) + (x2g - x1g) * (y2g - y1g) - inter;
+        const at::Tensor iou = inter / (uni + eps);
+        const at::Tensor area = (at::maximum(x2, x2g) - at::minimum(x1, x1g)) * (at::maximum(y2, y2g) - at::minimum(y1, y1g));
+        const at::Tensor loss = at::where(valid, 1 - (iou - (area - uni) / (area + eps)), at::zeros_like(x1));
+        if (reduction == "none") return loss;
+        if (reduction == "sum") return loss.sum();
+        return loss.sum() / valid.sum().clamp_min(1).to(at::kFloat);""",
+)
 
 
 def generalized_box_iou_loss(boxes1, boxes2, reduction: str = "none", eps: float = 1e-7):
@@ -79,31 +112,7 @@ def _count(n: int, device):
 FUNCTIONS = {"generalized_box_iou_loss": generalized_box_iou_loss}
 
 
-# ----------------------------------------------- CPU and fake
-
-def _check_inputs(pred, target, num_boxes) -> None:
-    """The C++ kernels' checks and messages (templates/giou/giou_op.cpp), for the CPU and fake paths."""
-    import torch
-
-    if pred.dim() != 3 or pred.shape[-1] != 4:
-        raise ValueError(f"giou_loss: pred must have shape [B, S, 4], got {list(pred.shape)}")
-    if target.shape != pred.shape:
-        raise ValueError(f"giou_loss: target {list(target.shape)} must have pred's shape {list(pred.shape)}")
-    if str(pred.dtype).removeprefix("torch.") not in PRED_DTYPES:
-        raise TypeError(f"giou_loss: pred must be float32, float16 or bfloat16, got {pred.dtype}")
-    if str(target.dtype).removeprefix("torch.") not in TARGET_DTYPES:
-        raise TypeError(f"giou_loss: target must be uint8, float16, bfloat16 or float32, got {target.dtype}")
-    if target.device != pred.device:
-        raise ValueError(f"giou_loss: pred is on {pred.device} but target is on {target.device}")
-    if num_boxes is not None:
-        if num_boxes.device != pred.device:
-            raise ValueError(f"giou_loss: num_boxes is on {num_boxes.device} but pred is on {pred.device}")
-        if num_boxes.dtype.is_floating_point or num_boxes.dtype == torch.bool or num_boxes.is_complex():
-            raise TypeError(f"giou_loss: num_boxes must be an integer tensor, got {num_boxes.dtype}")
-        if num_boxes.dim() != 1 or num_boxes.shape[0] != pred.shape[0]:
-            raise ValueError(f"giou_loss: num_boxes must have shape [B] = [{pred.shape[0]}], "
-                             f"got {list(num_boxes.shape)}")
-
+# ----------------------------------------------- CPU
 
 def _check_values(target, num_boxes) -> None:
     """What a validating kernel reports, checked at once on CPU (where it costs no sync)."""
@@ -111,75 +120,20 @@ def _check_values(target, num_boxes) -> None:
 
     S = target.shape[1]
     if num_boxes is not None and num_boxes.numel() and bool(((num_boxes < 0) | (num_boxes > S)).any()):
-        raise runtime.KernelInputError("giou_loss: invalid input: num_boxes has a value outside [0, S]")
+        raise runtime.KernelInputError(f"giou_loss: invalid input: {BAD_COUNT}")
     if target.dtype.is_floating_point:
         valid = valid_mask(target, num_boxes)
         if bool((~torch.isfinite(target).all(-1) & valid).any()):
-            raise runtime.KernelInputError("giou_loss: invalid input: a valid target box has a non-finite coordinate")
+            raise runtime.KernelInputError(f"giou_loss: invalid input: {BAD_TARGET}")
 
 
-def _saved_shape(pred, target) -> tuple:
-    """[B, S, 4] when the bound winners of this dtype pair save a gradient (the C++ forward's rule)."""
-    import torch
-
-    names = [C10_NAMES.get(str(t.dtype).removeprefix("torch."), "") for t in (pred, target)]
-    if not getattr(torch.ops, NAMESPACE).saves(*names):
-        return (0,)
-    return (pred.shape[0], pred.shape[1], 4)
-
-
-def _forward_cpu(pred, target, num_boxes, reduction: int, eps: float):
-    import torch
-
-    _check_inputs(pred, target, num_boxes)
+def _reference(pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS):
+    """The CPU op's: the float64 reference, after the checks a validating kernel makes."""
     _check_values(target, num_boxes)
-    loss = reference(pred, target, num_boxes, REDUCTIONS[reduction], eps).to(torch.float32)
-    count = valid_mask(target, num_boxes).sum().to(torch.float32)
-    # The reference recomputes in backward; a saved gradient is only shaped like the kernel's.
-    return loss, count, torch.zeros(_saved_shape(pred, target), dtype=torch.float32, device=pred.device)
+    return reference(pred, target, num_boxes, reduction, eps)
 
 
-def _loss_cpu(pred, target, num_boxes=None, reduction="mean", eps=DEFAULT_EPS):
-    return _forward_cpu(pred, target, num_boxes, _reduction_code(reduction), eps)[0]
-
-
-def _backward_cpu(grad, pred, target, num_boxes, count, saved, reduction: int, eps: float):
-    _, g = reference_with_grad(pred, target, num_boxes, REDUCTIONS[reduction], eps, grad_out=grad)
-    return g.to(pred.dtype).contiguous()
-
-
-def _reduction_code(reduction: str) -> int:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"giou_loss: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    return REDUCTIONS.index(reduction)
-
-
-def _forward_fake(pred, target, num_boxes, reduction: int, eps: float):
-    import torch
-
-    _check_inputs(pred, target, num_boxes)
-    B, S = pred.shape[0], pred.shape[1]
-    f32 = torch.float32
-    loss = pred.new_empty((B, S) if reduction == 0 else (), dtype=f32)
-    return loss, pred.new_empty((), dtype=f32), pred.new_empty(_saved_shape(pred, target), dtype=f32)
-
-
-def _loss_fake(pred, target, num_boxes=None, reduction="mean", eps=DEFAULT_EPS):
-    return _forward_fake(pred, target, num_boxes, _reduction_code(reduction), eps)[0]
-
-
-def _pair(problem: dict) -> int:
-    """A dtype pair's index, as giou_op.cpp's pair_of numbers it."""
-    return PRED_DTYPES.index(problem["pred"]) * 4 + TARGET_DTYPES.index(problem["target"])
-
-
-# The baseline, the eager GIoU loss (spec.eager, in ATen ops in giou_op.cpp), serves the problems where
-# no variant beat it. Other shapes and untuned dtype pairs run the nearest tuned parameters: the eager
-# loss is a dozen kernels, and it does not validate what the kernels validate (counts, finite targets).
-OP = runtime.OpSpec(
-    family="giou", op="giou_loss", namespace=NAMESPACE, abi=2,
-    shape=lambda problem: ([problem["batch"], problem["slots"]], 0),
-    baseline=True, reach=0.0, pair=_pair, untuned_by_baseline=False,
-    impls={"giou_loss": (_loss_cpu, _loss_fake),
-           "giou_loss_forward": (_forward_cpu, _forward_fake),
-           "giou_loss_backward": (_backward_cpu, lambda grad, pred, *rest: pred.new_empty(pred.shape))})
+# The baseline, the eager loss, serves the problems where no variant beat it. Other shapes and
+# untuned dtype pairs run the nearest tuned parameters: the eager loss is a dozen kernels, and it
+# does not validate what the kernels validate (counts, finite targets).
+OP = opspec.spec(OP_DECLARATION, "giou", reference=_reference, torch_op=eager, untuned_by_baseline=False)

@@ -52,7 +52,7 @@ def reference(pred, target, num_boxes=None, reduction: str = "mean", eps: float 
 
 
 def eager(pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS):
-    """The same in float32: the eager loss the op replaces, its baseline (giou_op.cpp computes it
+    """The same in float32: the eager loss the op replaces, its baseline (the declaration's C++ computes it
     with the same ATen ops where it serves a call)."""
     import torch
 
