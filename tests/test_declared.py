@@ -378,7 +378,8 @@ def test_an_integer_input_a_saved_tensor_some_variants_write_and_statements_rend
 
     source = declared.op_source(BOXES)
     assert "ready(n->to(at::kLong), 16)" in source  # any integer dtype, converted for the variants
-    assert ".g = g.defined() && vt->saves_g ? g.data_ptr() : nullptr" in source  # null to a variant that does not
+    assert ".g = g.numel() && vt->saves_g ? g.data_ptr() : nullptr" in source  # null to a variant that does not
+    assert "if (!w.baseline() && w.vt->saves_g) return true;" in source  # room where a winner of the pair writes it
     assert ".g = vt->saves_g ? g_.data_ptr() : nullptr" in source
     assert "at::empty({sizes[0], int64_t{4}}" in source
     assert "  const at::Tensor s = p.sum(-1);\n  return s;\n}" in source

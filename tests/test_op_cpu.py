@@ -113,7 +113,9 @@ def test_cpp_picks_the_same_winner_as_python(artifact, op, shared_home):
         winners = [b for b in bound if (b["params"]["pred"], b["params"]["target"]) == (pred, target)]
         got = ops.served([B, S], getattr(torch, pred), getattr(torch, target))
         assert got == winners[_nearest(winners, B, S)]["variant"], (pred, target, B, S)
-    # The forward returns a saved gradient's room (the fused winner's; null to one that recomputes).
+    # One fused winner: every pair binds its parameters, so every forward keeps room for a saved gradient.
+    assert all(ops.keeps_saved_grad(getattr(torch, p), getattr(torch, t))
+               for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES)
     f = torch.ops.tuner.giou_loss_forward(*giou.make_inputs(3, 5, "float32", "uint8"), "mean", 1e-7)
     assert f[2].shape == (3, 5, 4)
     del keep

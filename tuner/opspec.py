@@ -176,10 +176,23 @@ def reference_gradients(op: declare.Op, reference: Callable, args: tuple, grads)
     return tuple(gradients(op, reference, values, grads, {t.name: True for t in op.differentiable}))
 
 
-def impls(op: declare.Op, reference: Callable, torch_op: Callable | None) -> dict:
+def impls(op: declare.Op, reference: Callable, torch_op: Callable | None, namespace: str = "") -> dict:
     """The CPU and fake kernels of the op, of `<op>_forward` where it saves tensors, and of
-    `<op>_backward`, as tuner.runtime registers them."""
+    `<op>_backward`, as tuner.runtime registers them (`namespace`: the op's control ops')."""
     n_out = len(op.outputs)
+
+    def saved(values: dict) -> list:
+        """The forward's saved tensors, uninitialized; one only some variants write (`only_if`) has
+        room only where a winner of the call's dtype pair writes it (the C++ forward's rule)."""
+        import torch
+
+        found = []
+        for t in op.saves:
+            keeps = t.only_if is None or getattr(getattr(torch.ops, namespace), f"keeps_{t.name}")(
+                *(values[v.name].dtype for v in op.varying))
+            found.append(empty(op, t, values) if keeps else values[op.tensors[0].name].new_empty(
+                (0,), dtype=getattr(torch, t.dtypes[0])))
+        return found
 
     def user_cpu(*args, **kwargs):
         values = bind(op, args, kwargs)
@@ -199,13 +212,13 @@ def impls(op: declare.Op, reference: Callable, torch_op: Callable | None) -> dic
     def forward_cpu(*args):
         values = bind(op, args)
         check(op, values)
-        saved = [empty(op, t, values).fill_(float("nan")) for t in op.saves]  # the variants' own: the
-        return (*_outputs(op, reference, values), *saved)  # CPU backward recomputes from the inputs
+        kept = [s.fill_(float("nan")) for s in saved(values)]  # the variants' own: the CPU
+        return (*_outputs(op, reference, values), *kept)  # backward recomputes from the inputs
 
     def forward_fake(*args):
         values = bind(op, args)
         check(op, values)
-        return tuple(empty(op, t, values) for t in (*op.outputs, *op.saves))
+        return (*(empty(op, t, values) for t in op.outputs), *saved(values))
 
     def backward_values(args):
         grads, rest = list(args[:n_out]), args[n_out:]
@@ -265,7 +278,8 @@ def spec(op: declare.Op, family: str, reference: Callable, torch_op: Callable | 
     `untuned_by_baseline=False`: a dtype pair no search tuned runs the tuned parameters nearest it
     (rendered for its dtypes) instead of the baseline."""
     return runtime.OpSpec(
-        family=family, op=op.name, namespace=f"tuner_{family}", abi=op.abi, impls=impls(op, reference, torch_op),
+        family=family, op=op.name, namespace=f"tuner_{family}", abi=op.abi,
+        impls=impls(op, reference, torch_op, f"tuner_{family}"),
         shape=lambda problem: ([int(problem[n]) for n in op.sizes], 0), extras=dict(extras or {}),
         baseline=op.baseline is not None, reach=reach, pair=lambda problem: pair(op, problem),
         reference=reference, torch_op=torch_op, untuned_by_baseline=untuned_by_baseline)
