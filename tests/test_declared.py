@@ -396,3 +396,6 @@ def test_an_integer_input_a_saved_tensor_some_variants_write_and_statements_rend
     with pytest.raises(ValueError, match=r"boxes_probe: p must be \[b, 4\]"):
         opspec.check(BOXES, opspec.bind(BOXES, (torch.randn(3, 5), None)))
     assert list(opspec.empty(BOXES, BOXES.saves[0], opspec.bind(BOXES, (p, None))).shape) == [3, 4]
+    giou = families.get("giou").OP_DECLARATION  # a shape with a number, in Python's words as in C++'s
+    with pytest.raises(ValueError, match=r"target must have shape \[4, 5, 4\] \(batch, slots, 4\), got \[4, 3, 4\]"):
+        opspec.check(giou, opspec.bind(giou, (torch.randn(4, 5, 4), torch.zeros(4, 3, 4, dtype=torch.uint8))))

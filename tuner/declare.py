@@ -70,7 +70,8 @@ class Tensor:
     converts: bool = False
     # A saved tensor that only some variants write (a gradient a fused forward computes): the name of
     # an int field of the table (`table=("int saves_grad",)`); the forward and backward get a null
-    # pointer for it where the variant's field is 0, and the op keeps it only where a backward follows.
+    # pointer for it where the variant's field is 0, and the op keeps room for it only where a
+    # backward follows and a winner of the call's dtype pair writes it ([0] else).
     only_if: str | None = None
 
 

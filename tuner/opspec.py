@@ -87,7 +87,7 @@ def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
         for t in shaped:
             want = [n if isinstance(n, int) else by_name[n] for n in t.shape]
             if list(present[t.name].shape) != want:
-                raise ValueError(f"{name}: {t.name} must have shape {want} ({', '.join(t.shape)}), "
+                raise ValueError(f"{name}: {t.name} must have shape {want} ({', '.join(map(str, t.shape))}), "
                                  f"got {list(present[t.name].shape)}")
     if not dtypes:
         return

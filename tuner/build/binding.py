@@ -50,7 +50,8 @@ def sources(family: str) -> dict[str, str]:
         return {f: (templates_dir(family) / f).read_text() for f in fam.BINDING}
     if f"{family}_op.cpp" in fam.BINDING:
         raise TunerError(f"family {family!r} declares its op and writes {family}_op.cpp too: keep one of the two")
-    return {f"{family}_op.cpp": declared.op_source(op, family), **{f: (templates_dir(family) / f).read_text() for f in fam.BINDING}}
+    return {f"{family}_op.cpp": declared.op_source(op, family),
+            **{f: (templates_dir(family) / f).read_text() for f in fam.BINDING}}
 
 
 def _key(family: str) -> str:
