@@ -78,6 +78,13 @@ def test_cpu_and_cuda_agree_on_what_is_an_error(op):
     assert torch.isfinite(op(p, t2, torch.full((4,), 5)))
 
 
+def test_num_boxes_may_be_left_out(op):
+    """The padded-target convention: a call without num_boxes (valid where a target's y2 > 0)."""
+    p, t, n = giou.make_inputs(4, 6, "float32", "uint8")
+    assert "Tensor? num_boxes=None" in str(torch.ops.tuner.giou_loss.default._schema)
+    torch.testing.assert_close(op(p, t), giou.reference(p, t, None).float())
+
+
 def test_num_boxes_of_any_integer_dtype(op):
     p, t, n = giou.make_inputs(4, 6, "float32", "uint8")
     want = op(p, t, n)

@@ -187,13 +187,18 @@ class Op:
         return n
 
     def schema(self) -> str:
-        args = []
-        for a in self.inputs:
+        """The op's: an optional tensor defaults to None where every input after it has a default
+        too (a call may leave it out: `giou_loss(pred, target)`)."""
+        args, defaulted = [], True
+        for a in reversed(self.inputs):
             if isinstance(a, Tensor):
-                args.append(f"Tensor{'?' if a.optional else ''} {a.name}")
+                defaulted = defaulted and bool(a.optional)
+                args.append(f"Tensor{'?' if a.optional else ''} {a.name}{'=None' if a.optional and defaulted else ''}")
             else:
+                defaulted = defaulted and a.default is not None
                 default = "" if a.default is None else f"={_schema_value(a.default)}"
                 args.append(f"{a.type} {a.name}{default}")
+        args.reverse()
         outs = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
         return f"{self.name}({', '.join(args)}) -> {outs}"
 
