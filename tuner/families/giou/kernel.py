@@ -77,7 +77,8 @@ class GiouKernel(Kernel):
                 count.zero_()
             return call, out, count, saved_grad
         ws = self.workspace(1 + self.workspace_words_fn(B, S), pred.device)  # the error word, then the variant's
-        args.loss, args.count, args.errors, args.workspace = out.data_ptr(), count.data_ptr(), ws.data_ptr(), ws.data_ptr() + 4
+        args.loss, args.count = out.data_ptr(), count.data_ptr()
+        args.errors, args.workspace = ws.data_ptr(), ws.data_ptr() + 4
         args.saved_grad = saved_grad.data_ptr() if saved_grad.numel() else None
         forward, pointer, device = self.forward_fn, ctypes.addressof(args), pred.device.index
         keep = (pred, target, num_boxes, out, count, saved_grad, ws, args)  # what the pointers point into
