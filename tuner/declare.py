@@ -136,6 +136,11 @@ class Op:
         check(self)
 
     @property
+    def error_text(self) -> dict[int, str]:
+        """Each declared error's bit (error i: 1 << i) -> its message."""
+        return {1 << i: message for i, (_, message) in enumerate(self.errors)}
+
+    @property
     def sized_checks(self) -> list[tuple[str, str]]:
         """The checks that read sizes (`.size(d)`, `.numel()`, `leading(t)`): made once the shapes are
         concrete (a graph traced with symbolic shapes makes them when it runs); the others first."""
@@ -188,7 +193,7 @@ class Op:
 
     def schema(self) -> str:
         """The op's: an optional tensor defaults to None where every input after it has a default
-        too (a call may leave it out: `giou_loss(pred, target)`)."""
+        too (a call may leave it out)."""
         args, defaulted = [], True
         for a in reversed(self.inputs):
             if isinstance(a, Tensor):

@@ -47,6 +47,7 @@ class DeclaredKernel(Kernel):
         self.family = family
         super().__init__(so, expected_name, entry)
         self.op = families.part(family, "op").OP_DECLARATION
+        self.error_text = self.op.error_text
         self.Args = abi.struct(family, self.op.structs["args"])
         self.BackwardArgs = abi.struct(family, self.op.structs["bwd_args"])
         _, fields = abi.table(family)  # the table as the declaration's `scratch` reads it (vt->f(...))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 
 from tuner.families.giou import DEFAULT_EPS, OP_DECLARATION, REDUCTIONS
-from tuner.families.giou.op import BAD_COUNT, BAD_TARGET
 from tuner.measure import abi
 from tuner.measure.kernel import CHECK as _CHECK
 from tuner.measure.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, stream
@@ -25,7 +24,7 @@ class GiouKernel(Kernel):
     """
 
     family = "giou"
-    error_text = {1: BAD_COUNT, 2: BAD_TARGET}
+    error_text = OP_DECLARATION.error_text
 
     def _ready(self, t, dtype: str, what: str):
         """Contiguous [B, S, 4] of the variant's dtype, aligned for its loads (a copy only when needed)."""
