@@ -31,7 +31,10 @@ def test_a_call_the_gpu_runs_slower_than_the_host_queues_needs_one_head_start(sp
     dst = torch.empty_like(src)
     flush = timing.L2Flush()
     t = timing.bench(lambda: dst.copy_(src), flush=flush, min_reps=192, max_reps=192, budget_ms=0)
-    assert t.reps == 192 and len(spins) <= 2, spins
+    # One head start would do; a few more come where the launch queue fills and the host waits on
+    # it (the lead counts the wait as lost), as on a busy host after other tests: 6 seen. A lead
+    # that never grew would spin before every repetition (192).
+    assert t.reps == 192 and len(spins) <= 16, spins
     # the same copy back to back between one pair of events (each a full HBM pass either way)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
