@@ -16,7 +16,6 @@ from tuner.build.render import templates_dir, write_headers
 from tuner.measure import abi
 from tuner.measure.kernel import TORCH_DTYPES
 from tuner.errors import SpaceError
-from tuner.families.giou import kernel as giou_kernel
 
 MIRRORS = [(family, header, name) for family, header in (("giou", "giou_abi.h"), ("rms_norm", "rms_norm_abi.h"),
                                                          ("embedding_bag", "embedding_bag_abi.h"),
@@ -61,7 +60,9 @@ def test_a_built_variant_loads_and_is_called_through_its_table_without_a_binding
     variant = giou.covering_set()[0]
     built = build.build([variant], "sm_90", jobs=2)[0]
     assert built.ok, built.error
-    kernel = giou_kernel.GiouKernel(built.so, variant.name, built.entry)
+    from tuner.measure.declared import DeclaredKernel
+
+    kernel = DeclaredKernel(giou.FAMILY, built.so, variant.name, built.entry)
     assert kernel.name == variant.name and kernel.pred_dtype in TORCH_DTYPES
     grid = -(-1024 * 256 // (variant["block_size"] * variant["boxes_per_thread"]))
     assert kernel.workspace_words_fn(1024, 256) == 3 + 2 * grid  # the ticket and sums, then 2 a block

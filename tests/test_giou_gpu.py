@@ -19,7 +19,7 @@ def kernels(shared_home):
 
     from tuner import gpus
     from tuner.build import compile as build
-    from tuner.families.giou.kernel import GiouKernel
+    from tuner.measure.declared import DeclaredKernel
 
     arch = gpus.attached().arch
     cover = giou.covering_set()
@@ -30,7 +30,23 @@ def kernels(shared_home):
     failed = [f"{b.variant.name}: {b.error}" for b in built if not b.ok]
     assert not failed, "\n".join(failed)
     torch.manual_seed(0)
-    return [(b.variant, GiouKernel(b.so, b.variant.name, b.entry)) for b in built]
+    return [(b.variant, DeclaredKernel(giou.FAMILY, b.so, b.variant.name, b.entry)) for b in built]
+
+
+@pytest.fixture(scope="module")
+def evaluation():
+    from tuner.measure.declared import Evaluation
+
+    return Evaluation(giou.FAMILY)
+
+
+def _values(pred, target, nb, reduction="mean"):
+    return {"pred": pred, "target": target, "num_boxes": nb, "reduction": reduction, "eps": giou.DEFAULT_EPS}
+
+
+def _loss(kernel, pred, target, nb, reduction, check=True):
+    """The forward's loss, bad input raised at once (check=True) or kept (check=False)."""
+    return kernel.forward(_values(pred, target, nb, reduction), check)["loss"]
 
 
 def _counts(B, S, kind, device):
@@ -47,33 +63,32 @@ def _counts(B, S, kind, device):
     return counts
 
 
-def _run(kernel, variant, B, S, reduction, counts_kind, use_counts):
-    from tuner.families.giou.verify import verify
-
-    counts = _counts(B, S, counts_kind, "cpu")
-    verdict = verify(kernel, variant["pred"], variant["target"], B, S, reduction, counts=counts,
-                     use_counts=use_counts)
-    assert verdict.ok, f"{variant.name} counts={counts_kind} num_boxes={use_counts} {verdict.message}"
+def _run(evaluation, kernel, variant, B, S, reduction, counts_kind, use_counts):
+    """Forward and backward on fresh inputs against the float64 reference (as the search checks)."""
+    p, t, n = giou.make_inputs(B, S, variant["pred"], variant["target"], device="cuda",
+                               counts=_counts(B, S, counts_kind, "cpu"))
+    _, failed = evaluation.run_case(kernel, evaluation.case(_values(p, t, n if use_counts else None, reduction)))
+    assert not failed, f"{variant.name} B={B} S={S} {reduction} counts={counts_kind} num_boxes={use_counts}: {failed}"
 
 
 @pytest.mark.parametrize("B,S", SHAPES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_forward_backward_match_reference(kernels, B, S, reduction):
+def test_forward_backward_match_reference(kernels, evaluation, B, S, reduction):
     for variant, kernel in kernels:
-        _run(kernel, variant, B, S, reduction, "mixed", use_counts=True)
+        _run(evaluation, kernel, variant, B, S, reduction, "mixed", use_counts=True)
 
 
 @pytest.mark.parametrize("counts_kind", ["empty", "full"])
-def test_all_padding_and_full_images(kernels, counts_kind):
+def test_all_padding_and_full_images(kernels, evaluation, counts_kind):
     for variant, kernel in kernels:
         for reduction in ("mean", "sum", "none"):
-            _run(kernel, variant, 3, 256, reduction, counts_kind, use_counts=True)
+            _run(evaluation, kernel, variant, 3, 256, reduction, counts_kind, use_counts=True)
 
 
-def test_padding_convention_without_num_boxes(kernels):
+def test_padding_convention_without_num_boxes(kernels, evaluation):
     for variant, kernel in kernels:
         for reduction in ("mean", "none"):
-            _run(kernel, variant, 5, 300, reduction, "mixed", use_counts=False)
+            _run(evaluation, kernel, variant, 5, 300, reduction, "mixed", use_counts=False)
 
 
 def test_repeated_calls_reuse_a_clean_workspace(kernels):
@@ -82,8 +97,8 @@ def test_repeated_calls_reuse_a_clean_workspace(kernels):
 
     for variant, kernel in kernels:
         pred, target, nb = giou.make_inputs(64, 256, variant["pred"], variant["target"], device="cuda")
-        first = kernel.forward(pred, target, nb, "sum")[0].clone()
-        second = kernel.forward(pred, target, nb, "sum")[0]
+        first = _loss(kernel, pred, target, nb, "sum").clone()
+        second = _loss(kernel, pred, target, nb, "sum")
         torch.cuda.synchronize()
         ok, _, msg = giou.check("repeat", second, first, 1e-6)
         assert ok, f"{variant.name}: {msg}"
@@ -99,18 +114,18 @@ def test_validation_reports_bad_counts_without_killing_the_context(kernels):
         bad = nb.clone()
         bad[1] = 17
         if variant["validation"] == "none":
-            loss = kernel.forward(pred, target, bad, "mean")[0]  # clamped, no report
+            loss = _loss(kernel, pred, target, bad, "mean")  # clamped, no report
             want = giou.reference(pred, target, bad, "mean")
             assert giou.check("clamped", loss, want, giou.LOSS_TOL)[0], variant.name
         else:
             with pytest.raises(KernelInputError, match="num_boxes"):
-                kernel.forward(pred, target, bad, "mean")
+                _loss(kernel, pred, target, bad, "mean")
         bad[1] = -1
         if variant["validation"] != "none":
             with pytest.raises(KernelInputError, match="num_boxes"):
-                kernel.forward(pred, target, bad, "none")
+                _loss(kernel, pred, target, bad, "none")
         # The context is still usable and the flag was cleared.
-        loss = kernel.forward(pred, target, nb, "mean")[0]
+        loss = _loss(kernel, pred, target, nb, "mean")
         assert giou.check("after", loss, giou.reference(pred, target, nb, "mean"), giou.LOSS_TOL)[0]
         assert torch.isfinite(loss).all()
 
@@ -127,10 +142,10 @@ def test_validation_reports_non_finite_targets(kernels):
                                             counts=torch.tensor([3, 3, 3, 3]))
         target[2, 1, 0] = float("inf")  # a valid slot
         with pytest.raises(KernelInputError, match="non-finite"):
-            kernel.forward(pred, target, nb, "mean")
+            _loss(kernel, pred, target, nb, "mean")
         target[2, 1, 0] = 1.0
         target[2, 10, 0] = float("nan")  # padding: not checked
-        kernel.forward(pred, target, nb, "mean")
+        _loss(kernel, pred, target, nb, "mean")
 
 
 def test_deferred_errors_are_kept_until_taken(kernels):
@@ -138,6 +153,6 @@ def test_deferred_errors_are_kept_until_taken(kernels):
     pred, target, nb = giou.make_inputs(4, 16, variant["pred"], variant["target"], device="cuda")
     bad = nb.clone()
     bad[0] = 99
-    kernel.forward(pred, target, bad, "mean", check=False)
+    _loss(kernel, pred, target, bad, "mean", check=False)
     assert kernel.take_errors() & 1
     assert kernel.take_errors() == 0

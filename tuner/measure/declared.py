@@ -19,7 +19,7 @@ from tuner import families, opspec
 from tuner.measure import abi, timing
 from tuner.measure.accuracy import check
 from tuner.measure.cases import Cases
-from tuner.measure.kernel import TORCH_DTYPES, Kernel, dtype_name, launched, stream
+from tuner.measure.kernel import CHECK, TORCH_DTYPES, Kernel, dtype_name, launched, stream
 
 TOLERANCE = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3, "float64": 1e-12}
 
@@ -32,7 +32,7 @@ def tolerance(module) -> dict[str, float]:
 def inputs(module, op, problem: dict, seed: int) -> dict:
     """name -> value of the op's inputs for a problem: the family's `make_inputs` tensors, and each
     scalar as the problem gives it, else its default."""
-    tensors = module.make_inputs(**problem, seed=seed)
+    tensors = module.make_inputs(**problem, seed=seed, device="cuda")
     tensors = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
     values = dict(zip((t.name for t in op.tensors), tensors))
     for s in op.scalars:
@@ -71,16 +71,31 @@ class DeclaredKernel(Kernel):
             found["workspace"] = words + 4
         return found
 
-    def _check(self, values: dict) -> None:
-        """What a variant takes: its dtypes, contiguous tensors on one GPU, the declared shapes."""
+    def _ready(self, values: dict) -> dict:
+        """The inputs as the op hands them to a variant, after checking what the variant takes (its
+        dtypes, contiguous tensors on one GPU, the declared shapes): an input that `converts` in its
+        declared dtype, every tensor at an address aligned for the variant's loads (copied where not)."""
+        import torch
+
         opspec.check(self.op, values)
         for t in self.op.varying:
             want, got = TORCH_DTYPES[getattr(self, f"{t.name}_dtype")], dtype_name(values[t.name])
             if got != want:
                 raise ValueError(f"{self.op.name}: variant {self.name} takes {t.name} {want}, got {got}")
+        ready = dict(values)
         for t in self.op.tensors:
-            if values[t.name] is not None and not values[t.name].is_contiguous():
+            v = values[t.name]
+            if v is None:
+                continue
+            if not v.is_contiguous():
                 raise ValueError(f"{self.op.name}: variant {self.name} takes a contiguous {t.name}")
+            v = v.to(getattr(torch, t.dtypes[0])) if t.converts else v
+            ready[t.name] = v.clone() if v.data_ptr() % self.op.alignment else v
+        return ready
+
+    def _writes(self, saved) -> bool:
+        """Whether this variant writes a saved tensor: one declared `only_if` a table field, where it is set."""
+        return saved.only_if is None or bool(getattr(self, saved.only_if))
 
     def _pointers(self, values: dict) -> dict:
         """Each input tensor's address (None: an input left out, which the variants get as null)."""
@@ -93,12 +108,29 @@ class DeclaredKernel(Kernel):
     def prepare(self, values: dict, into: dict | None = None) -> tuple[Callable, dict]:
         """(call, outputs): `call()` runs the forward of the inputs `values` (name -> tensor or
         number) into the outputs and saved tensors (name -> tensor; `into` gives some)."""
-        self._check(values)
+        import torch
+
+        values = self._ready(values)
         outs = {t.name: (into or {}).get(t.name) for t in (*self.op.outputs, *self.op.saves)}
         outs = {n: t if t is not None else opspec.empty(self.op, self._by_name(n), values) for n, t in outs.items()}
-        args = self.Args(**self._pointers(values), **{n: t.data_ptr() for n, t in outs.items()},
+        pointers = {n: t.data_ptr() for n, t in outs.items()}
+        for t in self.op.saves:
+            if not self._writes(t):  # no room, as the op keeps none (its `keeps_<name>`), and a null pointer
+                outs[t.name] = values[self.op.tensors[0].name].new_empty((0,), dtype=getattr(torch, t.dtypes[0]))
+                pointers[t.name] = None
+        args = self.Args(**self._pointers(values), **pointers,
                          **self._scalars_and_sizes(values), **self._word_fields(values))
         return self._call(self.forward_fn, args, values, outs, "forward"), outs
+
+    def forward(self, values: dict, check: bool | str = True) -> dict:
+        """The forward of `values` run once: its outputs and saved tensors by name. Bad input that
+        the variant's validation finds is raised at once (`check=True`: a sync), or kept until
+        `take_errors()` (`check=False`, the search's way)."""
+        call, outs = self.prepare(values)
+        call()
+        if getattr(self, "validates", 0) and CHECK[check] == "sync":
+            self.raise_errors()
+        return outs
 
     def prepare_backward(self, grads: dict, values: dict, saved: dict, into: dict | None = None) -> tuple[Callable, dict]:
         """(call, gradients) of the backward after a forward that wrote `saved`: `grads` holds each
@@ -106,14 +138,15 @@ class DeclaredKernel(Kernel):
         tensor: not wanted)."""
         import torch
 
-        self._check(values)
+        values = self._ready(values)
         grads = {n: g.contiguous() for n, g in grads.items()}
         into = into or {}
         kept = {t.gradient_of: saved[t.name] for t in self.op.saves if t.gradient_of}  # written in place, as the op does
         gx = {t.name: kept.get(t.name, into.get(t.name)) for t in self.op.differentiable}
         gx = {n: g if g is not None else torch.empty_like(values[n]) for n, g in gx.items()}
         fields = {**{f"grad_{n}": g.data_ptr() for n, g in grads.items()},
-                  **self._pointers(values), **{t.name: saved[t.name].data_ptr() for t in self.op.saves},
+                  **self._pointers(values),
+                  **{t.name: saved[t.name].data_ptr() if self._writes(t) else None for t in self.op.saves},
                   **{f"grad_{n}": (g.data_ptr() if g.numel() else None) for n, g in gx.items()},
                   **self._scalars_and_sizes(values)}
         keep = [grads, gx]
@@ -157,10 +190,13 @@ class Evaluation:
         return inputs(self.module, self.op, problem, seed)
 
     def _case(self, problem: dict, seed: int) -> dict:
-        """Inputs, an output gradient for each output, and the float64 answers of both passes."""
+        return self.case(self._values(problem, seed), seed)
+
+    def case(self, values: dict, seed: int = 0) -> dict:
+        """The inputs `values` (name -> tensor or number), an output gradient for each output, and
+        the float64 answers of both passes: what `run_case` checks a variant on."""
         import torch
 
-        values = self._values(problem, seed)
         outs = [opspec.empty(self.op, o, values) for o in self.op.outputs]
         g = torch.Generator(outs[0].device).manual_seed(seed + 1)
         grads = {o.name: torch.randn(out.shape, generator=g, device=out.device).to(out.dtype)

@@ -131,7 +131,7 @@ def box_counts(batch: int, slots: int, distribution: str, generator):
 
 
 def make_inputs(batch: int, slots: int, pred: str = "bfloat16", target: str = "uint8",
-                distribution: str = "article", device="cpu", seed: int | None = None, counts=None):
+                distribution: str = "article", device="cpu", seed: int | None = None, counts=None, **_scalars):
     """Fresh random (pred, target, num_boxes) in the article's 256x256 image frame.
 
     Targets are the article's boxes (integer corners in [0, 255], sides >= 1) and
@@ -175,12 +175,12 @@ def _torch_dtype(name: str):
 
 # ------------------------------------------------------------ verification
 
-# Relative error ||got - want|| / ||want|| allowed per output: the loss is float32
-# math on exactly the reference's inputs; the gradient is rounded to pred's dtype.
-LOSS_TOL = 2e-5
-GRAD_TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}
+# Relative error ||got - want|| / ||want|| allowed beyond rounding to the output's dtype (the
+# loss: float32 math on exactly the reference's inputs; the gradient: pred's dtype). The search
+# checks every variant at the problem's sizes and at ODD_SIZES (tuner/measure/declared.py).
+TOLERANCE = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}
+LOSS_TOL, GRAD_TOL = TOLERANCE["float32"], TOLERANCE
+ODD_SIZES = ({"batch": 3, "slots": 7},)  # a block ends mid-image, mid-vector
 
 
-from tuner.measure.accuracy import check, relative_error  # noqa: E402,F401  (verify.py and tests use them from here)
-
-
+from tuner.measure.accuracy import check, relative_error  # noqa: E402,F401  (tests use them from here)

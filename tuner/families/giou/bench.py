@@ -71,13 +71,13 @@ class SimpleKernel:
     def __init__(self, pred_dtype: str, target_dtype: str):
         from tuner import gpus
         from tuner.build import compile as build
-        from tuner.families.giou.kernel import GiouKernel
+        from tuner.measure.declared import DeclaredKernel
 
         v = giou.space(pred_dtype, target_dtype).variant(
             boxes_per_thread=1, padding="branch", validation="none", block_size=256, loads="scalar",
             reduction="atomic", backward="recompute")
         (b,) = build.build([v], gpus.attached().arch)
-        self.kernel = GiouKernel(b.so, v.name, b.entry)
+        self.kernel = DeclaredKernel(giou.FAMILY, b.so, v.name, b.entry)
 
     def __call__(self, pred, target, num_boxes):
         k = self
@@ -85,15 +85,17 @@ class SimpleKernel:
         class Fn(torch.autograd.Function):
             @staticmethod
             def forward(ctx, p):
-                loss, _, _ = k.kernel.forward(p, target, num_boxes, "none", check=False)
-                ctx.save_for_backward(p)
-                return loss
+                values = {"pred": p, "target": target, "num_boxes": num_boxes, "reduction": "none", "eps": EPS}
+                outs = k.kernel.forward(values, check=False)
+                ctx.values, ctx.count = values, outs["count"]
+                return outs["loss"]
 
             @staticmethod
             def backward(ctx, g):
-                (p,) = ctx.saved_tensors
-                dummy = torch.empty((), device=p.device)
-                return k.kernel.backward(g.contiguous(), p, target, num_boxes, dummy, dummy, "none")
+                saved = {"count": ctx.count, "saved_grad": None}
+                call, grads = k.kernel.prepare_backward({"loss": g}, ctx.values, saved)
+                call()
+                return grads["pred"]
 
         per_box = Fn.apply(pred)
         return per_box.sum() / num_boxes.clamp(0, pred.shape[1]).sum().clamp(min=1)
