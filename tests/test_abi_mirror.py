@@ -54,19 +54,32 @@ def test_a_built_variant_loads_and_is_called_through_its_table_without_a_binding
     """On a machine without a GPU: a variant built and loaded as the search's worker loads it (no
     torch binding), its table read through the mirror, a host function of it called, and CUDA's
     text for an error code found through its library (what a failed launch reports)."""
+    import torch
+
     from tuner.build import compile as build
     from tuner.families import giou
+    from tuner.measure.declared import DeclaredKernel
 
     variant = giou.covering_set()[0]
     built = build.build([variant], "sm_90", jobs=2)[0]
     assert built.ok, built.error
-    from tuner.measure.declared import DeclaredKernel
-
     kernel = DeclaredKernel(giou.FAMILY, built.so, variant.name, built.entry)
     assert kernel.name == variant.name and kernel.pred_dtype in TORCH_DTYPES
     grid = -(-1024 * 256 // (variant["block_size"] * variant["boxes_per_thread"]))
     assert kernel.workspace_words_fn(1024, 256) == 3 + 2 * grid  # the ticket and sums, then 2 a block
     assert "too many resources" in kernel.error_string(701)
+
+    # the inputs as the op hands them to a variant: num_boxes (declared `converts`) in int64, a
+    # misaligned pred copied, an aligned one not; the saved gradient only where the table keeps it
+    p, t, n = giou.make_inputs(2, 8, variant["pred"], variant["target"], seed=0)
+    odd = torch.empty(p.numel() + 1, dtype=p.dtype)[1:].view(p.shape).copy_(p)
+    values = {"pred": odd, "target": t, "num_boxes": n.int(), "reduction": "mean", "eps": giou.DEFAULT_EPS}
+    ready = kernel._ready(values)
+    assert ready["num_boxes"].dtype == torch.int64 and torch.equal(ready["num_boxes"], n)
+    assert ready["pred"].data_ptr() % 16 == 0 and torch.equal(ready["pred"], p)
+    assert kernel._ready({**values, "pred": p})["pred"].data_ptr() == p.data_ptr()
+    saved_grad = next(s for s in giou.OP_DECLARATION.saves if s.name == "saved_grad")
+    assert kernel._writes(saved_grad) == bool(kernel.saves_grad) == (variant["backward"] == "fused")
 
 
 def test_a_built_declared_variant_gives_the_search_its_error_word(tuner_home):
