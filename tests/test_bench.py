@@ -90,3 +90,17 @@ def test_captured_problems_count_the_cells_slower_than_torch(tmp_path):
     assert "**slower than torch at 3 of 8**" in md and "- x=bfloat16, rows=128: tuned/torch fwd GPU 1.25x*" in md
     assert "| anchor: torch F.rms_norm | 19.8 | 20.0 | 50.0 | 29.0 |" in md
     assert bench.read(tmp_path / "bench.csv") == rows
+
+
+def test_an_anchor_whose_package_is_missing_is_left_out_with_the_package_named(capsys):
+    import types
+
+    from tuner.report.declared import _anchors
+
+    def anchors():
+        import liger_kernel_that_is_not_installed  # noqa: F401
+
+    assert _anchors(types.SimpleNamespace(anchors=anchors)) == {}
+    assert "liger_kernel_that_is_not_installed is not installed (pip install 'tuner[bench]')" in capsys.readouterr().out
+    assert _anchors(types.SimpleNamespace()) == {}
+    assert list(_anchors(types.SimpleNamespace(anchors=lambda: {"x": len}))) == ["x"]

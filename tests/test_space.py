@@ -58,6 +58,25 @@ def test_unknown_dtype_is_refused():
         giou.space("float64", "uint8")
 
 
+@pytest.mark.parametrize("family,args,message", [
+    ("rms_norm", ("float64",), "x dtype 'float64' is not one of ['float32', 'float16', 'bfloat16']"),
+    ("cross_entropy", ("fp8",), "logits dtype 'fp8' is not one of"),
+    ("embedding_bag", ("float32", "int16"), "index dtype 'int16' is not one of ['int64', 'int32']")])
+def test_every_familys_space_names_the_dtypes_it_takes(family, args, message):
+    from tuner import families
+
+    with pytest.raises(SpaceError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        families.get(family).space(*args)
+    assert families.get(family).space(*(["bf16"] if family != "embedding_bag" else ["fp16", "i32"])).fixed
+
+
+def test_dtype_names_and_sizes_read_torchs_aliases():
+    from tuner.space import dtype_name, itemsize
+
+    assert dtype_name("BF16", ("bfloat16",)) == "bfloat16" and dtype_name("half") == "float16"
+    assert [itemsize(n) for n in ("bf16", "float32", "u8", "long")] == [2, 4, 1, 8]
+
+
 def test_families_are_found_by_folder():
     from tuner import families
     from tuner.errors import SpaceError

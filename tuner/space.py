@@ -19,11 +19,23 @@ from tuner.variant import Variant
 _DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
                   "f16": "float16", "bf16": "bfloat16", "u8": "uint8", "long": "int64", "int": "int32",
                   "i64": "int64", "i32": "int32"}
+# bytes an element takes, without torch (spaces are made before it is imported)
+_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
+             "uint8": 1, "int8": 1, "bool": 1}
 
 
-def dtype_name(name: str) -> str:
-    """A dtype's canonical name, as spaces and problems record it ('bf16' -> 'bfloat16')."""
-    return _DTYPE_ALIASES.get(name.lower(), name.lower())
+def dtype_name(name: str, among: Sequence[str] | None = None, what: str = "a") -> str:
+    """A dtype's canonical name, as spaces and problems record it ('bf16' -> 'bfloat16'); with
+    `among`, a SpaceError where it is not one of them (`what`: whose dtype, for the message)."""
+    found = _DTYPE_ALIASES.get(name.lower(), name.lower())
+    if among is not None and found not in among:
+        raise SpaceError(f"{what} dtype {found!r} is not one of {list(among)}")
+    return found
+
+
+def itemsize(name: str) -> int:
+    """Bytes an element of the dtype `name` takes ('bf16' -> 2)."""
+    return _ITEMSIZE[dtype_name(name)]
 
 
 @dataclass(frozen=True)

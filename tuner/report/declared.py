@@ -82,6 +82,17 @@ def _problem(family: str, sizes, dtype: str | None) -> dict:
     return {**fam.Problem().__dict__, **dict(zip(op.sizes, sizes)), **{t.name: dtype_name(dtype) for t in op.varying}}
 
 
+def _anchors(fam) -> dict:
+    """The family's `anchors()` (name -> a function of the op's inputs), left out where one needs
+    a package this machine lacks (as Liger's rows do without `pip install 'tuner[bench]'`)."""
+    try:
+        return getattr(fam, "anchors", dict)()
+    except ImportError as exc:
+        print(f"{exc.name or exc} is not installed (pip install 'tuner[bench]'): the anchors' rows are left out",
+              flush=True)
+        return {}
+
+
 def bench(family: str, directory, args) -> list[dict]:
     import torch
 
@@ -91,7 +102,7 @@ def bench(family: str, directory, args) -> list[dict]:
     # the family's other ways to call the tuned op (`tuned_rows()`: name -> a function of the inputs)
     impls.update({f"{TUNED}, {k}": fn for k, fn in (getattr(fam, "tuned_rows", lambda: {})()).items()})
     impls.update({f"anchor: torch {op.name}": spec.torch_op, "anchor: torch.compile": torch.compile(spec.torch_op)})
-    impls.update({f"anchor: {k}": fn for k, fn in (getattr(fam, "anchors", lambda: {})()).items()})
+    impls.update({f"anchor: {k}": fn for k, fn in _anchors(fam).items()})
     # GPU time from CUDA-graph replays, or the profiler's sum of kernels where an anchor cannot be
     # captured in a graph (the family's BENCH_GRAPHS = False)
     gpu_us = graph_us if getattr(fam, "BENCH_GRAPHS", True) else kernel_us

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tuner.families.cross_entropy.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
 from tuner.families.cross_entropy.spec import DTYPES, REDUCTIONS, reference  # noqa: F401
-from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, problem_class
+from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, itemsize, problem_class
 
 FAMILY = "cross_entropy"
 # checked beside the problem's: a vocabulary no vector divides, a row of one class, every target ignored
@@ -24,15 +24,14 @@ DIMS = (
     Dim("reread", ("in_order", "reverse"), "the forward's second read of a row in order, or from its end back (the "
         "last lines read are the likeliest still in L2)"),
 )
-_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def space(logits: str = "bfloat16") -> Space:
     """The variants for one logits dtype (the problem's, not tuned)."""
-    logits = dtype_name(logits)
+    logits = dtype_name(logits, DTYPES, "logits")
     constraints = (
         Constraint("a row's threads fit in a block", lambda p: p["threads_per_row"] <= p["block_size"]),
-        Constraint("a load is at most 16 bytes", lambda p: p["vec"] * _BYTES[logits] <= 16),
+        Constraint("a load is at most 16 bytes", lambda p: p["vec"] * itemsize(logits) <= 16),
         Constraint("a first read's priority and the second read's order are for a row read again in the forward",
                    lambda p: p["gradient"] == "forward" or (p["first_read"], p["reread"]) == ("normal", "in_order")),
     )
@@ -62,7 +61,7 @@ def make_inputs(rows: int, vocab: int, logits: str = "bfloat16", ignored: float 
 
 def floor_bytes(problem: dict) -> tuple[int, int]:
     """A forward reads the logits; a fused forward+backward reads them once and writes their gradient."""
-    once = problem["rows"] * problem["vocab"] * _BYTES[problem["logits"]]
+    once = problem["rows"] * problem["vocab"] * itemsize(problem["logits"])
     return once, 2 * once
 
 
@@ -71,12 +70,8 @@ BENCH_GRAPHS = False  # Liger's backward syncs (torch.equal): GPU times are the 
 
 
 def anchors() -> dict:
-    """Beside torch's op in `tuner bench`: Liger's kernel, where installed (`pip install 'tuner[bench]'`)."""
-    try:
-        from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
-    except ImportError:
-        print("Liger is not installed (pip install 'tuner[bench]'): its rows are left out", flush=True)
-        return {}
+    """Beside torch's op in `tuner bench`: Liger's kernel (`pip install 'tuner[bench]'`)."""
+    from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
 
     def liger(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean", in_place=False):
         return LigerCrossEntropyFunction.apply(logits, target, None, ignore_index, 0.0, label_smoothing, reduction)[0]

@@ -18,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tuner.errors import SpaceError
-from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option  # noqa: F401
+from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, itemsize, option  # noqa: F401
 from tuner.variant import Variant
 
 FAMILY = "embedding_bag"  # its files by convention (tuner.families.conventions): embedding_bag.cu.j2, ...
@@ -56,13 +55,12 @@ PIECE = 64  # sorted entries per partial sum in the sorted backward
 LENGTH_CLASSES = 4  # passes of a longest-first grid: bags by length in classes of half the mean
 LONG_BAGS = 64  # ... when the mean bag has at least this many entries (else one pass)
 
-_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def _constraints(weight: str) -> tuple[Constraint, ...]:
     return (
         Constraint("a load is at most 16 bytes (vec * element size <= 16)",
-                   lambda p: p["vec"] * _BYTES[weight] <= 16),
+                   lambda p: p["vec"] * itemsize(weight) <= 16),
         Constraint("a block-per-bag mapping needs no more than 256 threads to cover a row",
                    lambda p: p["mapping"] != "block" or p["block_size"] <= 256),
         Constraint("chunks of a bag go to warps or subwarps (a block per bag already splits its bag over its warps)",
@@ -78,11 +76,7 @@ def _constraints(weight: str) -> tuple[Constraint, ...]:
 
 def space(weight: str = "float32", index: str = "int64") -> Space:
     """The variants for one (weight, index) dtype pair; the dtypes are the problem, not tuned."""
-    weight, index = dtype_name(weight), dtype_name(index)
-    if weight not in WEIGHT_DTYPES:
-        raise SpaceError(f"weight dtype {weight!r} is not one of {list(WEIGHT_DTYPES)}")
-    if index not in INDEX_DTYPES:
-        raise SpaceError(f"index dtype {index!r} is not one of {list(INDEX_DTYPES)}")
+    weight, index = dtype_name(weight, WEIGHT_DTYPES, "weight"), dtype_name(index, INDEX_DTYPES, "index")
     return Space(FAMILY, {"weight": weight, "index": index}, DIMS, _constraints(weight))
 
 

@@ -54,15 +54,7 @@ FAULTS = ("compile", "oob", "assert", "hang", "wrong", "nan", "resources")
 
 def space(pred: str = "bfloat16", target: str = "uint8", device_assert: bool = False) -> Space:
     """The variants for one dtype pair; the dtypes are the problem, not tuned."""
-    pred, target = dtype_name(pred), dtype_name(target)
-    if pred not in PRED_DTYPES:
-        from tuner.errors import SpaceError
-
-        raise SpaceError(f"pred dtype {pred!r} is not one of {list(PRED_DTYPES)}")
-    if target not in TARGET_DTYPES:
-        from tuner.errors import SpaceError
-
-        raise SpaceError(f"target dtype {target!r} is not one of {list(TARGET_DTYPES)}")
+    pred, target = dtype_name(pred, PRED_DTYPES, "pred"), dtype_name(target, TARGET_DTYPES, "target")
     return Space(
         FAMILY, {"pred": pred, "target": target}, DIMS, CONSTRAINTS,
         flags={"device_assert": device_assert, "fault": None},

@@ -9,10 +9,9 @@ is reduced (float atomics, or deterministic per-block partials).
 
 from __future__ import annotations
 
-from tuner.errors import SpaceError
 from tuner.families.rms_norm.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
 from tuner.families.rms_norm.spec import DEFAULT_EPS, DTYPES, reference  # noqa: F401
-from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, problem_class
+from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, itemsize, problem_class
 
 FAMILY = "rms_norm"  # its kernel template by convention: templates/rms_norm/rms_norm.cu.j2
 ODD_SIZES = ({"rows": 1, "width": 1027}, {"rows": 37, "width": 771})  # checked beside the problem's: no vector
@@ -32,16 +31,12 @@ DIMS = (
         "rows that fit in registers: one row group per block, or resident blocks striding over rows that keep "
         "the weight in registers and load the next row while writing this one"),
 )
-_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def space(x: str = "bfloat16", weight: str = "bfloat16") -> Space:
     """The variants for one (x, weight) dtype pair; the dtypes are the problem, not tuned."""
-    x, weight = dtype_name(x), dtype_name(weight)
-    for what, d in (("x", x), ("weight", weight)):
-        if d not in DTYPES:
-            raise SpaceError(f"{what} dtype {d!r} is not one of {list(DTYPES)}")
-    widest = max(_BYTES[x], _BYTES[weight])
+    x, weight = dtype_name(x, DTYPES, "x"), dtype_name(weight, DTYPES, "weight")
+    widest = max(itemsize(x), itemsize(weight))
     constraints = (
         Constraint("a row's threads fit in a block", lambda p: p["threads_per_row"] <= p["block_size"]),
         Constraint("a load is at most 16 bytes (vec * element size <= 16)", lambda p: p["vec"] * widest <= 16),
@@ -75,7 +70,7 @@ def make_inputs(rows: int, width: int, x: str = "bfloat16", weight: str = "bfloa
 
 def floor_bytes(problem: dict) -> tuple[int, int]:
     """The bytes a forward (x read, y written) and a forward+backward (and x, dy read, dx written) move."""
-    once = problem["rows"] * problem["width"] * _BYTES[problem["x"]]
+    once = problem["rows"] * problem["width"] * itemsize(problem["x"])
     return 2 * once, 5 * once
 
 
@@ -83,11 +78,8 @@ BENCH_SHAPES = ((4096, 4096), (8192, 8192), (16384, 4096))  # rows x width, `tun
 
 
 def anchors() -> dict:
-    """Beside torch's op in `tuner bench`: Liger's Triton kernel, where installed (`pip install 'tuner[bench]'`)."""
-    try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    except ImportError:
-        print("Liger is not installed (pip install 'tuner[bench]'): its rows are left out", flush=True)
-        return {}
+    """Beside torch's op in `tuner bench`: Liger's Triton kernel (`pip install 'tuner[bench]'`)."""
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
     return {"Liger": lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)}
 

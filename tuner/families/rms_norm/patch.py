@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from tuner.families.rms_norm.op import rms_norm
+from tuner import runtime
+from tuner.families.rms_norm.op import DTYPES, rms_norm
 
 # transformers' classes whose forward is LlamaRMSNorm's, word for word: normalize in float32,
 # cast to the input's dtype, times the weight (so the result has the promoted dtype of the two).
@@ -15,7 +16,6 @@ from tuner.families.rms_norm.op import rms_norm
 LLAMA_STYLE = tuple(f"transformers.models.{m}.modeling_{m}.{c}RMSNorm" for m, c in (
     ("llama", "Llama"), ("mistral", "Mistral"), ("mixtral", "Mixtral"), ("qwen2", "Qwen2"),
     ("qwen2_moe", "Qwen2Moe"), ("qwen3", "Qwen3"), ("qwen3_moe", "Qwen3Moe"), ("phi3", "Phi3")))
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def nn_rms_norm(self, x):
@@ -29,8 +29,8 @@ def llama_rms_norm(self, hidden_states):
     run the module's own forward."""
     weight = self.weight
     if not (hidden_states.is_cuda and hidden_states.dim() >= 1 and isinstance(weight, torch.Tensor)
-            and weight.shape == hidden_states.shape[-1:] and hidden_states.dtype in _DTYPES
-            and weight.dtype in _DTYPES):
+            and weight.shape == hidden_states.shape[-1:] and hidden_states.dtype in runtime.dtypes(DTYPES)
+            and weight.dtype in runtime.dtypes(DTYPES)):
         return type(self).forward(self, hidden_states)
     y = torch.ops.tuner.rms_norm(hidden_states, weight, self.variance_epsilon)
     out = torch.promote_types(weight.dtype, hidden_states.dtype)
