@@ -22,6 +22,7 @@ names make; `Op.table` adds fields of the family's own after them.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -154,20 +155,20 @@ class Op:
         camel = "".join(part.capitalize() for part in self.name.split("_"))
         return {"args": f"Tuner{camel}Args", "bwd_args": f"Tuner{camel}BackwardArgs", "vtable": f"Tuner{camel}Vtable"}
 
-    @property
+    @functools.cached_property  # read on every call of the search's kernels
     def tensors(self) -> list[Tensor]:
         return [a for a in self.inputs if isinstance(a, Tensor)]
 
-    @property
+    @functools.cached_property
     def scalars(self) -> list[Scalar]:
         return [a for a in self.inputs if isinstance(a, Scalar)]
 
-    @property
+    @functools.cached_property
     def nullable(self) -> list[str]:
         """The inputs the variants may get as a null pointer (optional="null")."""
         return [t.name for t in self.tensors if t.optional == "null"]
 
-    @property
+    @functools.cached_property
     def differentiable(self) -> list[Tensor]:
         return [t for t in self.tensors if t.grad]
 
@@ -179,7 +180,7 @@ class Op:
             t = by_name[t.like]
         return t
 
-    @property
+    @functools.cached_property
     def varying(self) -> list[Tensor]:
         """Input tensors with several dtypes of their own: each is named in the variants' table."""
         return [t for t in self.tensors if t.like is None and len(t.dtypes) > 1]

@@ -11,6 +11,7 @@ what the op replaces (the declaration's `baseline`, in Python)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from . import declare, runtime
@@ -24,10 +25,16 @@ def leading(t) -> int:
     return n
 
 
+@functools.cache
+def code(expression: str):
+    """A declaration's expression compiled once (a call's checks and sizes read several)."""
+    return compile(expression, "<declaration>", "eval")
+
+
 def _eval(expression: str, values: dict):
     """A size or check of the declaration, read in Python (its vocabulary is that of C++ and Python
     alike: tensors' .size(d), .numel(), .dim(), leading(t), integers, + - *, comparisons)."""
-    return eval(expression, {"__builtins__": {}}, {**values, "leading": leading})  # noqa: S307 (the family's own text)
+    return eval(code(expression), {"__builtins__": {}}, {**values, "leading": leading})  # noqa: S307 (the family's own text)
 
 
 def bind(op: declare.Op, args: tuple, kwargs: dict | None = None) -> dict:

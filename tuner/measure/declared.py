@@ -57,7 +57,8 @@ class DeclaredKernel(Kernel):
     def _length(self, expression: str, values: dict) -> int:
         """A declared length (`scratch`, `workspace`): its C++ read as Python, `vt->` as `vt.`."""
         sizes = opspec.sizes(self.op, values)
-        return int(eval(expression.replace("->", "."), {"__builtins__": {}}, {"vt": self.table, "sizes": sizes}))  # noqa: S307
+        return int(eval(opspec.code(expression.replace("->", ".")), {"__builtins__": {}},  # noqa: S307
+                        {"vt": self.table, "sizes": sizes}))
 
     def _word_fields(self, values: dict) -> dict:
         """The forward's error fields and workspace, where declared: the zeroed words of
