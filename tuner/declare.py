@@ -141,7 +141,7 @@ class Op:
         """Each declared error's bit (error i: 1 << i) -> its message."""
         return {1 << i: message for i, (_, message) in enumerate(self.errors)}
 
-    @property
+    @functools.cached_property
     def sized_checks(self) -> list[tuple[str, str]]:
         """The checks that read sizes (`.size(d)`, `.numel()`, `leading(t)`): made once the shapes are
         concrete (a graph traced with symbolic shapes makes them when it runs); the others first."""

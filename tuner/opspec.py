@@ -124,22 +124,23 @@ def outside(op: declare.Op, values: dict) -> bool:
     return False
 
 
-def _shape(op: declare.Op, t, values: dict) -> list[int]:
+def _shape(op: declare.Op, t, values: dict, known: list[int] | None = None) -> list[int]:
     if t.like is not None:
         return list(values[t.like].shape)
     if t.reduced_by is not None and values[t.reduced_by] != "none":
         return []
-    by_name = dict(zip(op.sizes, sizes(op, values)))
+    by_name = dict(zip(op.sizes, sizes(op, values) if known is None else known))
     return [n if isinstance(n, int) else by_name[n] for n in t.shape]
 
 
-def empty(op: declare.Op, t, values: dict):
-    """An output or saved tensor of a call, uninitialized, of its declared shape and dtype."""
+def empty(op: declare.Op, t, values: dict, known: list[int] | None = None):
+    """An output or saved tensor of a call, uninitialized, of its declared shape and dtype
+    (`known`: the call's sizes, where the caller has them)."""
     import torch
 
     like = values[t.like] if t.like is not None else values[op.tensors[0].name]
     dtype = like.dtype if t.like is not None else getattr(torch, t.dtypes[0])
-    return like.new_empty(_shape(op, t, values), dtype=dtype)
+    return like.new_empty(_shape(op, t, values, known), dtype=dtype)
 
 
 def _outputs(op: declare.Op, reference: Callable, values: dict) -> list:

@@ -54,18 +54,17 @@ class DeclaredKernel(Kernel):
         self.table = types.SimpleNamespace(**{f: getattr(self, f"{f}_fn" if isinstance(kind, abi.Function) else f)
                                               for f, kind in fields[2:]})
 
-    def _length(self, expression: str, values: dict) -> int:
+    def _length(self, expression: str, sizes: list[int]) -> int:
         """A declared length (`scratch`, `workspace`): its C++ read as Python, `vt->` as `vt.`."""
-        sizes = opspec.sizes(self.op, values)
         return int(eval(opspec.code(expression.replace("->", ".")), {"__builtins__": {}},  # noqa: S307
                         {"vt": self.table, "sizes": sizes}))
 
-    def _word_fields(self, values: dict) -> dict:
+    def _word_fields(self, values: dict, sizes: list[int]) -> dict:
         """The forward's error fields and workspace, where declared: the zeroed words of
         `Kernel.workspace` (the errors' word first, then the workspace), no host flags."""
         if not (self.op.errors or self.op.workspace):
             return {}
-        n = 1 + (max(self._length(self.op.workspace, values), 0) if self.op.workspace else 0)
+        n = 1 + (max(self._length(self.op.workspace, sizes), 0) if self.op.workspace else 0)
         words = self.workspace(n, values[self.op.tensors[0].name].device).data_ptr()
         found = {"errors": words, "error_flags": None} if self.op.errors else {}
         if self.op.workspace:
@@ -102,9 +101,9 @@ class DeclaredKernel(Kernel):
         """Each input tensor's address (None: an input left out, which the variants get as null)."""
         return {t.name: None if values[t.name] is None else values[t.name].data_ptr() for t in self.op.tensors}
 
-    def _scalars_and_sizes(self, values: dict) -> dict:
+    def _scalars_and_sizes(self, values: dict, sizes: list[int]) -> dict:
         return {**{s.name: s.choices.index(values[s.name]) if s.choices else values[s.name] for s in self.op.scalars},
-                **dict(zip(self.op.sizes, opspec.sizes(self.op, values)))}
+                **dict(zip(self.op.sizes, sizes))}
 
     def prepare(self, values: dict, into: dict | None = None) -> tuple[Callable, dict]:
         """(call, outputs): `call()` runs the forward of the inputs `values` (name -> tensor or
@@ -112,15 +111,18 @@ class DeclaredKernel(Kernel):
         import torch
 
         values = self._ready(values)
-        outs = {t.name: (into or {}).get(t.name) for t in (*self.op.outputs, *self.op.saves)}
-        outs = {n: t if t is not None else opspec.empty(self.op, self._by_name(n), values) for n, t in outs.items()}
-        pointers = {n: t.data_ptr() for n, t in outs.items()}
-        for t in self.op.saves:
+        sizes = opspec.sizes(self.op, values)
+        outs, pointers = {}, {}
+        for t in (*self.op.outputs, *self.op.saves):
             if not self._writes(t):  # no room, as the op keeps none (its `keeps_<name>`), and a null pointer
                 outs[t.name] = values[self.op.tensors[0].name].new_empty((0,), dtype=getattr(torch, t.dtypes[0]))
                 pointers[t.name] = None
+                continue
+            given = (into or {}).get(t.name)
+            outs[t.name] = given if given is not None else opspec.empty(self.op, t, values, sizes)
+            pointers[t.name] = outs[t.name].data_ptr()
         args = self.Args(**self._pointers(values), **pointers,
-                         **self._scalars_and_sizes(values), **self._word_fields(values))
+                         **self._scalars_and_sizes(values, sizes), **self._word_fields(values, sizes))
         return self._call(self.forward_fn, args, values, outs, "forward"), outs
 
     def forward(self, values: dict, check: bool | str = True) -> dict:
@@ -140,6 +142,7 @@ class DeclaredKernel(Kernel):
         import torch
 
         values = self._ready(values)
+        sizes = opspec.sizes(self.op, values)
         grads = {n: g.contiguous() for n, g in grads.items()}
         into = into or {}
         kept = {t.gradient_of: saved[t.name] for t in self.op.saves if t.gradient_of}  # written in place, as the op does
@@ -149,18 +152,15 @@ class DeclaredKernel(Kernel):
                   **self._pointers(values),
                   **{t.name: saved[t.name].data_ptr() if self._writes(t) else None for t in self.op.saves},
                   **{f"grad_{n}": (g.data_ptr() if g.numel() else None) for n, g in gx.items()},
-                  **self._scalars_and_sizes(values)}
+                  **self._scalars_and_sizes(values, sizes)}
         keep = [grads, gx]
         if self.op.scratch:
-            n = self._length(self.op.scratch, values)
+            n = self._length(self.op.scratch, sizes)
             scratch = torch.empty(max(n, 1), device=values[self.op.tensors[0].name].device, dtype=torch.float32)
             fields["scratch"] = scratch.data_ptr()
             keep.append(scratch)
         args = self.BackwardArgs(**fields)
         return self._call(self.backward_fn, args, values, (saved, keep), "backward"), gx
-
-    def _by_name(self, name: str):
-        return next(t for t in (*self.op.outputs, *self.op.saves) if t.name == name)
 
     def _call(self, fn, args, values, outs, what: str) -> Callable:
         pointer, device = ctypes.addressof(args), values[self.op.tensors[0].name].device.index
