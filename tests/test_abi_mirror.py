@@ -98,7 +98,7 @@ def test_a_built_declared_variant_gives_the_search_its_error_word(tuner_home):
     assert kernel.name == variant.name
     values = {"logits": torch.randn(3, 5), "target": torch.zeros(3, dtype=torch.long), "ignore_index": -100,
               "label_smoothing": 0.0, "reduction": "mean", "in_place": False}
-    fields = kernel._word_fields(values)
+    fields = kernel._word_fields(values, [3, 5])
     assert fields == {"errors": kernel._words.data_ptr(), "error_flags": None} and not kernel._words.any()
     assert kernel.take_errors() == 0
 

@@ -183,16 +183,16 @@ def test_the_search_gives_a_declared_workspace_zeroed_after_the_errors_word():
     import torch
 
     kernel = _bare_kernel(NULLABLE, types.SimpleNamespace(workspace_words=lambda rows: 2 * rows))
-    fields = kernel._word_fields({"x": torch.randn(40, 8), "counts": None, "eps": 0.5})
+    fields = kernel._word_fields({"x": torch.randn(40, 8), "counts": None, "eps": 0.5}, [40])
     words = kernel._words
     assert set(fields) == {"workspace"} and words.numel() >= 1 + 80 and not words.any()
     assert fields["workspace"] == words.data_ptr() + 4
-    kernel._word_fields({"x": torch.randn(2, 8), "counts": None, "eps": 0.5})
+    kernel._word_fields({"x": torch.randn(2, 8), "counts": None, "eps": 0.5}, [2])
     assert kernel._words is words  # kept while it is long enough
     reporting = _bare_kernel(families.get("cross_entropy").OP_DECLARATION, None)  # errors alone: one word
     x = torch.randn(3, 5)
     fields = reporting._word_fields({"logits": x, "target": torch.zeros(3, dtype=torch.long), "ignore_index": -100,
-                                     "label_smoothing": 0.0, "reduction": "mean", "in_place": False})
+                                     "label_smoothing": 0.0, "reduction": "mean", "in_place": False}, [3, 5])
     assert set(fields) == {"errors", "error_flags"} and fields["error_flags"] is None
     reporting._words[0] = 1
     assert reporting.take_errors() == 1 and reporting.take_errors() == 0
