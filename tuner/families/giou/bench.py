@@ -79,21 +79,26 @@ class SimpleKernel:
         (b,) = build.build([v], gpus.attached().arch)
         self.kernel = DeclaredKernel(giou.FAMILY, b.so, v.name, b.entry)
 
+    @staticmethod
+    def values(pred, target, num_boxes) -> dict:
+        """The op's inputs by name, per-box losses wanted (reduced by torch ops after it)."""
+        return {"pred": pred, "target": target, "num_boxes": num_boxes, "reduction": "none", "eps": EPS}
+
     def __call__(self, pred, target, num_boxes):
         k = self
 
         class Fn(torch.autograd.Function):
             @staticmethod
             def forward(ctx, p):
-                values = {"pred": p, "target": target, "num_boxes": num_boxes, "reduction": "none", "eps": EPS}
-                outs = k.kernel.forward(values, check=False)
-                ctx.values, ctx.count = values, outs["count"]
+                outs = k.kernel.forward(k.values(p, target, num_boxes), check=False)
+                ctx.save_for_backward(p, outs["count"])
                 return outs["loss"]
 
             @staticmethod
             def backward(ctx, g):
-                saved = {"count": ctx.count, "saved_grad": None}
-                call, grads = k.kernel.prepare_backward({"loss": g}, ctx.values, saved)
+                p, count = ctx.saved_tensors
+                saved = {"count": count, "saved_grad": None}  # a variant that recomputes saves no gradient
+                call, grads = k.kernel.prepare_backward({"loss": g}, k.values(p, target, num_boxes), saved)
                 call()
                 return grads["pred"]
 
