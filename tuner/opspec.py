@@ -157,6 +157,11 @@ def _one(outs: list):
 def gradients(op: declare.Op, reference: Callable, values: dict, grads: list, wanted: dict) -> list:
     """The reference's gradients of the differentiable inputs (float64, by autograd), for the
     outputs' gradients `grads`; None where not `wanted`."""
+    return _both(op, reference, values, grads, wanted)[1]
+
+
+def _both(op: declare.Op, reference: Callable, values: dict, grads: list, wanted: dict) -> tuple[list, list]:
+    """(the reference's outputs, `gradients`) of one pass of it."""
     import torch
 
     with torch.enable_grad():
@@ -172,16 +177,22 @@ def gradients(op: declare.Op, reference: Callable, values: dict, grads: list, wa
         total = sum((o * g.double().expand(o.shape)).sum() for o, g in zip(outs, grads))
         leaves = [inputs64[t.name] for t in op.differentiable]
         got = torch.autograd.grad(total, leaves, allow_unused=True)
-    return [(torch.zeros_like(leaf) if g is None else g) if wanted[t.name] else None
-            for t, leaf, g in zip(op.differentiable, leaves, got)]
+    return [o.detach() for o in outs], [(torch.zeros_like(leaf) if g is None else g) if wanted[t.name] else None
+                                        for t, leaf, g in zip(op.differentiable, leaves, got)]
 
 
 def reference_gradients(op: declare.Op, reference: Callable, args: tuple, grads) -> tuple:
     """The float64 gradients of every differentiable input of `reference(*args)` for the output
     gradient(s) `grads`: what a variant's backward is checked against."""
+    return reference_answers(op, reference, args, grads)[1]
+
+
+def reference_answers(op: declare.Op, reference: Callable, args: tuple, grads) -> tuple[list, tuple]:
+    """(the float64 outputs of `reference(*args)`, `reference_gradients`), from one pass of the
+    reference: what a variant's forward and backward are checked against."""
     grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
-    values = bind(op, args)
-    return tuple(gradients(op, reference, values, grads, {t.name: True for t in op.differentiable}))
+    outs, got = _both(op, reference, bind(op, args), grads, {t.name: True for t in op.differentiable})
+    return outs, tuple(got)
 
 
 def impls(op: declare.Op, reference: Callable, torch_op: Callable | None, namespace: str = "") -> dict:
