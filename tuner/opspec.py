@@ -90,9 +90,9 @@ def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
             raise ValueError(f"{name}: {message}")
     shaped = [t for t in op.tensors if t.shape is not None and t.name in present]
     if shaped:
-        by_name = dict(zip(op.sizes, sizes(op, values)))
+        known = sizes(op, values)
         for t in shaped:
-            want = [n if isinstance(n, int) else by_name[n] for n in t.shape]
+            want = _shape(op, t, values, known)
             if list(present[t.name].shape) != want:
                 raise ValueError(f"{name}: {t.name} must have shape {want} ({', '.join(map(str, t.shape))}), "
                                  f"got {list(present[t.name].shape)}")

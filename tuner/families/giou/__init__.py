@@ -175,4 +175,4 @@ LOSS_TOL, GRAD_TOL = TOLERANCE["float32"], TOLERANCE
 ODD_SIZES = ({"batch": 3, "slots": 7},)  # a block ends mid-image, mid-vector
 
 
-from tuner.measure.accuracy import check, relative_error  # noqa: E402,F401  (tests use them from here)
+from tuner.measure.accuracy import check  # noqa: E402,F401  (tests use it from here)
