@@ -79,7 +79,7 @@ def test_a_built_variant_loads_and_is_called_through_its_table_without_a_binding
     assert ready["pred"].data_ptr() % 16 == 0 and torch.equal(ready["pred"], p)
     assert kernel._ready({**values, "pred": p})["pred"].data_ptr() == p.data_ptr()
     saved_grad = next(s for s in giou.OP_DECLARATION.saves if s.name == "saved_grad")
-    assert kernel._writes(saved_grad) == bool(kernel.saves_grad) == (variant["backward"] == "fused")
+    assert kernel._writes(saved_grad, values) == bool(kernel.saves_grad) == (variant["backward"] == "fused")
 
 
 def test_a_built_declared_variant_gives_the_search_its_error_word(tuner_home):

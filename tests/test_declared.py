@@ -234,7 +234,7 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
     (dict(alignment=12), "alignment 12: a power of two"),
     (dict(table=("int forward",)), "table field 'forward': the table has that field already"),
     (dict(inputs=(declare.Tensor("X", dtypes=("float32",)),)), "'X' is not a C identifier"),
-    (dict(saves=(declare.Tensor("stat", dtypes=("float32",)),)), "saved 'stat': a Tensor of one dtype and a shape"),
+    (dict(saves=(declare.Tensor("stat", dtypes=("float32",)),)), "saved 'stat': a Tensor of one dtype (or like an input) and a shape"),
     (dict(table=("int vec;",)), "table field 'int vec;': one C declaration without its ';'"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("w", like="x", optional=True))),
      "an optional input needs a baseline"),
@@ -253,8 +253,17 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)),
                   declare.Tensor("m", dtypes=("int64",), grad=False, optional="none"))),
      "m: optional='none': True (the baseline serves a call without it) or \"null\""),
-    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("m", dtypes=("float32",), optional="null"))),
-     "input m: an input the variants may get as null is of one dtype, takes no gradient"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)),
+                  declare.Tensor("m", dtypes=("float32", "float16"), optional="null"))),
+     "input m: an input the variants may get as null is of one dtype or like an input that is always given"),
+    (dict(saves=(declare.Tensor("g", dtypes=("int64",), shape=("n",), when=("mode", ("max",))),)),
+     "saved g: when=('mode', ('max',)) is (a str scalar's name, a tuple of its choices)"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("mode", "str", "sum", ("sum", "max"))),
+          saves=(declare.Tensor("g", dtypes=("int64",), shape=("n",), when=("mode", "max")),)),
+     "saved g: when=('mode', 'max') is (a str scalar's name, a tuple of its choices)"),
+    (dict(outputs=(declare.Tensor("y", like="x", when=("mode", ("max",))),)), "y: when is for a saved tensor"),
+    (dict(inputs=(declare.Scalar("k", default=1.0), declare.Tensor("x", dtypes=("float32",)))),
+     "scalar k has a default and an input after it has none"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)),
                   declare.Tensor("m", dtypes=("int64",), grad=False, optional="null")), sizes={"n": "m.numel()"}),
      "input m: an input the variants may get as null"),
@@ -321,7 +330,7 @@ def test_the_python_side_of_a_declared_op_checks_and_computes_as_its_cpp_does():
         cpu(x, torch.randn(4))
     with pytest.raises(ValueError, match="norm_probe: x must have at least one dimension"):
         cpu(torch.tensor(1.0), w)
-    with pytest.raises(TypeError, match="norm_probe: w must be float32, got bfloat16"):
+    with pytest.raises(TypeError, match="norm_probe: w must be float32, got torch.bfloat16"):
         impls["norm_probe_forward"][0](x, w.bfloat16(), 1e-6)
     g = torch.randn(2, 3, 5)
     gx, gw = impls["norm_probe_backward"][0](g, x, w, torch.empty(6), 1e-6, True, False)
@@ -399,3 +408,89 @@ def test_an_integer_input_a_saved_tensor_some_variants_write_and_statements_rend
     giou = families.get("giou").OP_DECLARATION  # a shape with a number, in Python's words as in C++'s
     with pytest.raises(ValueError, match=r"target must have shape \[4, 5, 4\] \(batch, slots, 4\), got \[4, 3, 4\]"):
         opspec.check(giou, opspec.bind(giou, (torch.randn(4, 5, 4), torch.zeros(4, 3, 4, dtype=torch.uint8))))
+
+
+# EmbeddingBag's parts: an output of one input's dtype with a shape of its own, a saved tensor written
+# for one word of a scalar alone, an optional input (before a differentiable one) that takes a gradient.
+BAGS = declare.Op(
+    "bags_probe",
+    inputs=(declare.Tensor("indices", dtypes=("int64",), grad=False, shape=("bags", "per")),
+            declare.Tensor("scale", like="weight", shape=("bags", "per"), optional="null"),
+            declare.Scalar("mode", "str", choices=("sum", "max")),
+            declare.Tensor("weight", dtypes=("float32", "float64"))),
+    outputs=(declare.Tensor("out", like="weight", shape=("bags", "dim")),),
+    sizes={"bags": "indices.size(0)", "per": "indices.size(1)", "dim": "weight.size(1)"},
+    checks=(("indices.dim() == 2", "indices must be [bags, per]"), ("weight.dim() == 2", "weight must be 2-D")),
+    saves=(declare.Tensor("chosen", dtypes=("int64",), shape=("bags", "dim"), when=("mode", ("max",))),),
+)
+
+
+def _bags_reference(indices, scale, mode, weight):
+    rows = weight.double()[indices]  # [bags, per, dim]
+    if scale is not None:
+        rows = rows * scale.double()[..., None]
+    return rows.sum(1) if mode == "sum" else rows.amax(1)
+
+
+def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render_and_run(tmp_path):
+    """Autograd counts the tensors a call gives: a gradient after an optional input left out is
+    still found, and the optional one's gradient is given where it is; the saved tensor has room
+    at its word alone. Run on CPU through the rendered autograd function and the Python kernels."""
+    import torch
+
+    from tuner import runtime
+
+    header, source = declared.header(BAGS), declared.op_source(BAGS)
+    assert "void* chosen;  // saved for the backward where mode is max (null else)" in header
+    assert "void* grad_scale;  // null also where scale is" in header
+    assert 'at::Tensor chosen = (mode == "max") ? at::empty({sizes[0], sizes[2]}, ' in source
+    assert "const bool weight_grad = ctx->needs_input_grad(1 + (scale.has_value() ? 1 : 0));" in source
+    assert ".grad_scale = (scale_grad && scale_.defined()) ? grad_scale.data_ptr() : nullptr" in source
+    (tmp_path / "bags_probe_abi.h").write_text(header)
+    (tmp_path / "bags_probe_op.cpp").write_text(source)
+    torch.ops.load_library(str(binding.compile_library(tmp_path / "build" / "tuner_bags_probe.so",
+                                                       [tmp_path / "bags_probe_op.cpp"], [tmp_path])))
+    impls = opspec.impls(BAGS, _bags_reference, None, "tuner_bags_probe")
+    runtime.register_python(types_namespace(impls=impls))
+    assert "Tensor? scale" in str(torch.ops.tuner.bags_probe.default._schema)
+    g = torch.Generator().manual_seed(0)
+    weight, indices = torch.randn(9, 4, generator=g), torch.randint(0, 9, (3, 5), generator=g)
+    scale, grad = torch.rand(3, 5, generator=g) + 0.5, torch.randn(3, 4, generator=g)
+    for mode in ("sum", "max"):
+        for given in (None, scale):
+            for wanted in ((True, True), (False, True), (True, False)):
+                w = weight.clone().requires_grad_(wanted[0])
+                s = None if given is None else given.clone().requires_grad_(wanted[1])
+                if not (w.requires_grad or (s is not None and s.requires_grad)):
+                    continue
+                out = torch.ops.tuner.bags_probe(indices, s, mode, w)
+                torch.testing.assert_close(out, _bags_reference(indices, given, mode, weight).float())
+                out.backward(grad)
+                w64 = weight.double().requires_grad_()
+                s64 = None if given is None else given.double().requires_grad_()
+                leaves = [x for x in (w64, s64) if x is not None]
+                want = dict(zip(("w", "s"), torch.autograd.grad(_bags_reference(indices, s64, mode, w64), leaves,
+                                                               grad.double())))
+                assert (w.grad is not None) == wanted[0]
+                if wanted[0]:
+                    torch.testing.assert_close(w.grad, want["w"].float())
+                if s is not None:
+                    assert (s.grad is not None) == wanted[1]
+                    if wanted[1]:
+                        torch.testing.assert_close(s.grad, want["s"].float())
+        out, chosen = impls["bags_probe_forward"][1](indices.to("meta"), None, mode, weight.to("meta"))
+        assert out.shape == (3, 4) and out.dtype == torch.float32
+        assert chosen.shape == ((3, 4) if mode == "max" else (0,)) and chosen.dtype == torch.int64
+    with pytest.raises(TypeError, match="bags_probe: scale must have weight's dtype, torch.float32, got torch.float64"):
+        torch.ops.tuner.bags_probe(indices, scale.double(), "sum", weight)
+    with pytest.raises(ValueError, match=r"bags_probe: scale must have shape \[3, 5\] \(bags, per\), got \[3, 4\]"):
+        torch.ops.tuner.bags_probe(indices, scale[:, :4], "sum", weight)
+    kernel = _bare_kernel(BAGS, None)  # the search's side: the same rule for the saved tensor
+    values = opspec.bind(BAGS, (indices, None, "sum", weight))
+    assert not kernel._writes(BAGS.saves[0], values) and kernel._writes(BAGS.saves[0], {**values, "mode": "max"})
+
+
+def types_namespace(**fields):
+    import types
+
+    return types.SimpleNamespace(**fields)

@@ -42,8 +42,9 @@ class DeclarationError(ValueError):
 @dataclass(frozen=True)
 class Tensor:
     """A tensor argument or output. `dtypes`: those a variant may take; `like`: another tensor's
-    shape, device and dtype (for an output: allocated like it; else an output has one dtype and a
-    `shape` of size names). An input with `grad` gets a gradient from the op's backward."""
+    device and dtype, and its shape where no `shape` is given (for an output: allocated like it;
+    else an output has one dtype and a `shape` of size names). An input with `grad` gets a
+    gradient from the op's backward."""
 
     name: str
     dtypes: tuple[str, ...] = ()
@@ -52,7 +53,8 @@ class Tensor:
     # by the op's size names (or whole numbers: ("batch", "slots", 4)): an output's or saved tensor's, an input's checked
     shape: tuple[str | int, ...] | None = None
     # An input the caller may leave out (`Tensor?`): True, the baseline serves such a call; "null", the
-    # variants get a null pointer for it (an input of one dtype, no gradient, in no size or check).
+    # variants get a null pointer for it (and for its gradient: a bag's per-sample weights), where
+    # it is of one dtype or like another input, and in no size or check.
     optional: bool | str = False
     # An output that a word reduces: the name of a str scalar with "none" among its choices; the
     # output has `shape` where it is "none", and is a number (shape ()) for every other word.
@@ -74,6 +76,10 @@ class Tensor:
     # pointer for it where the variant's field is 0, and the op keeps room for it only where a
     # backward follows and a winner of the call's dtype pair writes it ([0] else).
     only_if: str | None = None
+    # A saved tensor the forward writes for some words of a str scalar alone (a bag's argmax, for
+    # mode "max"): (the scalar's name, those words); the op keeps no room for it ([0]) and the
+    # variants get a null pointer for it at the other words.
+    when: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -318,14 +324,10 @@ def check(op: Op) -> None:
         if t.like is None and (len(t.dtypes) != 1 or t.shape is None):
             fail(f"output {t.name}: say which input it is allocated like (like=...), or give it one dtype "
                  f"and a shape of size names (shape=() for a number)")
-        if t.like is not None and t.shape is not None:
-            fail(f"output {t.name}: like {t.like} gives its shape already")
         unknown = [n for n in t.shape or () if not _whole(n) and n not in op.sizes]
         if unknown:
             fail(f"output {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
-    for t in op.tensors:  # an input's shape, where given, is checked against the sizes
-        if t.shape is not None and t.like is not None:
-            fail(f"input {t.name}: like {t.like} gives its shape already")
+    for t in op.tensors:  # an input's shape, where given, is checked against the sizes (else `like`'s)
         unknown = [n for n in t.shape or () if not _whole(n) and n not in op.sizes]
         if unknown:
             fail(f"input {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
@@ -341,6 +343,12 @@ def check(op: Op) -> None:
             fail(f"scalar {a.name}: its default {a.default!r} is no {a.type}")
         if isinstance(a.default, float) and not math.isfinite(a.default):
             fail(f"scalar {a.name}: its default {a.default!r} is not a finite number")
+    required = False  # torch's schemas give defaults to the last arguments alone
+    for a in reversed(op.inputs):
+        if isinstance(a, Scalar) and a.default is not None and required:
+            fail(f"scalar {a.name} has a default and an input after it has none: torch gives defaults to the last "
+                 f"arguments alone (move it after them, or give it no default)")
+        required = required or (a.default is None if isinstance(a, Scalar) else not a.optional)
     for t in (*op.tensors, *op.outputs, *op.saves):
         if len(set(t.dtypes)) != len(t.dtypes):
             fail(f"{t.name}: a dtype is named twice in {t.dtypes}")
@@ -379,9 +387,10 @@ def check(op: Op) -> None:
         used = [e for e in (*op.sizes.values(), *(c[0] for c in op.checks if isinstance(c, tuple)))
                 if t.name in re.findall(r"\w+", str(e))]
         others = [u.name for u in (*op.tensors, *op.outputs, *op.saves) if u.like == t.name]
-        if t.grad or t.like is not None or len(t.dtypes) != 1 or t is op.tensors[0] or used or others:
-            fail(f"input {t.name}: an input the variants may get as null is of one dtype, takes no gradient "
-                 f"(grad=False), is not the first tensor, and no size, check or tensor's `like` names it")
+        own = len(t.dtypes) == 1 if t.like is None else t.like not in op.nullable
+        if not own or t is op.tensors[0] or used or others:
+            fail(f"input {t.name}: an input the variants may get as null is of one dtype or like an input that is "
+                 f"always given, is not the first tensor, and no size, check or tensor's `like` names it")
     for t in op.tensors:
         if t.converts and (t.grad or t.like is not None or len(t.dtypes) != 1 or t.dtypes[0] not in INTEGER):
             fail(f"input {t.name}: converts=True is for an integer input of one dtype (the variants'), "
@@ -394,6 +403,8 @@ def check(op: Op) -> None:
                  f"int field of the table (table=('int {t.only_if}',))")
         if isinstance(t, Tensor) and t.converts and t not in op.tensors:
             fail(f"{t.name}: converts is for an input")
+        if isinstance(t, Tensor) and t.when is not None and (t not in op.saves or t.gradient_of is not None):
+            fail(f"{t.name}: when is for a saved tensor (not a gradient_of one)")
     if any(isinstance(a, Tensor) and a.optional is True for a in op.inputs) and op.baseline is None:
         fail("an optional input needs a baseline: it serves the calls that leave the input out")
     error_names = [e[0] if isinstance(e, tuple) and len(e) == 2 else None for e in op.errors]
@@ -428,10 +439,17 @@ def check(op: Op) -> None:
             continue
         if isinstance(t, Tensor) and t.in_place is not None:
             fail(f"saved {t.name}: in_place is for a saved gradient (gradient_of=...)")
-        if not isinstance(t, Tensor) or len(t.dtypes) != 1 or t.like is not None or t.shape is None:
-            fail(f"saved {getattr(t, 'name', t)!r}: a Tensor of one dtype and a shape of size names "
-                 f"(e.g. Tensor('rstd', dtypes=('float32',), shape=('rows',)); shape=() for a number)")
-        if t.dtypes[0] not in TORCH_DTYPES:
+        if not isinstance(t, Tensor) or len(t.dtypes) != (0 if t.like else 1) or t.shape is None \
+                or (t.like is not None and t.like not in inputs):
+            fail(f"saved {getattr(t, 'name', t)!r}: a Tensor of one dtype (or like an input) and a shape of size "
+                 f"names (e.g. Tensor('rstd', dtypes=('float32',), shape=('rows',)); shape=() for a number)")
+        if t.when is not None:
+            scalar, wanted = t.when if isinstance(t.when, tuple) and len(t.when) == 2 else (None, ())
+            if not wanted or not isinstance(wanted, tuple) or not set(wanted) <= set(words.get(scalar, ())) \
+                    or t.only_if is not None:
+                fail(f"saved {t.name}: when={t.when!r} is (a str scalar's name, a tuple of its choices), e.g. "
+                     f"('mode', ('max',)), and not with only_if")
+        if t.like is None and t.dtypes[0] not in TORCH_DTYPES:
             fail(f"saved {t.name}: unknown dtype {t.dtypes[0]!r} (one of {', '.join(TORCH_DTYPES)})")
         unknown = [n for n in t.shape if not _whole(n) and n not in op.sizes]
         if unknown:

@@ -77,7 +77,7 @@ def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
         v = present.get(t.name)
         if v is None:
             continue
-        if t.like is not None and tuple(v.shape) != tuple(present[t.like].shape):
+        if t.like is not None and t.shape is None and tuple(v.shape) != tuple(present[t.like].shape):
             raise ValueError(f"{name}: {t.name} must have {t.like}'s shape {list(present[t.like].shape)}, "
                              f"got {list(v.shape)}")
         if t.name != first and v.device != present[first].device:
@@ -102,10 +102,10 @@ def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
         v = present.get(t.name)
         if v is None:
             continue
-        if t.like is None and not t.converts and _dtype(v) not in t.dtypes:
-            raise TypeError(f"{name}: {t.name} must be {' or '.join(t.dtypes)}, got {_dtype(v)}")
+        if t.like is None and not t.converts and _dtype(v) not in t.dtypes:  # the dtypes given as C++ names them
+            raise TypeError(f"{name}: {t.name} must be {' or '.join(t.dtypes)}, got {v.dtype}")
         if t.like is not None and v.dtype != present[t.like].dtype:
-            raise TypeError(f"{name}: {t.name} must have {t.like}'s dtype, {_dtype(present[t.like])}, got {_dtype(v)}")
+            raise TypeError(f"{name}: {t.name} must have {t.like}'s dtype, {present[t.like].dtype}, got {v.dtype}")
 
 
 def outside(op: declare.Op, values: dict) -> bool:
@@ -125,7 +125,7 @@ def outside(op: declare.Op, values: dict) -> bool:
 
 
 def _shape(op: declare.Op, t, values: dict, known: list[int] | None = None) -> list[int]:
-    if t.like is not None:
+    if t.shape is None:
         return list(values[t.like].shape)
     if t.reduced_by is not None and values[t.reduced_by] != "none":
         return []
@@ -136,18 +136,35 @@ def _shape(op: declare.Op, t, values: dict, known: list[int] | None = None) -> l
 def empty(op: declare.Op, t, values: dict, known: list[int] | None = None):
     """An output or saved tensor of a call, uninitialized, of its declared shape and dtype
     (`known`: the call's sizes, where the caller has them)."""
+    return _like(op, t, values).new_empty(_shape(op, t, values, known), dtype=dtype(op, t, values))
+
+
+def _like(op: declare.Op, t, values: dict):
+    return values[t.like] if t.like is not None else values[op.tensors[0].name]
+
+
+def dtype(op: declare.Op, t, values: dict):
+    """An output's or saved tensor's dtype in a call: its `like`'s, or its one declared."""
     import torch
 
-    like = values[t.like] if t.like is not None else values[op.tensors[0].name]
-    dtype = like.dtype if t.like is not None else getattr(torch, t.dtypes[0])
-    return like.new_empty(_shape(op, t, values, known), dtype=dtype)
+    return values[t.like].dtype if t.like is not None else getattr(torch, t.dtypes[0])
+
+
+def kept(t, values: dict) -> bool:
+    """Whether a saved tensor declared `when` a scalar has one of some words is written at this call's."""
+    return t.when is None or values[t.when[0]] in t.when[1]
+
+
+def nothing(op: declare.Op, t, values: dict):
+    """A saved tensor's room where the forward does not write it: [0], of its dtype."""
+    return _like(op, t, values).new_empty((0,), dtype=dtype(op, t, values))
 
 
 def _outputs(op: declare.Op, reference: Callable, values: dict) -> list:
     """The reference's outputs, each in its dtype."""
     got = reference(*(values[a.name] for a in op.inputs))
     got = got if isinstance(got, (tuple, list)) else (got,)
-    return [g.to(empty(op, o, values).dtype).reshape(_shape(op, o, values)) for o, g in zip(op.outputs, got)]
+    return [g.to(dtype(op, o, values)).reshape(_shape(op, o, values)) for o, g in zip(op.outputs, got)]
 
 
 def _one(outs: list):
@@ -156,7 +173,7 @@ def _one(outs: list):
 
 def gradients(op: declare.Op, reference: Callable, values: dict, grads: list, wanted: dict) -> list:
     """The reference's gradients of the differentiable inputs (float64, by autograd), for the
-    outputs' gradients `grads`; None where not `wanted`."""
+    outputs' gradients `grads`; None where not `wanted` or the input is left out."""
     return _both(op, reference, values, grads, wanted)[1]
 
 
@@ -175,10 +192,11 @@ def _both(op: declare.Op, reference: Callable, values: dict, grads: list, wanted
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         # of a sum: autograd's check of a grad_outputs tensor imports sympy (seconds of a first call)
         total = sum((o * g.double().expand(o.shape)).sum() for o, g in zip(outs, grads))
-        leaves = [inputs64[t.name] for t in op.differentiable]
-        got = torch.autograd.grad(total, leaves, allow_unused=True)
-    return [o.detach() for o in outs], [(torch.zeros_like(leaf) if g is None else g) if wanted[t.name] else None
-                                        for t, leaf, g in zip(op.differentiable, leaves, got)]
+        leaves = {t.name: inputs64[t.name] for t in op.differentiable if inputs64[t.name] is not None}
+        got = dict(zip(leaves, torch.autograd.grad(total, list(leaves.values()), allow_unused=True)))
+    return [o.detach() for o in outs], [None if not wanted[t.name] or t.name not in leaves else
+                                        torch.zeros_like(leaves[t.name]) if got[t.name] is None else got[t.name]
+                                        for t in op.differentiable]
 
 
 def reference_gradients(op: declare.Op, reference: Callable, args: tuple, grads) -> tuple:
@@ -202,15 +220,15 @@ def impls(op: declare.Op, reference: Callable, torch_op: Callable | None, namesp
 
     def saved(values: dict) -> list:
         """The forward's saved tensors, uninitialized; one only some variants write (`only_if`) has
-        room only where a winner of the call's dtype pair writes it (the C++ forward's rule)."""
+        room only where a winner of the call's dtype pair writes it, one written at some words alone
+        (`when`) only at those (the C++ forward's rules)."""
         import torch
 
         found = []
         for t in op.saves:
-            keeps = t.only_if is None or getattr(getattr(torch.ops, namespace), f"keeps_{t.name}")(
-                *(values[v.name].dtype for v in op.varying))
-            found.append(empty(op, t, values) if keeps else values[op.tensors[0].name].new_empty(
-                (0,), dtype=getattr(torch, t.dtypes[0])))
+            keeps = kept(t, values) and (t.only_if is None or getattr(getattr(torch.ops, namespace), f"keeps_{t.name}")(
+                *(values[v.name].dtype for v in op.varying)))
+            found.append(empty(op, t, values) if keeps else nothing(op, t, values))
         return found
 
     def user_cpu(*args, **kwargs):
@@ -231,7 +249,7 @@ def impls(op: declare.Op, reference: Callable, torch_op: Callable | None, namesp
     def forward_cpu(*args):
         values = bind(op, args)
         check(op, values)
-        kept = [s.fill_(float("nan")) for s in saved(values)]  # the variants' own: the CPU
+        kept = [s.fill_(float("nan") if s.is_floating_point() else -1) for s in saved(values)]  # the variants' own: the CPU
         return (*_outputs(op, reference, values), *kept)  # backward recomputes from the inputs
 
     def forward_fake(*args):
@@ -247,16 +265,19 @@ def impls(op: declare.Op, reference: Callable, torch_op: Callable | None, namesp
         check(op, values)
         return grads, values, wanted
 
+    def none(values: dict, t):  # a gradient not wanted, or of an input left out: empty, as the C++ gives it
+        return (values[t.name] if values[t.name] is not None else values[op.tensors[0].name]).new_empty(0)
+
     def backward_cpu(*args):
         grads, values, wanted = backward_values(args)
         got = gradients(op, reference, values, grads, wanted)
-        return _one([g.to(values[t.name].dtype) if g is not None else values[t.name].new_empty(0)
+        return _one([g.to(values[t.name].dtype) if g is not None else none(values, t)
                      for t, g in zip(op.differentiable, got)])
 
     def backward_fake(*args):
         grads, values, wanted = backward_values(args)
-        return _one([values[t.name].new_empty(values[t.name].shape if wanted[t.name] else (0,))
-                     for t in op.differentiable])
+        return _one([values[t.name].new_empty(values[t.name].shape) if wanted[t.name] and values[t.name] is not None
+                     else none(values, t) for t in op.differentiable])
 
     found = {op.name: (user_cpu, user_fake), f"{op.name}_backward": (backward_cpu, backward_fake)}
     if op.saves:

@@ -81,7 +81,7 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         return f"int64_t{{{n}}}" if isinstance(n, int) else f"sizes[{size_index[n]}]"
 
     def shape(t) -> str:  # C++ of an output's or saved tensor's sizes (`sizes`: the size values, in order)
-        if t.like:
+        if t.shape is None:
             return f"{t.like}.sizes()"
         listed = ", ".join(dim(n) for n in t.shape)
         if t.reduced_by:  # a number unless the word is "none"
@@ -90,6 +90,16 @@ def context(op: declare.Op, family: str | None = None) -> dict:
 
     def options(t) -> str:
         return f"{t.like}.options()" if t.like else f"{op.tensors[0].name}.options().dtype({AT[t.dtypes[0]]})"
+    def edge(t) -> str:  # a tensor's index among those autograd counts: the inputs given, before it
+        before = op.tensors[:op.tensors.index(t)]
+        given = " + ".join(f"({u.name}.has_value() ? 1 : 0)" for u in before if u.name in op.nullable)
+        index = str(sum(u.name not in op.nullable for u in before)) + (f" + {given}" if given else "")
+        return (f"{t.name}.has_value() && " if t.name in op.nullable else "") + f"ctx->needs_input_grad({index})"
+
+    def word_is(t) -> str:  # C++: the call's word is one of those a saved tensor is written `when`
+        scalar, wanted = t.when
+        return "(" + " || ".join(f'{scalar} == "{w}"' for w in wanted) + ")"
+
     bwd_type = ("at::Tensor" if len(op.differentiable) == 1
                 else f"std::tuple<{', '.join('at::Tensor' for _ in op.differentiable)}>")
     return {
@@ -126,6 +136,13 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "prepared": {t.name: _prepared(op, t) for t in op.tensors},
         "baseline_body": _baseline_body(op), "family": family,
         "only_if": {t.name: t.only_if for t in op.saves if t.only_if},
+        "when": {t.name: word_is(t) for t in op.saves if t.when},
+        "edge": {t.name: edge(t) for t in op.differentiable},
+        # a gradient the backward writes: wanted, of an input given
+        "wants": {t.name: f"({t.name}_grad && {t.name}_.defined())" if t.name in op.nullable else f"{t.name}_grad"
+                  for t in op.differentiable},
+        "requires": {t.name: f"({t.name}.has_value() && {t.name}->requires_grad())" if t.name in op.nullable
+                     else f"{t.name}.requires_grad()" for t in op.differentiable},
         "converts": [t.name for t in op.tensors if t.converts],
         "options": {t.name: options(t) for t in (*op.outputs, *op.saves)},
         "dtype_of": {t.name: f"{t.like}.scalar_type()" if t.like else AT[t.dtypes[0]] for t in op.outputs},

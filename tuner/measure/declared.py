@@ -93,9 +93,10 @@ class DeclaredKernel(Kernel):
             ready[t.name] = v.clone() if v.data_ptr() % self.op.alignment else v
         return ready
 
-    def _writes(self, saved) -> bool:
-        """Whether this variant writes a saved tensor: one declared `only_if` a table field, where it is set."""
-        return saved.only_if is None or bool(getattr(self, saved.only_if))
+    def _writes(self, saved, values: dict) -> bool:
+        """Whether this variant writes a saved tensor at this call: one declared `only_if` a table field
+        where it is set, one declared `when` a scalar has some words at those."""
+        return opspec.kept(saved, values) and (saved.only_if is None or bool(getattr(self, saved.only_if)))
 
     def _pointers(self, values: dict) -> dict:
         """Each input tensor's address (None: an input left out, which the variants get as null)."""
@@ -108,14 +109,12 @@ class DeclaredKernel(Kernel):
     def prepare(self, values: dict, into: dict | None = None) -> tuple[Callable, dict]:
         """(call, outputs): `call()` runs the forward of the inputs `values` (name -> tensor or
         number) into the outputs and saved tensors (name -> tensor; `into` gives some)."""
-        import torch
-
         values = self._ready(values)
         sizes = opspec.sizes(self.op, values)
         outs, pointers = {}, {}
         for t in (*self.op.outputs, *self.op.saves):
-            if not self._writes(t):  # no room, as the op keeps none (its `keeps_<name>`), and a null pointer
-                outs[t.name] = values[self.op.tensors[0].name].new_empty((0,), dtype=getattr(torch, t.dtypes[0]))
+            if t in self.op.saves and not self._writes(t, values):  # no room, as the op keeps none, and null
+                outs[t.name] = opspec.nothing(self.op, t, values)
                 pointers[t.name] = None
                 continue
             given = (into or {}).get(t.name)
@@ -147,10 +146,12 @@ class DeclaredKernel(Kernel):
         into = into or {}
         kept = {t.gradient_of: saved[t.name] for t in self.op.saves if t.gradient_of}  # written in place, as the op does
         gx = {t.name: kept.get(t.name, into.get(t.name)) for t in self.op.differentiable}
-        gx = {n: g if g is not None else torch.empty_like(values[n]) for n, g in gx.items()}
+        first = values[self.op.tensors[0].name]  # an input left out has no gradient: empty, a null pointer
+        gx = {n: g if g is not None else torch.empty_like(values[n]) if values[n] is not None else first.new_empty(0)
+              for n, g in gx.items()}
         fields = {**{f"grad_{n}": g.data_ptr() for n, g in grads.items()},
                   **self._pointers(values),
-                  **{t.name: saved[t.name].data_ptr() if self._writes(t) else None for t in self.op.saves},
+                  **{t.name: saved[t.name].data_ptr() if self._writes(t, values) else None for t in self.op.saves},
                   **{f"grad_{n}": (g.data_ptr() if g.numel() else None) for n, g in gx.items()},
                   **self._scalars_and_sizes(values, sizes)}
         keep = [grads, gx]
@@ -205,7 +206,8 @@ class Evaluation:
         args = tuple(values[a.name] for a in self.op.inputs)
         want, want_grads = opspec.reference_answers(self.op, self.spec.reference, args, list(grads.values()))
         answers = [(o.name, w, dtype_name(out)) for o, w, out in zip(self.op.outputs, want, outs)]
-        answers += [(f"grad_{t.name}", w, dtype_name(values[t.name])) for t, w in zip(self.op.differentiable, want_grads)]
+        answers += [(f"grad_{t.name}", w, dtype_name(values[t.name])) for t, w in zip(self.op.differentiable, want_grads)
+                    if values[t.name] is not None]  # an input left out has none
         return {"values": values, "grads": grads, "answers": answers}
 
     def run_case(self, kernel: DeclaredKernel, case: dict) -> tuple[dict, str]:
@@ -218,10 +220,11 @@ class Evaluation:
         call, outs = kernel.prepare(values, into=nan)
         call()
         saved = {t.name: outs[t.name] for t in self.op.saves}
-        into = {t.name: torch.full_like(values[t.name], float("nan")) for t in self.op.differentiable}
+        given = [t.name for t in self.op.differentiable if values[t.name] is not None]
+        into = {n: torch.full_like(values[n], float("nan")) for n in given}
         back, gx = kernel.prepare_backward(case["grads"], values, saved, into=into)
         back()
-        got = [outs[o.name] for o in self.op.outputs] + [gx[t.name] for t in self.op.differentiable]
+        got = [outs[o.name] for o in self.op.outputs] + [gx[n] for n in given]
         errors, failed = {"loss_error": 0.0, "grad_error": 0.0}, ""
         for (what, want, dtype), value in zip(case["answers"], got):
             ok, err, message = check(what, value, want, self.tolerance[dtype], getattr(torch, dtype))
@@ -289,7 +292,8 @@ class Evaluation:
 
         if objective == "fwd":
             return fwd, None
-        leaves = {t.name: values[t.name].detach().requires_grad_() for t in self.op.differentiable}
+        leaves = {t.name: values[t.name].detach().requires_grad_() for t in self.op.differentiable
+                  if values[t.name] is not None}
         out = self.spec.torch_op(*(leaves.get(a.name, values[a.name]) for a in self.op.inputs))
         outs = out if isinstance(out, (tuple, list)) else (out,)
         return fwd, timing.gradient_call(tuple(outs), tuple(leaves.values()), tuple(grads.values()))
