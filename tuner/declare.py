@@ -27,12 +27,13 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from . import expression
+
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64", "uint8", "int8", "int32", "int64")
 # C++ (the op's kernels), C (the argument structs: a str is the index of its value among its choices)
 SCALAR_TYPES = {"float": ("double", "float"), "int": ("int64_t", "long long"), "bool": ("bool", "int"),
                 "str": ("c10::string_view", "int")}
 _NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
-_EXPRESSION = re.compile(r"[\w\s.()+\-*,<>=!]+\Z")  # no `/`: C++ and Python divide integers apart
 
 
 class DeclarationError(ValueError):
@@ -54,7 +55,7 @@ class Tensor:
     shape: tuple[str | int, ...] | None = None
     # An input the caller may leave out (`Tensor?`): True, the baseline serves such a call; "null", the
     # variants get a null pointer for it (and for its gradient: a bag's per-sample weights), where
-    # it is of one dtype or like another input, and in no size or check.
+    # it is of one dtype or like another input; sizes and checks may ask `m is None`.
     optional: bool | str = False
     # An output that a word reduces: the name of a str scalar with "none" among its choices; the
     # output has `shape` where it is "none", and is a number (shape ()) for every other word.
@@ -98,9 +99,10 @@ class Scalar:
 class Op:
     """The op `name` (`torch.ops.tuner.<name>`): its inputs (Tensors and Scalars, in call order),
     outputs (Tensors `like` an input), and `sizes`: name -> an expression of the inputs, the shape
-    key that picks the nearest winner (and a field of the argument structs). C++ and Python both
-    read it (tuner/opspec.py), so its words are theirs alike: a tensor's `.size(d)`, `.numel()`,
-    `.dim()`, `leading(t)` (the product of t's sizes but the last), integers, `+ - *`. `saves`: more
+    key that picks the nearest winner (and a field of the argument structs): a Python expression
+    that tuner/opspec.py evaluates and the op's C++ is rendered from (tuner/expression.py: a
+    tensor's `.size(d)`, `.numel()`, `.dim()`, `leading(t)`, integers, `+ - *`, `a if c else b`,
+    `m is None` for an input the caller may leave out, and the scalars). `saves`: more
     tensors the forward writes for the backward alone (a row's 1/rms, say), each of one dtype and
     a `shape` of size names; the op then has a `<name>_forward` that returns them too."""
 
@@ -278,6 +280,19 @@ def _whole(n) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
+def _unreadable(op: "Op", text, number: bool = False) -> str:
+    """Why a size's or check's expression is none C++ and Python both read ("" where it is one)."""
+    if not isinstance(text, str):
+        return "not a str"
+    try:
+        if number and expression.boolean(text):
+            return "a size is a number, not a truth value"
+        expression.cpp(text, {t.name for t in op.tensors}, set(op.nullable), {s.name: s.type for s in op.scalars})
+    except expression.ExpressionError as exc:
+        return str(exc)
+    return ""
+
+
 def _schema_value(v) -> str:
     if isinstance(v, str):
         return f'"{v}"'
@@ -368,13 +383,17 @@ def check(op: Op) -> None:
     if not op.sizes:
         fail("no sizes: name at least one (e.g. sizes={'n': 'x.numel()'}), the shape key of a winner")
     for n, e in op.sizes.items():
-        if not isinstance(e, str) or not _EXPRESSION.match(e) or re.search(r"[<>=!]", e):
-            fail(f"size {n}: {e!r} is not an expression C++ and Python both read (a tensor's .size(d), .numel(), "
-                 f".dim(), leading(t), integers, + - *)")
+        why = _unreadable(op, e, number=True)
+        if why:
+            fail(f"size {n}: {e!r} is not an expression C++ and Python both read ({why}; the words: a tensor's "
+                 f".size(d), .numel(), .dim(), leading(t), integers, + - *, `a if condition else b`)")
     for c in op.checks:
-        if not (isinstance(c, tuple) and len(c) == 2 and all(isinstance(x, str) for x in c)) or not _EXPRESSION.match(c[0]):
-            fail(f"check {c!r}: a (condition, message) pair, the condition in the sizes' words with comparisons "
-                 f"(e.g. ('x.dim() >= 1', 'x must have at least one dimension'))")
+        why = _unreadable(op, c[0]) if isinstance(c, tuple) and len(c) == 2 and all(isinstance(x, str) for x in c) \
+            else "not a pair"
+        if why or '"' in c[1]:
+            fail(f"check {c!r}: a (condition, message) pair, the condition in the sizes' words with comparisons, "
+                 f"and, or, not ({why or 'a message without'}; e.g. ('x.dim() >= 1', 'x must have at least one "
+                 f"dimension'))")
     for t in (*op.outputs, *op.saves):
         if isinstance(t, Tensor) and t.optional:
             fail(f"{t.name}: only an input can be optional")
@@ -384,13 +403,11 @@ def check(op: Op) -> None:
                  f"(the variants get a null pointer)")
         if t.optional != "null":
             continue
-        used = [e for e in (*op.sizes.values(), *(c[0] for c in op.checks if isinstance(c, tuple)))
-                if t.name in re.findall(r"\w+", str(e))]
         others = [u.name for u in (*op.tensors, *op.outputs, *op.saves) if u.like == t.name]
         own = len(t.dtypes) == 1 if t.like is None else t.like not in op.nullable
-        if not own or t is op.tensors[0] or used or others:
+        if not own or t is op.tensors[0] or others:
             fail(f"input {t.name}: an input the variants may get as null is of one dtype or like an input that is "
-                 f"always given, is not the first tensor, and no size, check or tensor's `like` names it")
+                 f"always given, is not the first tensor, and no tensor's `like` names it")
     for t in op.tensors:
         if t.converts and (t.grad or t.like is not None or len(t.dtypes) != 1 or t.dtypes[0] not in INTEGER):
             fail(f"input {t.name}: converts=True is for an integer input of one dtype (the variants'), "

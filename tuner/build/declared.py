@@ -19,7 +19,7 @@ import textwrap
 
 import jinja2
 
-from tuner import declare, families
+from tuner import declare, expression, families
 
 AT = {"float32": "at::kFloat", "float16": "at::kHalf", "bfloat16": "at::kBFloat16", "float64": "at::kDouble",
       "uint8": "at::kByte", "int8": "at::kChar", "int32": "at::kInt", "int64": "at::kLong"}
@@ -135,6 +135,8 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "dims": {t.name: [dim(n) for n in t.shape] for t in op.tensors if t.shape is not None},
         "prepared": {t.name: _prepared(op, t) for t in op.tensors},
         "baseline_body": _baseline_body(op), "family": family,
+        "cpp": {e: expression.cpp(e, {t.name for t in op.tensors}, set(op.nullable), {s.name: s.type for s in op.scalars})
+                for e in (*op.sizes.values(), *(c[0] for c in op.checks))},  # the sizes' and checks' C++
         "only_if": {t.name: t.only_if for t in op.saves if t.only_if},
         "when": {t.name: word_is(t) for t in op.saves if t.when},
         "edge": {t.name: edge(t) for t in op.differentiable},
