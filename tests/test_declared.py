@@ -264,6 +264,12 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
     (dict(outputs=(declare.Tensor("y", like="x", when=("mode", ("max",))),)), "y: when is for a saved tensor"),
     (dict(inputs=(declare.Scalar("k", default=1.0), declare.Tensor("x", dtypes=("float32",)))),
      "scalar k has a default and an input after it has none"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("k", "str", choices=("a",), optional=True))),
+     "scalar k: optional=True is for an int or float scalar with no default"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("k", "int", 1, optional=True))),
+     "scalar k: optional=True is for an int or float scalar with no default"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("k", "int", optional=True),
+                  declare.Scalar("k_given", "int"))), "'k_given' is what the rendered C++ names a part of 'k'"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)),
                   declare.Tensor("m", dtypes=("int64",), grad=False, optional="null"),
                   declare.Tensor("k", like="m", grad=False))),
@@ -420,16 +426,21 @@ BAGS = declare.Op(
     inputs=(declare.Tensor("indices", dtypes=("int64",), grad=False, shape=("bags", "per")),
             declare.Tensor("scale", like="weight", shape=("bags", "per"), optional="null"),
             declare.Scalar("mode", "str", choices=("sum", "max")),
-            declare.Tensor("weight", dtypes=("float32", "float64"))),
+            declare.Tensor("weight", dtypes=("float32", "float64")),
+            declare.Scalar("padding_idx", "int", optional=True)),
     outputs=(declare.Tensor("out", like="weight", shape=("bags", "dim")),),
     sizes={"bags": "indices.size(0)", "per": "indices.size(1)", "dim": "weight.size(1)"},
-    checks=(("indices.dim() == 2", "indices must be [bags, per]"), ("weight.dim() == 2", "weight must be 2-D")),
+    checks=(("indices.dim() == 2", "indices must be [bags, per]"), ("weight.dim() == 2", "weight must be 2-D"),
+            ("padding_idx is None or (padding_idx >= -weight.size(0) and padding_idx < weight.size(0))",
+             "padding_idx must be within [-rows, rows)")),
     saves=(declare.Tensor("chosen", dtypes=("int64",), shape=("bags", "dim"), when=("mode", ("max",))),),
 )
 
 
-def _bags_reference(indices, scale, mode, weight):
+def _bags_reference(indices, scale, mode, weight, padding_idx=None):
     rows = weight.double()[indices]  # [bags, per, dim]
+    if padding_idx is not None:  # its rows add nothing (negative: from the end)
+        rows = rows * (indices != padding_idx % weight.shape[0])[..., None]
     if scale is not None:
         rows = rows * scale.double()[..., None]
     return rows.sum(1) if mode == "sum" else rows.amax(1)
@@ -438,7 +449,8 @@ def _bags_reference(indices, scale, mode, weight):
 def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render_and_run(tmp_path):
     """Autograd counts the tensors a call gives: a gradient after an optional input left out is
     still found, and the optional one's gradient is given where it is; the saved tensor has room
-    at its word alone. Run on CPU through the rendered autograd function and the Python kernels."""
+    at its word alone; an optional int reaches the backward. Run on CPU through the rendered
+    autograd function and the Python kernels."""
     import torch
 
     from tuner import runtime
@@ -446,6 +458,8 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     header, source = declared.header(BAGS), declared.op_source(BAGS)
     assert "void* chosen;  // saved for the backward where mode is max (null else)" in header
     assert "void* grad_scale;  // null also where scale is" in header
+    assert "long long padding_idx;\n  int padding_idx_given;  // 0: the caller left padding_idx out" in header
+    assert ".padding_idx = static_cast<long long>(padding_idx.value_or(0)), .padding_idx_given = " in source
     assert 'at::Tensor chosen = (mode == "max") ? at::empty({sizes[0], sizes[2]}, ' in source
     assert "const bool weight_grad = ctx->needs_input_grad(1 + (scale.has_value() ? 1 : 0));" in source
     assert ".grad_scale = (scale_grad && scale_.defined()) ? grad_scale.data_ptr() : nullptr" in source
@@ -456,6 +470,7 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     impls = opspec.impls(BAGS, _bags_reference, None, "tuner_bags_probe")
     runtime.register_python(types_namespace(impls=impls))
     assert "Tensor? scale" in str(torch.ops.tuner.bags_probe.default._schema)
+    assert str(torch.ops.tuner.bags_probe.default._schema).endswith("int? padding_idx=None) -> Tensor")
     g = torch.Generator().manual_seed(0)
     weight, indices = torch.randn(9, 4, generator=g), torch.randint(0, 9, (3, 5), generator=g)
     scale, grad = torch.rand(3, 5, generator=g) + 0.5, torch.randn(3, 4, generator=g)
@@ -466,14 +481,15 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
                 s = None if given is None else given.clone().requires_grad_(wanted[1])
                 if not (w.requires_grad or (s is not None and s.requires_grad)):
                     continue
-                out = torch.ops.tuner.bags_probe(indices, s, mode, w)
-                torch.testing.assert_close(out, _bags_reference(indices, given, mode, weight).float())
+                pad = -2 if wanted[0] else None
+                out = torch.ops.tuner.bags_probe(indices, s, mode, w, pad)
+                torch.testing.assert_close(out, _bags_reference(indices, given, mode, weight, pad).float())
                 out.backward(grad)
                 w64 = weight.double().requires_grad_()
                 s64 = None if given is None else given.double().requires_grad_()
                 leaves = [x for x in (w64, s64) if x is not None]
-                want = dict(zip(("w", "s"), torch.autograd.grad(_bags_reference(indices, s64, mode, w64), leaves,
-                                                               grad.double())))
+                want = dict(zip(("w", "s"), torch.autograd.grad(_bags_reference(indices, s64, mode, w64, pad),
+                                                               leaves, grad.double())))
                 assert (w.grad is not None) == wanted[0]
                 if wanted[0]:
                     torch.testing.assert_close(w.grad, want["w"].float())
@@ -488,9 +504,17 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
         torch.ops.tuner.bags_probe(indices, scale.double(), "sum", weight)
     with pytest.raises(ValueError, match=r"bags_probe: scale must have shape \[3, 5\] \(bags, per\), got \[3, 4\]"):
         torch.ops.tuner.bags_probe(indices, scale[:, :4], "sum", weight)
-    kernel = _bare_kernel(BAGS, None)  # the search's side: the same rule for the saved tensor
+    for pad in (9, -10):
+        for refuse in (lambda *a: torch.ops.tuner.bags_probe(*a), lambda *a: opspec.check(BAGS, opspec.bind(BAGS, a))):
+            with pytest.raises(ValueError, match=re.escape("bags_probe: padding_idx must be within [-rows, rows)")):
+                refuse(indices, None, "sum", weight, pad)
+    kernel = _bare_kernel(BAGS, None)  # the search's side: the same rule for the saved tensor, the optional int
     values = opspec.bind(BAGS, (indices, None, "sum", weight))
     assert not kernel._writes(BAGS.saves[0], values) and kernel._writes(BAGS.saves[0], {**values, "mode": "max"})
+    fields = kernel._scalars_and_sizes(values, [3, 5, 4])
+    assert (fields["padding_idx"], fields["padding_idx_given"], fields["mode"]) == (0, 0, 0)
+    fields = kernel._scalars_and_sizes({**values, "padding_idx": -2, "mode": "max"}, [3, 5, 4])
+    assert (fields["padding_idx"], fields["padding_idx_given"], fields["mode"]) == (-2, 1, 1)
 
 
 def types_namespace(**fields):

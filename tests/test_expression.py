@@ -11,7 +11,8 @@ import pytest
 from tuner import declare, expression, opspec
 from tuner.build import binding, declared
 
-TENSORS, NULLABLE, SCALARS = {"x", "offsets", "indices"}, {"offsets"}, {"mode": "str", "k": "int", "last": "bool"}
+TENSORS, NULLABLE = {"x", "offsets", "indices"}, {"offsets", "pad"}  # pad: an optional int
+SCALARS = {"mode": "str", "k": "int", "last": "bool", "pad": "int"}
 
 
 @pytest.mark.parametrize("text,cpp", [
@@ -22,6 +23,7 @@ TENSORS, NULLABLE, SCALARS = {"x", "offsets", "indices"}, {"offsets"}, {"mode": 
     ("offsets is None or mode == 'sum'", '!offsets.has_value() || (mode == "sum")'),
     ("not (k > 2 and x.numel() < 3)", "!((k > 2) && (x.numel() < 3))"),
     ("offsets is not None", "offsets.has_value()"),
+    ("pad is None or pad >= -x.size(0)", "!pad.has_value() || (pad.value() >= (-x.size(0)))"),
 ])
 def test_an_expression_renders_as_the_same_cpp(text, cpp):
     assert expression.cpp(text, TENSORS, NULLABLE, SCALARS) == cpp

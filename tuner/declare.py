@@ -93,6 +93,9 @@ class Scalar:
     type: str = "float"
     default: float | int | bool | str | None = None
     choices: tuple[str, ...] = ()
+    # A number the caller may leave out (`int? padding_idx=None`): the variants get it as 0 there,
+    # and `<name>_given` (0 or 1) beside it; sizes and checks may ask `padding_idx is None`.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,11 @@ class Op:
         """The inputs the variants may get as a null pointer (optional="null")."""
         return [t.name for t in self.tensors if t.optional == "null"]
 
+    @property
+    def may_be_none(self) -> set[str]:
+        """The inputs a call may leave out that the variants still serve (`m is None` asks)."""
+        return {*self.nullable, *(s.name for s in self.scalars if s.optional)}
+
     @functools.cached_property
     def differentiable(self) -> list[Tensor]:
         return [t for t in self.tensors if t.grad]
@@ -209,9 +217,9 @@ class Op:
                 defaulted = defaulted and bool(a.optional)
                 args.append(f"Tensor{'?' if a.optional else ''} {a.name}{'=None' if a.optional and defaulted else ''}")
             else:
-                defaulted = defaulted and a.default is not None
-                default = "" if a.default is None else f"={_schema_value(a.default)}"
-                args.append(f"{a.type} {a.name}{default}")
+                defaulted = defaulted and (a.default is not None or a.optional)
+                default = "=None" if a.optional else "" if a.default is None else f"={_schema_value(a.default)}"
+                args.append(f"{a.type}{'?' if a.optional else ''} {a.name}{default}")
         args.reverse()
         outs = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
         return f"{self.name}({', '.join(args)}) -> {outs}"
@@ -219,14 +227,14 @@ class Op:
     def forward_schema(self) -> str:
         """`<name>_forward`'s, where the op saves tensors: the outputs, then the saved ones."""
         args = [(f"Tensor? {a.name}" if a.name in self.nullable else f"Tensor {a.name}") if isinstance(a, Tensor)
-                else f"{a.type} {a.name}" for a in self.inputs]
+                else f"{a.type}{'?' if a.optional else ''} {a.name}" for a in self.inputs]
         outs = ", ".join("Tensor" for _ in (*self.outputs, *self.saves))
         return f"{self.name}_forward({', '.join(args)}) -> ({outs})"
 
     def backward_schema(self) -> str:
         grads = [f"Tensor grad_{o.name}" for o in self.outputs]
         args = [f"Tensor{'?' if t.name in self.nullable else ''} {t.name}" for t in (*self.tensors, *self.saves)]
-        args += [f"{s.type} {s.name}" for s in self.scalars]
+        args += [f"{s.type}{'?' if s.optional else ''} {s.name}" for s in self.scalars]
         wants = [f"bool {t.name}_grad" for t in self.differentiable]
         n = len(self.differentiable)  # one gradient is a Tensor (torch reads "(Tensor)" as one too)
         outs = "Tensor" if n == 1 else "(" + ", ".join("Tensor" for _ in self.differentiable) + ")"
@@ -263,6 +271,9 @@ def _check_names(op: "Op", fail) -> None:
     for t in (*op.tensors, *op.outputs):
         for d in (f"grad_{t.name}", f"{t.name}_grad", f"{t.name}_", f"{t.name}_dtype"):
             derived[d] = t.name
+    for a in op.scalars:
+        if a.optional:
+            derived[f"{a.name}_given"] = a.name
     for n in declared:
         if n in derived:
             fail(f"{n!r} is what the rendered C++ names a part of {derived[n]!r}: choose another")
@@ -287,7 +298,7 @@ def _unreadable(op: "Op", text, number: bool = False) -> str:
     try:
         if number and expression.boolean(text):
             return "a size is a number, not a truth value"
-        expression.cpp(text, {t.name for t in op.tensors}, set(op.nullable), {s.name: s.type for s in op.scalars})
+        expression.cpp(text, {t.name for t in op.tensors}, op.may_be_none, {s.name: s.type for s in op.scalars})
     except expression.ExpressionError as exc:
         return str(exc)
     return ""
@@ -358,12 +369,14 @@ def check(op: Op) -> None:
             fail(f"scalar {a.name}: its default {a.default!r} is no {a.type}")
         if isinstance(a.default, float) and not math.isfinite(a.default):
             fail(f"scalar {a.name}: its default {a.default!r} is not a finite number")
+        if a.optional is not False and (a.optional is not True or a.type not in ("int", "float") or a.default is not None):
+            fail(f"scalar {a.name}: optional=True is for an int or float scalar with no default (its default is None)")
     required = False  # torch's schemas give defaults to the last arguments alone
     for a in reversed(op.inputs):
         if isinstance(a, Scalar) and a.default is not None and required:
             fail(f"scalar {a.name} has a default and an input after it has none: torch gives defaults to the last "
                  f"arguments alone (move it after them, or give it no default)")
-        required = required or (a.default is None if isinstance(a, Scalar) else not a.optional)
+        required = required or (a.default is None and not a.optional if isinstance(a, Scalar) else not a.optional)
     for t in (*op.tensors, *op.outputs, *op.saves):
         if len(set(t.dtypes)) != len(t.dtypes):
             fail(f"{t.name}: a dtype is named twice in {t.dtypes}")

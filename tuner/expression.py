@@ -81,6 +81,8 @@ class _Cpp(ast.NodeVisitor):
             raise ExpressionError(f"tensor {node.id} is read by its sizes (.size(d), .numel(), .dim())")
         if node.id not in self.scalars:
             raise ExpressionError(f"{node.id!r} is no input")
+        if node.id in self.nullable:  # a number the caller may leave out: its value, which must be there
+            return f"{node.id}.value()"
         if self.scalars[node.id] == "str":
             raise ExpressionError(f"{node.id} is a word: compare it with one ({node.id} == \"...\")")
         return node.id
@@ -121,7 +123,8 @@ class _Cpp(ast.NodeVisitor):
         if isinstance(op, (ast.Is, ast.IsNot)):
             if not (isinstance(right, ast.Constant) and right.value is None and isinstance(left, ast.Name)
                     and left.id in self.nullable):
-                raise ExpressionError(f"{ast.unparse(node)!r}: `is None` is for an input the caller may leave out")
+                raise ExpressionError(f"{ast.unparse(node)!r}: `is None` is for an input the caller may leave out "
+                                      f"(optional)")
             return f"{'!' if isinstance(op, ast.Is) else ''}{left.id}.has_value()"
         if type(op) not in _COMPARE:
             return self.generic_visit(node)

@@ -298,7 +298,8 @@ def problem(op: declare.Op, values: dict, fields=()) -> dict | None:
     found = dict(zip(op.sizes, sizes(op, values)))
     found.update({t.name: _dtype(values[t.name]) for t in op.varying})
     cast = {"float": float, "int": int, "bool": bool, "str": str}
-    found.update({s.name: cast[s.type](values[s.name]) for s in op.scalars if s.name in fields})
+    found.update({s.name: None if values[s.name] is None else cast[s.type](values[s.name])
+                  for s in op.scalars if s.name in fields})
     return found
 
 

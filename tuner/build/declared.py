@@ -42,7 +42,12 @@ def _cpp(arg, user: bool = False) -> str:
     if isinstance(arg, declare.Tensor):
         nullable = user and arg.optional or arg.optional == "null"
         return "const std::optional<at::Tensor>&" if nullable else "const at::Tensor&"
-    return declare.SCALAR_TYPES[arg.type][0]
+    return _scalar_cpp(arg)
+
+
+def _scalar_cpp(s) -> str:
+    """A scalar's C++ type in the op's kernels."""
+    return f"std::optional<{declare.SCALAR_TYPES[s.type][0]}>" if s.optional else declare.SCALAR_TYPES[s.type][0]
 
 
 def _prepared(op: declare.Op, t) -> str:
@@ -109,6 +114,7 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "words": {s.name: "  // " + ", ".join(f"{i} {c}" for i, c in enumerate(s.choices)) if s.choices else ""
                   for s in op.scalars},
         "scalar_value": {s.name: f"{s.name}_index({s.name})" if s.type == "str"
+                         else f"static_cast<{declare.SCALAR_TYPES[s.type][1]}>({s.name}.value_or(0))" if s.optional
                          else f"static_cast<{declare.SCALAR_TYPES[s.type][1]}>({s.name})" for s in op.scalars},
         "dtypes": {t.name: [AT[d] for d in t.dtypes] for t in op.tensors if t.like is None},
         "dtype_words": {t.name: " or ".join(t.dtypes) for t in op.tensors if t.like is None},
@@ -135,7 +141,7 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "dims": {t.name: [dim(n) for n in t.shape] for t in op.tensors if t.shape is not None},
         "prepared": {t.name: _prepared(op, t) for t in op.tensors},
         "baseline_body": _baseline_body(op), "family": family,
-        "cpp": {e: expression.cpp(e, {t.name for t in op.tensors}, set(op.nullable), {s.name: s.type for s in op.scalars})
+        "cpp": {e: expression.cpp(e, {t.name for t in op.tensors}, op.may_be_none, {s.name: s.type for s in op.scalars})
                 for e in (*op.sizes.values(), *(c[0] for c in op.checks))},  # the sizes' and checks' C++
         "only_if": {t.name: t.only_if for t in op.saves if t.only_if},
         "when": {t.name: word_is(t) for t in op.saves if t.when},
@@ -150,7 +156,7 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "dtype_of": {t.name: f"{t.like}.scalar_type()" if t.like else AT[t.dtypes[0]] for t in op.outputs},
         "outputs_of_all": ("std::get<0>(all)" if len(op.outputs) == 1
                            else "{" + ", ".join(f"std::get<{i}>(all)" for i in range(len(op.outputs))) + "}"),
-        "scalar_cpp": {s.name: declare.SCALAR_TYPES[s.type][0] for s in op.scalars},
+        "scalar_cpp": {s.name: _scalar_cpp(s) for s in op.scalars},
         "grad_saves": [t.name for t in op.saves if t.gradient_of],
         "saved_grad_of": {t.gradient_of: t.name for t in op.saves if t.gradient_of},
         # the checks that name no optional input: made also of a call that leaves one out

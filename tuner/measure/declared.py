@@ -103,8 +103,13 @@ class DeclaredKernel(Kernel):
         return {t.name: None if values[t.name] is None else values[t.name].data_ptr() for t in self.op.tensors}
 
     def _scalars_and_sizes(self, values: dict, sizes: list[int]) -> dict:
-        return {**{s.name: s.choices.index(values[s.name]) if s.choices else values[s.name] for s in self.op.scalars},
-                **dict(zip(self.op.sizes, sizes))}
+        found = {}
+        for s in self.op.scalars:  # a word as its index; a number left out as 0, and whether it was given
+            v = values[s.name]
+            found[s.name] = s.choices.index(v) if s.choices else 0 if v is None else v
+            if s.optional:
+                found[f"{s.name}_given"] = int(v is not None)
+        return {**found, **dict(zip(self.op.sizes, sizes))}
 
     def prepare(self, values: dict, into: dict | None = None) -> tuple[Callable, dict]:
         """(call, outputs): `call()` runs the forward of the inputs `values` (name -> tensor or
