@@ -264,6 +264,8 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
     (dict(outputs=(declare.Tensor("y", like="x", when=("mode", ("max",))),)), "y: when is for a saved tensor"),
     (dict(inputs=(declare.Scalar("k", default=1.0), declare.Tensor("x", dtypes=("float32",)))),
      "scalar k has a default and an input after it has none"),
+    (dict(work=("sideways",)), "work=('sideways',): the passes that get it"),
+    (dict(work=("forward",), table=("int forward_work_bytes",)), "table field 'forward_work_bytes': the table has"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("k", "str", choices=("a",), optional=True))),
      "scalar k: optional=True is for an int or float scalar with no default"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("k", "int", 1, optional=True))),
@@ -434,6 +436,7 @@ BAGS = declare.Op(
             ("padding_idx is None or (padding_idx >= -weight.size(0) and padding_idx < weight.size(0))",
              "padding_idx must be within [-rows, rows)")),
     saves=(declare.Tensor("chosen", dtypes=("int64",), shape=("bags", "dim"), when=("mode", ("max",))),),
+    work=("forward", "backward"),  # memory each pass's variant sizes from the call
 )
 
 
@@ -460,6 +463,8 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     assert "void* grad_scale;  // null also where scale is" in header
     assert "long long padding_idx;\n  int padding_idx_given;  // 0: the caller left padding_idx out" in header
     assert ".padding_idx = static_cast<long long>(padding_idx.value_or(0)), .padding_idx_given = " in source
+    assert "long long (*forward_work_bytes)(const TunerBagsProbeArgs* args);" in header
+    assert "at::empty({std::max<long long>(vt->backward_work_bytes(&a), 1)}" in source
     assert 'at::Tensor chosen = (mode == "max") ? at::empty({sizes[0], sizes[2]}, ' in source
     assert "const bool weight_grad = ctx->needs_input_grad(1 + (scale.has_value() ? 1 : 0));" in source
     assert ".grad_scale = (scale_grad && scale_.defined()) ? grad_scale.data_ptr() : nullptr" in source
@@ -521,3 +526,33 @@ def types_namespace(**fields):
     import types
 
     return types.SimpleNamespace(**fields)
+
+
+def test_a_pass_declared_work_gets_the_bytes_its_variant_asks_of_the_call():
+    """The search's side of `work`: the variant's table function reads the call's arguments (here
+    its sizes and mode) and the pass gets that many bytes, kept as long as the call."""
+    import ctypes
+
+    import torch
+
+    structs = abi.parse(declared.header(BAGS))
+    kernel = _bare_kernel(BAGS, None)
+    kernel.Args, kernel.name, kernel.weight_dtype, kernel.forward_fn = (
+        abi.mirror("Args", structs["TunerBagsProbeArgs"]), "probe", "Float", None)
+    asked = []
+
+    def forward_work_bytes(address):
+        a = kernel.Args.from_address(address)
+        asked.append((a.bags, a.per, a.dim, a.mode))
+        return a.bags * a.dim * 4 * (2 if a.mode == 1 else 1)
+
+    kernel.forward_work_bytes_fn = forward_work_bytes
+    kernel.backward_work_bytes_fn = lambda address: 0  # none this call: still a byte
+    values = opspec.bind(BAGS, (torch.randint(0, 9, (3, 5)), None, "max", torch.randn(9, 4)))
+    kernel.prepare(values)  # asks once, of the call's arguments
+    assert asked == [(3, 5, 4, 1)]
+    args = kernel.Args(bags=2, per=5, dim=8, mode=0)
+    work = kernel._work("forward", args, values)
+    assert asked[-1] == (2, 5, 8, 0) and work.numel() == 2 * 8 * 4 and work.dtype == torch.uint8
+    assert args.work == work.data_ptr() and kernel._work("backward", args, values).numel() == 1
+    assert _bare_kernel(NULLABLE, None)._work("forward", args, values) is None  # declared by no pass

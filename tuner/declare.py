@@ -132,6 +132,11 @@ class Op:
     # ticket and running sums, kept per device and stream between calls. Its length as `scratch`'s is
     # written ("vt->workspace_words(sizes[0])"); it follows the errors' word in the same memory.
     workspace: str | None = None
+    # The passes ("forward", "backward") that get `void* work`: memory of any contents that the
+    # variant sizes from the call's arguments, `long long (*<pass>_work_bytes)(const <its args>*)`
+    # in its table (added by the core), where no expression of sizes says it: a split reduction's
+    # partials, where the split depends on the call; a sort's buffers.
+    work: tuple[str, ...] = ()
     # What a call must hold beyond dtypes and shapes: (condition, message) pairs, each condition an
     # expression of the inputs as `sizes` are ("x.dim() >= 1"), checked first, refused with
     # "<op>: <message>".
@@ -248,7 +253,7 @@ _PYTHON = {"float": (float, int), "int": int, "bool": bool, "str": str}
 RESERVED = {
     "a", "all", "baseline", "ctx", "got", "grads", "guard", "known", "live", "op", "outs", "pair", "result", "saved",
     "errors", "error_flags", "validates", "workspace", "scratch", "sizes", "stream", "vt", "winner", "abi", "name",
-    "forward", "backward", "at", "c10", "ws", "describe",
+    "forward", "backward", "at", "c10", "ws", "describe", "work",
     "std", "torch", "tuner_op",
     # C and C++ keywords a lower-case name could be
     "alignas", "alignof", "and", "asm", "auto", "bool", "break", "case", "catch", "char", "class", "const",
@@ -282,7 +287,8 @@ def _check_names(op: "Op", fail) -> None:
         pointer = re.search(r"\(\s*\*\s*(\w+)\s*\)", f)
         fields.append(pointer.group(1) if pointer else re.findall(r"\w+", f)[-1])
     for f in fields:
-        if f in {"abi", "name", "forward", "backward"} | {f"{t.name}_dtype" for t in op.varying}:
+        if f in {"abi", "name", "forward", "backward"} | {f"{t.name}_dtype" for t in op.varying} \
+                | {f"{p}_work_bytes" for p in op.work}:
             fail(f"table field {f!r}: the table has that field already")
 
 
@@ -444,6 +450,8 @@ def check(op: Op) -> None:
                  f"(e.g. ('target', 'a target is outside [0, vocab)'))")
     if len(set(error_names)) != len(error_names) or len(error_names) > 8:
         fail(f"errors {error_names}: at most 8, each named once")
+    if not isinstance(op.work, tuple) or not set(op.work) <= {"forward", "backward"} or len(set(op.work)) != len(op.work):
+        fail(f"work={op.work!r}: the passes that get it, a tuple of 'forward' and 'backward'")
     for what, e in (("scratch", op.scratch), ("workspace", op.workspace)):
         if e is not None and (not isinstance(e, str) or ";" in e):
             fail(f"{what} {e!r}: a C++ expression of vt and sizes, e.g. 'vt->{what}_words(sizes[0])'")

@@ -127,7 +127,8 @@ class DeclaredKernel(Kernel):
             pointers[t.name] = outs[t.name].data_ptr()
         args = self.Args(**self._pointers(values), **pointers,
                          **self._scalars_and_sizes(values, sizes), **self._word_fields(values, sizes))
-        return self._call(self.forward_fn, args, values, outs, "forward"), outs
+        work = self._work("forward", args, values)
+        return self._call(self.forward_fn, args, values, (outs, work), "forward"), outs
 
     def forward(self, values: dict, check: bool | str = True) -> dict:
         """The forward of `values` run once: its outputs and saved tensors by name. Bad input that
@@ -166,7 +167,20 @@ class DeclaredKernel(Kernel):
             fields["scratch"] = scratch.data_ptr()
             keep.append(scratch)
         args = self.BackwardArgs(**fields)
+        keep.append(self._work("backward", args, values))
         return self._call(self.backward_fn, args, values, (saved, keep), "backward"), gx
+
+    def _work(self, what: str, args, values: dict):
+        """The memory a pass declared `work` gets, as many bytes as the variant asks of this call's
+        arguments (its table's `<pass>_work_bytes`), set in `args`; None where it has none."""
+        if what not in self.op.work:
+            return None
+        import torch
+
+        n = getattr(self, f"{what}_work_bytes_fn")(ctypes.addressof(args))
+        work = torch.empty(max(int(n), 1), dtype=torch.uint8, device=values[self.op.tensors[0].name].device)
+        args.work = work.data_ptr()
+        return work
 
     def _call(self, fn, args, values, outs, what: str) -> Callable:
         pointer, device = ctypes.addressof(args), values[self.op.tensors[0].name].device.index
