@@ -153,3 +153,49 @@ def test_every_family_in_the_tree_is_packaged():
     in_tree = [p.name for p in (root / "tuner" / "families").iterdir() if (p / "__init__.py").exists()]
     assert in_tree and all(f"tuner.families.{name}" in listed for name in in_tree), (in_tree, listed)
     assert set(in_tree) <= set(families.names())
+
+
+@pytest.fixture
+def bags_sum(tuner_home):
+    families.add_path(HERE)
+    return families.get("bags_sum")
+
+
+@pytest.mark.gpu
+def test_embedding_bag_s_declared_parts_run_through_the_rendered_op_and_a_search(bags_sum, tuner_home, capsys):
+    """The rendered CUDA path of a declared op with per-entry weights that take a gradient where
+    given (and the table's gradient after them where not), max mode's saved winners, an optional
+    padding_idx in both passes and the memory each pass's variant asks of the call, against float64;
+    then a search that checks its variants from the declaration alone."""
+    import tuner
+    from tuner import gpus
+    from tuner.deploy import export
+
+    v = bags_sum.space().variant(block_size=128)
+    op = tuner.load(export.write(tuner_home / "artifact", [{"variant": v, "problem": bags_sum.Problem().__dict__}],
+                                 gpus.attached().describe()))
+    assert torch.ops.tuner_bags_sum.served([300, 9, 40, 500]) == v.name
+    indices, scale, weight = bags_sum.make_inputs(300, 9, 40, 500, seed=1)
+    grad = torch.randn(300, 40, device="cuda")
+    for mode in ("sum", "max"):
+        for given in (None, scale):
+            for pad in (None, -3, int(indices[0, 0])):
+                for frozen in (False, True):
+                    if frozen and given is None:
+                        continue
+                    w = weight.clone().requires_grad_(not frozen)
+                    s = None if given is None else given.clone().requires_grad_()
+                    got = op(indices, s, mode, w, pad)
+                    w64 = weight.double().requires_grad_(not frozen)
+                    s64 = None if given is None else given.double().requires_grad_()
+                    want = bags_sum.reference(indices, s64, mode, w64, pad)
+                    torch.testing.assert_close(got.double(), want.detach(), rtol=1e-5, atol=1e-5)
+                    leaves = [x for x in (w, s) if x is not None and x.requires_grad]
+                    leaves64 = [x for x in (w64, s64) if x is not None and x.requires_grad]
+                    for a, b in zip(torch.autograd.grad(got, leaves, grad),
+                                    torch.autograd.grad(want, leaves64, grad.double())):
+                        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+    torch.library.opcheck(op, (indices, scale.requires_grad_(), "max", weight.requires_grad_(), -3))
+    assert cli.main(["search", "--family", "bags_sum", "--gpu", "auto", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "2 variants compiled, verified and timed or pruned" in out and "0 failed" in out, out

@@ -150,6 +150,11 @@ def dtype(op: declare.Op, t, values: dict):
     return values[t.like].dtype if t.like is not None else getattr(torch, t.dtypes[0])
 
 
+def poison(t):
+    """A tensor filled with what no kernel writes by chance: NaN, or -1 in an integer one."""
+    return t.fill_(float("nan") if t.is_floating_point() else -1)
+
+
 def kept(t, values: dict) -> bool:
     """Whether a saved tensor declared `when` a scalar has one of some words is written at this call's."""
     return t.when is None or values[t.when[0]] in t.when[1]
@@ -249,7 +254,7 @@ def impls(op: declare.Op, reference: Callable, torch_op: Callable | None, namesp
     def forward_cpu(*args):
         values = bind(op, args)
         check(op, values)
-        kept = [s.fill_(float("nan") if s.is_floating_point() else -1) for s in saved(values)]  # the variants' own: the CPU
+        kept = [poison(s) for s in saved(values)]  # the variants' own: the CPU
         return (*_outputs(op, reference, values), *kept)  # backward recomputes from the inputs
 
     def forward_fake(*args):

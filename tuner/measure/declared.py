@@ -231,11 +231,11 @@ class Evaluation:
 
     def run_case(self, kernel: DeclaredKernel, case: dict) -> tuple[dict, str]:
         """({"loss_error": the outputs' worst relative error, "grad_error": the gradients'}, what
-        failed or ""), the outputs poisoned with NaN first."""
+        failed or ""), the outputs poisoned first (NaN; -1 in an integer one)."""
         import torch
 
         values = case["values"]
-        nan = {t.name: opspec.empty(self.op, t, values).fill_(float("nan")) for t in (*self.op.outputs, *self.op.saves)}
+        nan = {t.name: opspec.poison(opspec.empty(self.op, t, values)) for t in (*self.op.outputs, *self.op.saves)}
         call, outs = kernel.prepare(values, into=nan)
         call()
         saved = {t.name: outs[t.name] for t in self.op.saves}
