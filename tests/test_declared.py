@@ -265,6 +265,10 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
     (dict(inputs=(declare.Scalar("k", default=1.0), declare.Tensor("x", dtypes=("float32",)))),
      "scalar k has a default and an input after it has none"),
     (dict(work=("sideways",)), "work=('sideways',): the passes that get it"),
+    (dict(key=("n / 2",)), "key 'n / 2': an expression of the sizes (n) with + - * and ratio(a, b)"),
+    (dict(key=("x.numel()",)), "key 'x.numel()': an expression of the sizes"),
+    (dict(key=("n > 2",)), "a number, not a truth value"),
+    (dict(kind="n"), "kind='n': the name of a str scalar"),
     (dict(work=("forward",), table=("int forward_work_bytes",)), "table field 'forward_work_bytes': the table has"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Scalar("k", "str", choices=("a",), optional=True))),
      "scalar k: optional=True is for an int or float scalar with no default"),
@@ -437,6 +441,7 @@ BAGS = declare.Op(
              "padding_idx must be within [-rows, rows)")),
     saves=(declare.Tensor("chosen", dtypes=("int64",), shape=("bags", "dim"), when=("mode", ("max",))),),
     work=("forward", "backward"),  # memory each pass's variant sizes from the call
+    key=("dim", "ratio(bags * per, bags)"), kind="mode",  # winners by dim and mean bag, kept by mode
 )
 
 
@@ -465,6 +470,13 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     assert ".padding_idx = static_cast<long long>(padding_idx.value_or(0)), .padding_idx_given = " in source
     assert "long long (*forward_work_bytes)(const TunerBagsProbeArgs* args);" in header
     assert "at::empty({std::max<long long>(vt->backward_work_bytes(&a), 1)}" in source
+    assert "return {dim, ratio((bags * per), bags)};" in source
+    assert "key_of(sizes_of(indices, scale, mode, weight, padding_idx)), mode_index(mode)" in source
+    spec = opspec.spec(BAGS, "bags_probe", reference=_bags_reference)
+    assert spec.shape({"bags": 3, "per": 5, "dim": 4, "mode": "max"}) == ([4, 5], 1)
+    assert spec.shape({"bags": 0, "per": 5, "dim": 4, "mode": "sum"}) == ([4, 0], 0)
+    with pytest.raises(KeyError, match="give the family's problem_class scalars=\\('mode',\\)"):
+        spec.shape({"bags": 3, "per": 5, "dim": 4})
     assert 'at::Tensor chosen = (mode == "max") ? at::empty({sizes[0], sizes[2]}, ' in source
     assert "const bool weight_grad = ctx->needs_input_grad(1 + (scale.has_value() ? 1 : 0));" in source
     assert ".grad_scale = (scale_grad && scale_.defined()) ? grad_scale.data_ptr() : nullptr" in source
@@ -475,6 +487,8 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     impls = opspec.impls(BAGS, _bags_reference, None, "tuner_bags_probe")
     runtime.register_python(types_namespace(impls=impls))
     assert "Tensor? scale" in str(torch.ops.tuner.bags_probe.default._schema)
+    assert str(torch.ops.tuner_bags_probe.served.default._schema).endswith(
+        "served(int[] sizes, ScalarType weight, int kind=0) -> str")
     assert str(torch.ops.tuner.bags_probe.default._schema).endswith("int? padding_idx=None) -> Tensor")
     g = torch.Generator().manual_seed(0)
     weight, indices = torch.randn(9, 4, generator=g), torch.randint(0, 9, (3, 5), generator=g)

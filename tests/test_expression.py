@@ -24,6 +24,7 @@ SCALARS = {"mode": "str", "k": "int", "last": "bool", "pad": "int"}
     ("not (k > 2 and x.numel() < 3)", "!((k > 2) && (x.numel() < 3))"),
     ("offsets is not None", "offsets.has_value()"),
     ("pad is None or pad >= -x.size(0)", "!pad.has_value() || (pad.value() >= (-x.size(0)))"),
+    ("ratio(indices.numel(), k + 1)", "ratio(indices.numel(), (k + 1))"),
 ])
 def test_an_expression_renders_as_the_same_cpp(text, cpp):
     assert expression.cpp(text, TENSORS, NULLABLE, SCALARS) == cpp
@@ -40,6 +41,9 @@ def test_an_expression_renders_as_the_same_cpp(text, cpp):
     ("x is None", "`is None` is for an input the caller may leave out"),
     ("x.stride(0)", "'x.stride(0)' is none of a declaration's words"),
     ("k ** 2", "+ - * alone"),
+    ("k // 2", "+ - * alone"),
+    ("ratio(x, 2)", "tensor x is read by its sizes"),
+    ("leading(k)", "'k' is no input tensor"),
 ])
 def test_an_expression_outside_the_words_says_which_part(text, why):
     with pytest.raises(expression.ExpressionError, match=re.escape(why)):

@@ -165,16 +165,19 @@ def bags_sum(tuner_home):
 def test_embedding_bag_s_declared_parts_run_through_the_rendered_op_and_a_search(bags_sum, tuner_home, capsys):
     """The rendered CUDA path of a declared op with per-entry weights that take a gradient where
     given (and the table's gradient after them where not), max mode's saved winners, an optional
-    padding_idx in both passes and the memory each pass's variant asks of the call, against float64;
-    then a search that checks its variants from the declaration alone."""
+    padding_idx in both passes, the memory each pass's variant asks of the call and winners kept by
+    mode, against float64; then a search that checks its variants from the declaration alone."""
     import tuner
     from tuner import gpus
     from tuner.deploy import export
 
-    v = bags_sum.space().variant(block_size=128)
-    op = tuner.load(export.write(tuner_home / "artifact", [{"variant": v, "problem": bags_sum.Problem().__dict__}],
-                                 gpus.attached().describe()))
-    assert torch.ops.tuner_bags_sum.served([300, 9, 40, 500]) == v.name
+    v, at_sum = bags_sum.space().variant(block_size=128), bags_sum.space().variant(block_size=64)
+    winners = [{"variant": v, "problem": bags_sum.Problem().__dict__},  # tuned at max
+               {"variant": at_sum, "problem": bags_sum.Problem(mode="sum").__dict__}]
+    op = tuner.load(export.write(tuner_home / "artifact", winners, gpus.attached().describe()))
+    # A call's mode picks its winner: kind 1 (max) the one tuned at max, 0 (sum) the other.
+    assert torch.ops.tuner_bags_sum.served([300, 9, 40, 500], 1) == v.name
+    assert torch.ops.tuner_bags_sum.served([300, 9, 40, 500], 0) == at_sum.name
     indices, scale, weight = bags_sum.make_inputs(300, 9, 40, 500, seed=1)
     grad = torch.randn(300, 40, device="cuda")
     for mode in ("sum", "max"):

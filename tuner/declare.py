@@ -137,6 +137,11 @@ class Op:
     # in its table (added by the core), where no expression of sizes says it: a split reduction's
     # partials, where the split depends on the call; a sort's buffers.
     work: tuple[str, ...] = ()
+    # The shape key a winner is picked by, where it is not every size: expressions of the sizes by
+    # name (("dim", "ratio(n, bags)"): a bag's mean length), and `kind`, a str scalar whose word a
+    # call prefers its winner tuned at (a bag's mode; the problem then names it).
+    key: tuple[str, ...] = ()
+    kind: str | None = None
     # What a call must hold beyond dtypes and shapes: (condition, message) pairs, each condition an
     # expression of the inputs as `sizes` are ("x.dim() >= 1"), checked first, refused with
     # "<op>: <message>".
@@ -452,6 +457,21 @@ def check(op: Op) -> None:
         fail(f"errors {error_names}: at most 8, each named once")
     if not isinstance(op.work, tuple) or not set(op.work) <= {"forward", "backward"} or len(set(op.work)) != len(op.work):
         fail(f"work={op.work!r}: the passes that get it, a tuple of 'forward' and 'backward'")
+    if not isinstance(op.key, tuple):
+        fail(f"key={op.key!r}: a tuple of expressions of the sizes, e.g. ('dim', 'ratio(n, bags)')")
+    for e in op.key:
+        why = "not a str" if not isinstance(e, str) else ""
+        try:
+            if not why and expression.boolean(e):
+                why = "a number, not a truth value"
+            elif not why:
+                expression.cpp(e, set(), set(), {n: "int" for n in op.sizes})
+        except expression.ExpressionError as exc:
+            why = str(exc)
+        if why:
+            fail(f"key {e!r}: an expression of the sizes ({', '.join(op.sizes)}) with + - * and ratio(a, b) ({why})")
+    if op.kind is not None and op.kind not in {a.name for a in op.scalars if a.type == "str"}:
+        fail(f"kind={op.kind!r}: the name of a str scalar, whose word a call's winner is kept by")
     for what, e in (("scratch", op.scratch), ("workspace", op.workspace)):
         if e is not None and (not isinstance(e, str) or ";" in e):
             fail(f"{what} {e!r}: a C++ expression of vt and sizes, e.g. 'vt->{what}_words(sizes[0])'")

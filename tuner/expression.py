@@ -3,9 +3,10 @@ Python evaluates as they are and the op's C++ gets rendered from (torch alone: e
 carry this file).
 
 Their words: a tensor's `.size(d)`, `.numel()`, `.dim()`, `leading(t)` (the product of its sizes
-but the last), integers, `+ - *`, comparisons, `and`, `or`, `not`, `a if condition else b`, an
+but the last), `ratio(a, b)` (a // b of sizes, 0 where b is 0), integers, `+ - *`, comparisons, `and`, `or`, `not`, `a if condition else b`, an
 input the caller may leave out compared with None (`offsets is None`), a word compared with a str
-scalar (`mode == "max"`), and the scalars. No division: C++ and Python divide integers apart.
+scalar (`mode == "max"`), and the scalars. No `/` or `//`: C++ and Python divide integers apart
+(`ratio` is the same in both for the sizes it takes, which are not negative).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 _BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}
 _COMPARE = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 _METHODS = {"size": 1, "numel": 0, "dim": 0}  # a tensor's, by the arguments they take
-FUNCTIONS = {"leading": 1}
+FUNCTIONS = {"leading": ("tensor",), "ratio": ("number", "number")}  # by what each argument is
 
 
 class ExpressionError(ValueError):
@@ -142,6 +143,7 @@ class _Cpp(ast.NodeVisitor):
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr in _METHODS and len(node.args) == _METHODS[f.attr]:
             return f"{self.tensor(f.value)}.{f.attr}({', '.join(self.visit(a) for a in node.args)})"
-        if isinstance(f, ast.Name) and FUNCTIONS.get(f.id) == len(node.args):
-            return f"{f.id}({', '.join(self.tensor(a) for a in node.args)})"
+        takes = FUNCTIONS.get(f.id, ()) if isinstance(f, ast.Name) else ()
+        if takes and len(takes) == len(node.args):
+            return f"{f.id}({', '.join(self.tensor(a) if t == 'tensor' else self.visit(a) for t, a in zip(takes, node.args))})"
         return self.generic_visit(node)

@@ -25,6 +25,11 @@ def leading(t) -> int:
     return n
 
 
+def ratio(a: int, b: int) -> int:
+    """a // b of two sizes, 0 where b is 0 (C++'s `ratio`, tuner_op.h)."""
+    return int(a) // max(int(b), 1)
+
+
 @functools.cache
 def code(expression: str):
     """A declaration's expression compiled once (a call's checks and sizes read several)."""
@@ -34,7 +39,7 @@ def code(expression: str):
 def _eval(expression: str, values: dict):
     """A size or check of the declaration, read in Python (its vocabulary is that of C++ and Python
     alike: tensors' .size(d), .numel(), .dim(), leading(t), integers, + - *, comparisons)."""
-    return eval(code(expression), {"__builtins__": {}}, {**values, "leading": leading})  # noqa: S307 (the family's own text)
+    return eval(code(expression), {"__builtins__": {}}, {**values, "leading": leading, "ratio": ratio})  # noqa: S307 (the family's own text)
 
 
 def bind(op: declare.Op, args: tuple, kwargs: dict | None = None) -> dict:
@@ -308,6 +313,19 @@ def problem(op: declare.Op, values: dict, fields=()) -> dict | None:
     return found
 
 
+def shape_key(op: declare.Op, problem: dict) -> tuple[list[int], int]:
+    """(the sizes a winner is picked by, its kind) of a problem: its declared `key` of the sizes (all
+    of them where it declares none), and the index of its `kind` word (0 where none is declared)."""
+    sizes = {n: int(problem[n]) for n in op.sizes}
+    key = [int(_eval(e, sizes)) for e in op.key] if op.key else list(sizes.values())
+    if op.kind is None:
+        return key, 0
+    if op.kind not in problem:
+        raise KeyError(f"{op.name}: a problem names its {op.kind} (its winners are kept by it): give the family's "
+                       f"problem_class scalars=({op.kind!r},)")
+    return key, next(s for s in op.scalars if s.name == op.kind).choices.index(problem[op.kind])
+
+
 def pair(op: declare.Op, problem: dict) -> int:
     """A problem's dtype pair as the C++ numbers it: mixed radix over the tensors whose dtypes vary
     (a problem names each tensor's dtype by the tensor's name)."""
@@ -326,6 +344,6 @@ def spec(op: declare.Op, family: str, reference: Callable, torch_op: Callable | 
     return runtime.OpSpec(
         family=family, op=op.name, namespace=f"tuner_{family}", abi=op.abi,
         impls=impls(op, reference, torch_op, f"tuner_{family}"),
-        shape=lambda problem: ([int(problem[n]) for n in op.sizes], 0), extras=dict(extras or {}),
+        shape=lambda problem: shape_key(op, problem), extras=dict(extras or {}),
         baseline=op.baseline is not None, reach=reach, pair=lambda problem: pair(op, problem),
         reference=reference, torch_op=torch_op, untuned_by_baseline=untuned_by_baseline)

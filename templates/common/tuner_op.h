@@ -92,6 +92,9 @@ inline int64_t leading(const at::Tensor& t) {
   return n;
 }
 
+// a / b of two sizes, rounded down, 0 for b = 0 (a declaration's `ratio`, as Python's a // max(b, 1)).
+inline int64_t ratio(int64_t a, int64_t b) { return a / std::max<int64_t>(b, 1); }
+
 // A gradient of an output's shape (expanded where autograd gives one that broadcasts to it).
 inline at::Tensor shaped(const at::Tensor& t, c10::IntArrayRef shape) {
   return t.sizes() == shape ? t : t.expand(shape);

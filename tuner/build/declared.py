@@ -81,6 +81,7 @@ def context(op: declare.Op, family: str | None = None) -> dict:
     everything = [*op.outputs, *op.saves]
     fwd_type = out_type if not op.saves else f"std::tuple<{', '.join('at::Tensor' for _ in everything)}>"
     size_index = {n: i for i, n in enumerate(op.sizes)}
+    call_args = ", ".join(a.name for a in op.inputs)
 
     def dim(n) -> str:  # one of a shape's sizes in C++: a size's value, or a number
         return f"int64_t{{{n}}}" if isinstance(n, int) else f"sizes[{size_index[n]}]"
@@ -127,7 +128,7 @@ def context(op: declare.Op, family: str | None = None) -> dict:
                                   for t in op.tensors),
         "unwrapped_args": ", ".join(f"*{a.name}" if isinstance(a, declare.Tensor) and a.optional is True else a.name
                                     for a in op.inputs),
-        "call_args": ", ".join(a.name for a in op.inputs), "out_type": out_type,
+        "call_args": call_args, "out_type": out_type,
         "fn_type": "at::Tensor" if len(op.outputs) == 1 else "variable_list",  # what an autograd Function returns
         "bwd_signature": ", ".join(f"{t} {n}" for t, n in bwd_params), "bwd_type": bwd_type,
         "bwd_sig": f"{bwd_type}({', '.join(t for t, _ in bwd_params)})",
@@ -143,6 +144,9 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "baseline_body": _baseline_body(op), "family": family,
         "cpp": {e: expression.cpp(e, {t.name for t in op.tensors}, op.may_be_none, {s.name: s.type for s in op.scalars})
                 for e in (*op.sizes.values(), *(c[0] for c in op.checks))},  # the sizes' and checks' C++
+        "key_cpp": [expression.cpp(e, set(), set(), {n: "int" for n in op.sizes}) for e in op.key],
+        "key_call": f"key_of(sizes_of({call_args}))" if op.key else f"sizes_of({call_args})",
+        "kind_call": f"{op.kind}_index({op.kind})" if op.kind else "0",  # a word's index among its choices
         "only_if": {t.name: t.only_if for t in op.saves if t.only_if},
         "when": {t.name: word_is(t) for t in op.saves if t.when},
         "edge": {t.name: edge(t) for t in op.differentiable},

@@ -19,6 +19,7 @@ OP_DECLARATION = declare.Op(
              "padding_idx must be within [-rows, rows)")),
     saves=(declare.Tensor("chosen", dtypes=("int64",), shape=("bags", "dim"), when=("mode", ("max",))),),
     work=("forward", "backward"),
+    key=("per", "dim"), kind="mode",  # winners by bag length and width, a call's mode preferred
 )
 
 
