@@ -3,9 +3,9 @@ Python evaluates as they are and the op's C++ gets rendered from (torch alone: e
 carry this file).
 
 Their words: a tensor's `.size(d)`, `.numel()`, `.dim()`, `leading(t)` (the product of its sizes
-but the last), `ratio(a, b)` (a // b of sizes, 0 where b is 0), integers, `+ - *`, comparisons, `and`, `or`, `not`, `a if condition else b`, an
-input the caller may leave out compared with None (`offsets is None`), a word compared with a str
-scalar (`mode == "max"`), and the scalars. No `/` or `//`: C++ and Python divide integers apart
+but the last), `ratio(a, b)` (a // b of sizes, 0 where b is 0), integers, `+ - *`, comparisons,
+`and`, `or`, `not`, `a if condition else b`, an input the caller may leave out compared with None
+(`offsets is None`), a word compared with a str scalar (`mode == "max"`), and the scalars. No `/` or `//`: C++ and Python divide integers apart
 (`ratio` is the same in both for the sizes it takes, which are not negative).
 """
 
@@ -50,11 +50,6 @@ def _enclosed(text: str) -> bool:
         if depth == 0:
             return i == len(text) - 1
     return False
-
-
-def names(text: str) -> set[str]:
-    """The names an expression reads."""
-    return {n.id for n in ast.walk(parse(text)) if isinstance(n, ast.Name)}
 
 
 def boolean(text: str) -> bool:
@@ -145,5 +140,6 @@ class _Cpp(ast.NodeVisitor):
             return f"{self.tensor(f.value)}.{f.attr}({', '.join(self.visit(a) for a in node.args)})"
         takes = FUNCTIONS.get(f.id, ()) if isinstance(f, ast.Name) else ()
         if takes and len(takes) == len(node.args):
-            return f"{f.id}({', '.join(self.tensor(a) if t == 'tensor' else self.visit(a) for t, a in zip(takes, node.args))})"
+            args = [self.tensor(a) if t == "tensor" else self.visit(a) for t, a in zip(takes, node.args)]
+            return f"{f.id}({', '.join(args)})"
         return self.generic_visit(node)

@@ -37,8 +37,8 @@ def code(expression: str):
 
 
 def _eval(expression: str, values: dict):
-    """A size or check of the declaration, read in Python (its vocabulary is that of C++ and Python
-    alike: tensors' .size(d), .numel(), .dim(), leading(t), integers, + - *, comparisons)."""
+    """A size, check or key of the declaration, read in Python as written (tuner/expression.py
+    renders the same text to the op's C++)."""
     return eval(code(expression), {"__builtins__": {}}, {**values, "leading": leading, "ratio": ratio})  # noqa: S307 (the family's own text)
 
 

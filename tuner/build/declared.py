@@ -96,6 +96,7 @@ def context(op: declare.Op, family: str | None = None) -> dict:
 
     def options(t) -> str:
         return f"{t.like}.options()" if t.like else f"{op.tensors[0].name}.options().dtype({AT[t.dtypes[0]]})"
+
     def edge(t) -> str:  # a tensor's index among those autograd counts: the inputs given, before it
         before = op.tensors[:op.tensors.index(t)]
         given = " + ".join(f"({u.name}.has_value() ? 1 : 0)" for u in before if u.name in op.nullable)
