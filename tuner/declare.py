@@ -302,14 +302,18 @@ def _whole(n) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
-def _unreadable(op: "Op", text, number: bool = False) -> str:
-    """Why a size's or check's expression is none C++ and Python both read ("" where it is one)."""
+def _unreadable(op: "Op", text, number: bool = False, of_sizes: bool = False) -> str:
+    """Why a size's, check's or (`of_sizes`) key's expression is none C++ and Python both read ("" where
+    it is one)."""
     if not isinstance(text, str):
         return "not a str"
     try:
         if number and expression.boolean(text):
-            return "a size is a number, not a truth value"
-        expression.cpp(text, {t.name for t in op.tensors}, op.may_be_none, {s.name: s.type for s in op.scalars})
+            return "a number, not a truth value"
+        if of_sizes:
+            expression.cpp(text, set(), set(), {n: "int" for n in op.sizes})
+        else:
+            expression.cpp(text, {t.name for t in op.tensors}, op.may_be_none, {s.name: s.type for s in op.scalars})
     except expression.ExpressionError as exc:
         return str(exc)
     return ""
@@ -460,14 +464,7 @@ def check(op: Op) -> None:
     if not isinstance(op.key, tuple):
         fail(f"key={op.key!r}: a tuple of expressions of the sizes, e.g. ('dim', 'ratio(n, bags)')")
     for e in op.key:
-        why = "not a str" if not isinstance(e, str) else ""
-        try:
-            if not why and expression.boolean(e):
-                why = "a number, not a truth value"
-            elif not why:
-                expression.cpp(e, set(), set(), {n: "int" for n in op.sizes})
-        except expression.ExpressionError as exc:
-            why = str(exc)
+        why = _unreadable(op, e, number=True, of_sizes=True)
         if why:
             fail(f"key {e!r}: an expression of the sizes ({', '.join(op.sizes)}) with + - * and ratio(a, b) ({why})")
     if op.kind is not None and op.kind not in {a.name for a in op.scalars if a.type == "str"}:

@@ -107,6 +107,22 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         scalar, wanted = t.when
         return "(" + " || ".join(f'{scalar} == "{w}"' for w in wanted) + ")"
 
+    def pointer(t, forward: bool) -> str:  # an output's or saved tensor's address in a pass's args
+        own = t.name if forward else f"{t.name}_"
+        if forward and t.gradient_of:  # allocated where a backward will ask for it
+            return f"{own}.defined() ? {own}.data_ptr() : nullptr"
+        if t.when:
+            return f"{word_is(t)} ? {own}.data_ptr() : nullptr"
+        if t.only_if:
+            return f"{own}.numel() && vt->{t.only_if} ? {own}.data_ptr() : nullptr" if forward else \
+                f"vt->{t.only_if} ? {own}.data_ptr() : nullptr"
+        return f"{own}.data_ptr()"
+
+    def scalar_value(s) -> str:  # a scalar as the variants get it
+        if s.type == "str":
+            return f"{s.name}_index({s.name})"
+        return f"static_cast<{declare.SCALAR_TYPES[s.type][1]}>({s.name}{'.value_or(0)' if s.optional else ''})"
+
     bwd_type = ("at::Tensor" if len(op.differentiable) == 1
                 else f"std::tuple<{', '.join('at::Tensor' for _ in op.differentiable)}>")
     return {
@@ -115,9 +131,6 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "c_scalar": {s.name: declare.SCALAR_TYPES[s.type][1] for s in op.scalars},
         "words": {s.name: "  // " + ", ".join(f"{i} {c}" for i, c in enumerate(s.choices)) if s.choices else ""
                   for s in op.scalars},
-        "scalar_value": {s.name: f"{s.name}_index({s.name})" if s.type == "str"
-                         else f"static_cast<{declare.SCALAR_TYPES[s.type][1]}>({s.name}.value_or(0))" if s.optional
-                         else f"static_cast<{declare.SCALAR_TYPES[s.type][1]}>({s.name})" for s in op.scalars},
         "dtypes": {t.name: [AT[d] for d in t.dtypes] for t in op.tensors if t.like is None},
         "dtype_words": {t.name: " or ".join(t.dtypes) for t in op.tensors if t.like is None},
         "varying": [(t.name, len(t.dtypes)) for t in op.varying],
@@ -150,6 +163,12 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "kind_call": f"{op.kind}_index({op.kind})" if op.kind else "0",  # a word's index among its choices
         "only_if": {t.name: t.only_if for t in op.saves if t.only_if},
         "when": {t.name: word_is(t) for t in op.saves if t.when},
+        "forward_pointer": {t.name: pointer(t, True) for t in everything},
+        "backward_pointer": {t.name: pointer(t, False) for t in op.saves},
+        # the scalars' fields of both passes' args: a word's index, a number (0 and <name>_given where left out)
+        "scalar_fields": "".join(f".{s.name} = {scalar_value(s)}, "
+                                 + (f".{s.name}_given = {s.name}.has_value() ? 1 : 0, " if s.optional else "")
+                                 for s in op.scalars),
         "edge": {t.name: edge(t) for t in op.differentiable},
         # a gradient the backward writes: wanted, of an input given
         "wants": {t.name: f"({t.name}_grad && {t.name}_.defined())" if t.name in op.nullable else f"{t.name}_grad"

@@ -117,8 +117,8 @@ class DeclaredKernel(Kernel):
         values = self._ready(values)
         sizes = opspec.sizes(self.op, values)
         outs, pointers = {}, {}
-        for t in (*self.op.outputs, *self.op.saves):
-            if t in self.op.saves and not self._writes(t, values):  # no room, as the op keeps none, and null
+        for t, saved in [(o, False) for o in self.op.outputs] + [(s, True) for s in self.op.saves]:
+            if saved and not self._writes(t, values):  # no room, as the op keeps none, and a null pointer
                 outs[t.name] = opspec.nothing(self.op, t, values)
                 pointers[t.name] = None
                 continue
