@@ -104,3 +104,19 @@ def test_an_anchor_whose_package_is_missing_is_left_out_with_the_package_named(c
     assert "liger_kernel_that_is_not_installed is not installed (pip install 'tuner[bench]')" in capsys.readouterr().out
     assert _anchors(types.SimpleNamespace()) == {}
     assert list(_anchors(types.SimpleNamespace(anchors=lambda: {"x": len}))) == ["x"]
+
+
+def test_least_bytes_is_the_inputs_and_output_then_the_gradient_inputs_and_their_gradients():
+    """RMSNorm's floor without a floor_bytes of its own: x and y once forward (2 x, plus the weight);
+    dy, x, dx (and the weight and its gradient) backward: 5 x."""
+    import torch
+
+    from tuner.report.declared import least_bytes
+
+    x = torch.randn(64, 32, dtype=torch.bfloat16).requires_grad_()
+    w = torch.randn(32).requires_grad_()
+    once, weight = 64 * 32 * 2, 32 * 4
+    assert least_bytes((x, w, 1e-6), torch.randn(64, 32, dtype=torch.bfloat16)) == (2 * once + weight,
+                                                                                   5 * once + 3 * weight)
+    frozen = w.detach()  # no gradient to write
+    assert least_bytes((x, frozen, 1e-6), torch.randn(64, 32, dtype=torch.bfloat16))[1] == 5 * once + 2 * weight

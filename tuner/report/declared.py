@@ -1,10 +1,11 @@
 """`tuner bench` of a family that declares its op, made from the declaration: the tuned op beside
 the torch op it replaces (eager and torch.compile) and the family's `anchors()` (name -> a function
 of the op's inputs, e.g. Liger's kernel), each checked against the float64 reference first (the
-output and every gradient), timed forward and forward+backward (tuner.report.bench). Where the
-family gives `floor_bytes(problem)` (the bytes a forward, and a forward+backward, must move at
-least), the bandwidth floor comes first. With `--problems FILE` (tuner.capture's shapes), the op
-against the torch op alone at each captured problem. A family's `tuned_rows()` adds rows of the tuned
+output and every gradient), timed forward and forward+backward (tuner.report.bench), after the
+bandwidth floor: the bytes a forward, and a forward+backward, must move at least (`least_bytes`,
+or the family's `floor_bytes(problem)` where its op moves less: a fused backward). With
+`--problems FILE` (tuner.capture's shapes), the op against the torch op alone at each captured
+problem. A family's `tuned_rows()` adds rows of the tuned
 op called otherwise (cross-entropy's gradient written over its logits)."""
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ def _inputs(family: str, problem: dict):
     return args, grad, agree
 
 
+def least_bytes(inputs: tuple, grad) -> tuple[int, int]:
+    """What an op must move at least: a forward reads its input tensors once and writes its output
+    (`grad`: its shape, in the dtype the bench gives it); a forward+backward then reads the output's gradient and the
+    inputs again and writes the gradients of those that require one. Saved tensors are left out
+    (a variant's choice, not the op's need)."""
+    tensors = [t for t in inputs if hasattr(t, "nbytes")]
+    read, out = sum(t.nbytes for t in tensors), grad.nbytes
+    return read + out, read + out + out + read + sum(t.nbytes for t in tensors if t.requires_grad)
+
+
 def _problem(family: str, sizes, dtype: str | None) -> dict:
     fam, op, _ = _parts(family)
     if len(sizes) != len(op.sizes):
@@ -110,11 +121,9 @@ def bench(family: str, directory, args) -> list[dict]:
     for sizes in args.shapes:
         problem = _problem(family, sizes, getattr(args, "dtype", None))
         inputs, grad, agree = _inputs(family, problem)
-        floor = None
-        if hasattr(fam, "floor_bytes"):
-            fwd, both = fam.floor_bytes(problem)
-            floor = {"impl": f"floor: HBM at {HBM_TBS} TB/s", "fwd_kernel_us": fwd / (HBM_TBS * 1e6),
-                     "fwd_bwd_kernel_us": both / (HBM_TBS * 1e6)}
+        fwd, both = fam.floor_bytes(problem) if hasattr(fam, "floor_bytes") else least_bytes(inputs, grad)
+        floor = {"impl": f"floor: HBM at {HBM_TBS} TB/s", "fwd_kernel_us": fwd / (HBM_TBS * 1e6),
+                 "fwd_bwd_kernel_us": both / (HBM_TBS * 1e6)}
         part = side_by_side(dict(zip(op.sizes, sizes)) | {t.name: problem[t.name] for t in op.varying}, impls,
                             inputs, grad, floor, agree, gpu_us=gpu_us)
         for r in part:

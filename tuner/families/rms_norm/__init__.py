@@ -68,12 +68,6 @@ def make_inputs(rows: int, width: int, x: str = "bfloat16", weight: str = "bfloa
     return xs.to(getattr(torch, dtype_name(x))), w.to(getattr(torch, dtype_name(weight)))
 
 
-def floor_bytes(problem: dict) -> tuple[int, int]:
-    """The bytes a forward (x read, y written) and a forward+backward (and x, dy read, dx written) move."""
-    once = problem["rows"] * problem["width"] * itemsize(problem["x"])
-    return 2 * once, 5 * once
-
-
 BENCH_SHAPES = ((4096, 4096), (8192, 8192), (16384, 4096))  # rows x width, `tuner bench`'s default
 
 
