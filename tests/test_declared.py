@@ -292,6 +292,20 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
      "g: only_if='saves_g' is for a saved tensor (not a gradient_of one), naming an int field of the table"),
     (dict(saves=(declare.Tensor("g", dtypes=("float32",), shape=("n", "four")),)),
      "saved g: its shape names 'four', which is no size"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("w", like="x", shape="n"))),
+     "input w: shape='n' names the input it has the shape of"),
+    (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("w", like="x", shape="w"))),
+     "input w: shape='w' names the input it has the shape of"),
+    (dict(outputs=(declare.Tensor("y", like="x", shape="x"),)), "y: shape='x': an output's or saved tensor's shape is a tuple"),
+    (dict(sorted=("x",)), "sorted=('x',): a tuple of integer input tensors a call always gives"),
+    (dict(sorted="i", inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("i", dtypes=("int64",), grad=False))),
+     "sorted='i': a tuple of integer input tensors"),
+    (dict(sorted=("i",), table=("int sorts",),
+          inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("i", dtypes=("int64",), grad=False))),
+     "table field 'sorts': the table has that field already"),
+    (dict(sorted=("i",), inputs=(declare.Tensor("x", dtypes=("float32",)),
+                                 declare.Tensor("i", dtypes=("int64",), grad=False), declare.Scalar("i_order", "int"))),
+     "'i_order' is what the rendered C++ names a part of 'i'"),
 ])
 def test_a_declaration_the_core_cannot_render_says_what_to_change(change, message):
     given = dict(inputs=(declare.Tensor("x", dtypes=("float32",)),), outputs=(declare.Tensor("y", like="x"),),
@@ -430,7 +444,7 @@ def test_an_integer_input_a_saved_tensor_some_variants_write_and_statements_rend
 BAGS = declare.Op(
     "bags_probe",
     inputs=(declare.Tensor("indices", dtypes=("int64",), grad=False, shape=("bags", "per")),
-            declare.Tensor("scale", like="weight", shape=("bags", "per"), optional="null"),
+            declare.Tensor("scale", like="weight", shape="indices", optional="null"),  # one an entry
             declare.Scalar("mode", "str", choices=("sum", "max")),
             declare.Tensor("weight", dtypes=("float32", "float64")),
             declare.Scalar("padding_idx", "int", optional=True)),
@@ -442,6 +456,7 @@ BAGS = declare.Op(
     saves=(declare.Tensor("chosen", dtypes=("int64",), shape=("bags", "dim"), when=("mode", ("max",))),),
     work=("forward", "backward"),  # memory each pass's variant sizes from the call
     key=("dim", "ratio(bags * per, bags)"), kind="mode",  # winners by dim and mean bag, kept by mode
+    sorted=("indices",),  # a backward may read the entries in row order
 )
 
 
@@ -469,6 +484,9 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     assert "long long padding_idx;\n  int padding_idx_given;  // 0: the caller left padding_idx out" in header
     assert ".padding_idx = static_cast<long long>(padding_idx.value_or(0)), .padding_idx_given = " in source
     assert "long long (*forward_work_bytes)(const TunerBagsProbeArgs* args);" in header
+    assert "  void* grad_weight;\n  const long long* indices_sorted;" in header and "\n  int sorts;  // 1: its" in header
+    assert ("if (vt->sorts && (scale_grad || weight_grad) && indices_.numel() > 0)\n    std::tie(indices_sorted, "
+            "indices_order) = at::sort(indices_.reshape(-1).to(at::kLong), /*stable=*/true, 0, false);") in source
     assert "at::empty({std::max<long long>(vt->backward_work_bytes(&a), 1)}" in source
     assert "return {dim, ratio((bags * per), bags)};" in source
     assert "key_of(sizes_of(indices, scale, mode, weight, padding_idx)), mode_index(mode)" in source
@@ -521,8 +539,9 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
         assert chosen.shape == ((3, 4) if mode == "max" else (0,)) and chosen.dtype == torch.int64
     with pytest.raises(TypeError, match="bags_probe: scale must have weight's dtype, torch.float32, got torch.float64"):
         torch.ops.tuner.bags_probe(indices, scale.double(), "sum", weight)
-    with pytest.raises(ValueError, match=r"bags_probe: scale must have shape \[3, 5\] \(bags, per\), got \[3, 4\]"):
-        torch.ops.tuner.bags_probe(indices, scale[:, :4], "sum", weight)
+    for refuse in (lambda *a: torch.ops.tuner.bags_probe(*a), lambda *a: opspec.check(BAGS, opspec.bind(BAGS, a))):
+        with pytest.raises(ValueError, match=re.escape("bags_probe: scale must have indices's shape [3, 5], got [3, 4]")):
+            refuse(indices, scale[:, :4].contiguous(), "sum", weight)
     for pad in (9, -10):
         for refuse in (lambda *a: torch.ops.tuner.bags_probe(*a), lambda *a: opspec.check(BAGS, opspec.bind(BAGS, a))):
             with pytest.raises(ValueError, match=re.escape("bags_probe: padding_idx must be within [-rows, rows)")):
@@ -570,3 +589,41 @@ def test_a_pass_declared_work_gets_the_bytes_its_variant_asks_of_the_call():
     assert asked[-1] == (2, 5, 8, 0) and work.numel() == 2 * 8 * 4 and work.dtype == torch.uint8
     assert args.work == work.data_ptr() and kernel._work("backward", args, values).numel() == 1
     assert _bare_kernel(NULLABLE, None)._work("forward", args, values) is None  # declared by no pass
+
+
+def test_the_search_sorts_a_declared_input_on_each_backward_call_where_the_variant_reads_it(monkeypatch):
+    """The search times what the op runs: a variant whose table sets `sorts` gets the entries in
+    stable order and their positions, sorted again by each call; one that does not gets null."""
+    import ctypes
+
+    import torch
+
+    from tuner.measure import declared as measured
+
+    monkeypatch.setattr(measured, "stream", lambda device=None: 0)
+    structs = abi.parse(declared.header(BAGS))
+    kernel = _bare_kernel(BAGS, None)
+    kernel.BackwardArgs, kernel.name, kernel.weight_dtype, kernel.sorts = (
+        abi.mirror("BackwardArgs", structs["TunerBagsProbeBackwardArgs"]), "probe", "Float", 1)
+    kernel.backward_work_bytes_fn = lambda address: 0
+    seen = []
+
+    def backward(address, stream):
+        a = kernel.BackwardArgs.from_address(address)
+        n = a.bags * a.per
+        read = [None if p is None else list((ctypes.c_longlong * n).from_address(p))
+                for p in (a.indices_sorted, a.indices_order)]
+        seen.append((read, a.indices_sorted))
+        return 0
+
+    kernel.backward_fn = backward
+    indices = torch.tensor([[3, 1, 3], [0, 1, 2]])
+    values = opspec.bind(BAGS, (indices, None, "sum", torch.randn(4, 2)))
+    saved = {"chosen": torch.empty(0, dtype=torch.long)}
+    call, _ = kernel.prepare_backward({"out": torch.randn(2, 2)}, values, saved)
+    call()
+    call()
+    assert [r for r, _ in seen] == [[[0, 1, 1, 2, 3, 3], [3, 1, 4, 5, 0, 2]]] * 2  # stable: equal rows in entry order
+    kernel.sorts = 0
+    kernel.prepare_backward({"out": torch.randn(2, 2)}, values, saved)[0]()
+    assert seen[-1] == ([None, None], None)

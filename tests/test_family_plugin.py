@@ -165,13 +165,16 @@ def bags_sum(tuner_home):
 def test_embedding_bag_s_declared_parts_run_through_the_rendered_op_and_a_search(bags_sum, tuner_home, capsys):
     """The rendered CUDA path of a declared op with per-entry weights that take a gradient where
     given (and the table's gradient after them where not), max mode's saved winners, an optional
-    padding_idx in both passes, the memory each pass's variant asks of the call and winners kept by
-    mode, against float64; then a search that checks its variants from the declaration alone."""
+    padding_idx in both passes, the memory each pass's variant asks of the call, the entries sorted
+    for a backward that reads them so, and winners kept by mode, against float64; then a search that checks its variants from the declaration alone."""
     import tuner
     from tuner import gpus
     from tuner.deploy import export
 
-    v, at_sum = bags_sum.space().variant(block_size=128), bags_sum.space().variant(block_size=64)
+    # the atomic backward tuned at max, the sorted one (the op sorts the entries first) at sum; the
+    # search below checks all four variants at max
+    v = bags_sum.space().variant(block_size=128, backward="atomic")
+    at_sum = bags_sum.space().variant(block_size=64, backward="sorted")
     winners = [{"variant": v, "problem": bags_sum.Problem().__dict__},  # tuned at max
                {"variant": at_sum, "problem": bags_sum.Problem(mode="sum").__dict__}]
     op = tuner.load(export.write(tuner_home / "artifact", winners, gpus.attached().describe()))
@@ -201,4 +204,4 @@ def test_embedding_bag_s_declared_parts_run_through_the_rendered_op_and_a_search
     torch.library.opcheck(op, (indices, scale.requires_grad_(), "max", weight.requires_grad_(), -3))
     assert cli.main(["search", "--family", "bags_sum", "--gpu", "auto", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "2 variants compiled, verified and timed or pruned" in out and "0 failed" in out, out
+    assert "4 variants compiled, verified and timed or pruned" in out and "0 failed" in out, out

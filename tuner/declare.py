@@ -51,8 +51,9 @@ class Tensor:
     dtypes: tuple[str, ...] = ()
     like: str | None = None
     grad: bool = True
-    # by the op's size names (or whole numbers: ("batch", "slots", 4)): an output's or saved tensor's, an input's checked
-    shape: tuple[str | int, ...] | None = None
+    # by the op's size names (or whole numbers: ("batch", "slots", 4)): an output's or saved tensor's, an input's
+    # checked; or, of an input, another input's name: it has that one's shape (a bag's per-sample weights, the indices')
+    shape: tuple[str | int, ...] | str | None = None
     # An input the caller may leave out (`Tensor?`): True, the baseline serves such a call; "null", the
     # variants get a null pointer for it (and for its gradient: a bag's per-sample weights), where
     # it is of one dtype or like another input; sizes and checks may ask `m is None`.
@@ -153,6 +154,11 @@ class Op:
     # tuner.KernelInputError("<op>: invalid input: <message>") as the validate mode says
     # (tuner.set_validate: "async", a later call; "sync", this one; "deferred", tuner.check_errors()).
     errors: tuple = ()
+    # Integer inputs the backward may get sorted (a scatter's rows in order, for a deterministic sum without
+    # atomics): `<name>_sorted`, its entries as int64 in stable ascending order, and `<name>_order`, the
+    # position in it of each, in the backward's args; made with torch's sort on each call where the
+    # variant's table sets `sorts` (a field the core adds) and a gradient is wanted, null else.
+    sorted: tuple[str, ...] = ()
 
     def __post_init__(self):
         check(self)
@@ -272,7 +278,7 @@ RESERVED = {
 
 def _check_names(op: "Op", fail) -> None:
     """No declared name is one the rendered code uses, nor one it derives from another
-    (`grad_<x>`, `<x>_grad`, `<x>_`, `<x>_dtype`)."""
+    (`grad_<x>`, `<x>_grad`, `<x>_`, `<x>_dtype`, `<x>_sorted`)."""
     declared = [a.name for a in (*op.inputs, *op.outputs, *op.saves)] + list(op.sizes)
     for n in declared:
         if n in RESERVED:
@@ -284,6 +290,8 @@ def _check_names(op: "Op", fail) -> None:
     for a in op.scalars:
         if a.optional:
             derived[f"{a.name}_given"] = a.name
+    for n in op.sorted if isinstance(op.sorted, tuple) else ():
+        derived.update({f"{n}_sorted": n, f"{n}_order": n})
     for n in declared:
         if n in derived:
             fail(f"{n!r} is what the rendered C++ names a part of {derived[n]!r}: choose another")
@@ -293,7 +301,7 @@ def _check_names(op: "Op", fail) -> None:
         fields.append(pointer.group(1) if pointer else re.findall(r"\w+", f)[-1])
     for f in fields:
         if f in {"abi", "name", "forward", "backward"} | {f"{t.name}_dtype" for t in op.varying} \
-                | {f"{p}_work_bytes" for p in op.work}:
+                | {f"{p}_work_bytes" for p in op.work} | ({"sorts"} if op.sorted else set()):
             fail(f"table field {f!r}: the table has that field already")
 
 
@@ -361,6 +369,10 @@ def check(op: Op) -> None:
         bad = [d for d in t.dtypes if d not in TORCH_DTYPES]
         if bad:
             fail(f"{t.name}: unknown dtype {bad[0]!r} (one of {', '.join(TORCH_DTYPES)})")
+    for t in (*op.outputs, *op.saves):
+        if isinstance(t, Tensor) and isinstance(t.shape, str):
+            fail(f"{t.name}: shape={t.shape!r}: an output's or saved tensor's shape is a tuple of size names "
+                 f"(shape=({t.shape!r},)); an input's alone may name another input")
     for t in op.outputs:  # allocated like an input, or of one dtype and a shape of size names
         if t.like is None and (len(t.dtypes) != 1 or t.shape is None):
             fail(f"output {t.name}: say which input it is allocated like (like=...), or give it one dtype "
@@ -369,6 +381,11 @@ def check(op: Op) -> None:
         if unknown:
             fail(f"output {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
     for t in op.tensors:  # an input's shape, where given, is checked against the sizes (else `like`'s)
+        if isinstance(t.shape, str):
+            if t.shape == t.name or t.shape not in inputs or inputs[t.shape].optional:
+                fail(f"input {t.name}: shape={t.shape!r} names the input it has the shape of: another input tensor, "
+                     f"one a call always gives (a shape of sizes is a tuple: shape=({t.shape!r},))")
+            continue
         unknown = [n for n in t.shape or () if not _whole(n) and n not in op.sizes]
         if unknown:
             fail(f"input {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
@@ -467,6 +484,9 @@ def check(op: Op) -> None:
         why = _unreadable(op, e, number=True, of_sizes=True)
         if why:
             fail(f"key {e!r}: an expression of the sizes ({', '.join(op.sizes)}) with + - * and ratio(a, b) ({why})")
+    if not isinstance(op.sorted, tuple) or len(set(op.sorted)) != len(op.sorted) or any(
+            n not in inputs or inputs[n].optional or set(op.root(n).dtypes) - INTEGER for n in op.sorted):
+        fail(f"sorted={op.sorted!r}: a tuple of integer input tensors a call always gives (e.g. ('indices',))")
     if op.kind is not None and op.kind not in {a.name for a in op.scalars if a.type == "str"}:
         fail(f"kind={op.kind!r}: the name of a str scalar, whose word a call's winner is kept by")
     for what, e in (("scratch", op.scratch), ("workspace", op.workspace)):

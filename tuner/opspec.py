@@ -82,8 +82,9 @@ def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
         v = present.get(t.name)
         if v is None:
             continue
-        if t.like is not None and t.shape is None and tuple(v.shape) != tuple(present[t.like].shape):
-            raise ValueError(f"{name}: {t.name} must have {t.like}'s shape {list(present[t.like].shape)}, "
+        other = t.shape if isinstance(t.shape, str) else t.like if t.shape is None else None
+        if other is not None and tuple(v.shape) != tuple(present[other].shape):
+            raise ValueError(f"{name}: {t.name} must have {other}'s shape {list(present[other].shape)}, "
                              f"got {list(v.shape)}")
         if t.name != first and v.device != present[first].device:
             raise ValueError(f"{name}: {first} is on {present[first].device} but {t.name} is on {v.device}")
@@ -93,7 +94,7 @@ def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
     for condition, message in sized:  # as the C++ makes them: once the shapes are concrete
         if not _eval(condition, values):
             raise ValueError(f"{name}: {message}")
-    shaped = [t for t in op.tensors if t.shape is not None and t.name in present]
+    shaped = [t for t in op.tensors if isinstance(t.shape, tuple) and t.name in present]
     if shaped:
         known = sizes(op, values)
         for t in shaped:
@@ -130,8 +131,8 @@ def outside(op: declare.Op, values: dict) -> bool:
 
 
 def _shape(op: declare.Op, t, values: dict, known: list[int] | None = None) -> list[int]:
-    if t.shape is None:
-        return list(values[t.like].shape)
+    if t.shape is None or isinstance(t.shape, str):  # like an input, or another input's shape
+        return list(values[t.like if t.shape is None else t.shape].shape)
     if t.reduced_by is not None and values[t.reduced_by] != "none":
         return []
     by_name = dict(zip(op.sizes, sizes(op, values) if known is None else known))

@@ -87,8 +87,8 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         return f"int64_t{{{n}}}" if isinstance(n, int) else f"sizes[{size_index[n]}]"
 
     def shape(t) -> str:  # C++ of an output's or saved tensor's sizes (`sizes`: the size values, in order)
-        if t.shape is None:
-            return f"{t.like}.sizes()"
+        if t.shape is None or isinstance(t.shape, str):  # like an input, or (an input's) another input's shape
+            return f"{t.like if t.shape is None else t.shape}.sizes()"
         listed = ", ".join(dim(n) for n in t.shape)
         if t.reduced_by:  # a number unless the word is "none"
             return f'({t.reduced_by} == "none" ? std::vector<int64_t>{{{listed}}} : std::vector<int64_t>{{}})'
@@ -152,8 +152,8 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "everything": everything, "fwd_type": fwd_type, "fwd_sig": f"{fwd_type}({', '.join(_cpp(a) for a in op.inputs)})",
         "fwd_schema": json.dumps(op.forward_schema()) if op.saves else None,
         "shape": {t.name: shape(t) for t in (*op.outputs, *op.saves, *op.tensors) if t.like or t.shape is not None},
-        "shaped_inputs": [t for t in op.tensors if t.shape is not None], "size_index": size_index,
-        "dims": {t.name: [dim(n) for n in t.shape] for t in op.tensors if t.shape is not None},
+        "shaped_inputs": [t for t in op.tensors if isinstance(t.shape, tuple)], "size_index": size_index,
+        "dims": {t.name: [dim(n) for n in t.shape] for t in op.tensors if isinstance(t.shape, tuple)},
         "prepared": {t.name: _prepared(op, t) for t in op.tensors},
         "baseline_body": _baseline_body(op), "family": family,
         "cpp": {e: expression.cpp(e, {t.name for t in op.tensors}, op.may_be_none, {s.name: s.type for s in op.scalars})

@@ -168,7 +168,19 @@ class DeclaredKernel(Kernel):
             keep.append(scratch)
         args = self.BackwardArgs(**fields)
         keep.append(self._work("backward", args, values))
-        return self._call(self.backward_fn, args, values, (saved, keep), "backward"), gx
+        sorting = [n for n in self.op.sorted if getattr(self, "sorts", 0) and values[n].numel()
+                   and any(g.numel() for g in gx.values())]
+
+        latest = {}  # a call's sorted entries, kept until the next call's (stream-ordered: safe to free then)
+        keep.append(latest)
+
+        def sort():  # as the op does on each call: timed with the backward
+            for n in sorting:
+                latest[n] = torch.sort(values[n].reshape(-1).to(torch.int64), stable=True)
+                setattr(args, f"{n}_sorted", latest[n].values.data_ptr())
+                setattr(args, f"{n}_order", latest[n].indices.data_ptr())
+
+        return self._call(self.backward_fn, args, values, (saved, keep), "backward", sort if sorting else None), gx
 
     def _work(self, what: str, args, values: dict):
         """The memory a pass declared `work` gets, as many bytes as the variant asks of this call's
@@ -182,11 +194,13 @@ class DeclaredKernel(Kernel):
         args.work = work.data_ptr()
         return work
 
-    def _call(self, fn, args, values, outs, what: str) -> Callable:
+    def _call(self, fn, args, values, outs, what: str, before: Callable | None = None) -> Callable:
         pointer, device = ctypes.addressof(args), values[self.op.tensors[0].name].device.index
         keep = (values, outs, args, self._words)  # what the pointers point into lives as long as the call
 
         def call():
+            if before is not None:
+                before()
             launched(fn(pointer, stream(device)), self, what)
             return keep
 

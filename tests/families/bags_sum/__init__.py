@@ -2,7 +2,7 @@
 the GPU): bags of rows of a table, summed or their largest taken, each entry scaled by an
 optional per-entry weight that takes a gradient, a row left out where it is `padding_idx`
 (negative: from the end); max mode saves which entry won for the backward; both passes take
-memory their variant sizes from the call."""
+memory their variant sizes from the call; a backward may read the entries sorted by row."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ FAMILY = "bags_sum"
 TEMPLATES = Path(__file__).parent / "templates"
 from .op import OP_DECLARATION, reference  # noqa: E402,F401
 
-DIMS = (Dim("block_size", (64, 128), "threads per block"),)
+DIMS = (Dim("block_size", (64, 128), "threads per block"),
+        Dim("backward", ("atomic", "sorted"), "the table's gradient: atomics, or each row's entries summed in order"))
 
 Problem = problem_class(OP_DECLARATION, FAMILY, {"bags": 512, "per": 7, "dim": 64, "rows": 1000, "mode": "max"},
                         scalars=("mode",))

@@ -20,6 +20,7 @@ OP_DECLARATION = declare.Op(
     saves=(declare.Tensor("chosen", dtypes=("int64",), shape=("bags", "dim"), when=("mode", ("max",))),),
     work=("forward", "backward"),
     key=("per", "dim"), kind="mode",  # winners by bag length and width, a call's mode preferred
+    sorted=("indices",),  # a deterministic backward reads the entries in row order
 )
 
 
