@@ -291,8 +291,8 @@ def test_a_search_compiles_only_the_kernels_its_problem_runs(tuner_home, fresh_c
 def test_a_joined_variant_takes_its_forward_and_its_backward_from_two_variants(tuner_home, fresh_cache):
     """EmbeddingBag's joined table (templates/embedding_bag/embedding_bag_joined.cu.j2): built alone
     and in a unit with another joined variant and a plain one; what the op prepares for a
-    forward (split, validates) comes from the forward half, for a backward (sorted, piece) from
-    the backward half. The tables are read from the libraries (no GPU needed to load them)."""
+    forward (split, validates) comes from the forward half, for a backward (the sorted indices)
+    from the backward half. The tables are read from the libraries (no GPU needed to load them)."""
     import ctypes
 
     from tuner.families import embedding_bag
@@ -313,16 +313,16 @@ def test_a_joined_variant_takes_its_forward_and_its_backward_from_two_variants(t
 
     assert all(v.halves() is None for v in rms_norm.covering_set())
 
-    class Table(ctypes.Structure):
-        _fields_ = [("abi", ctypes.c_int), ("name", ctypes.c_char_p), ("weight", ctypes.c_char_p),
-                    ("index", ctypes.c_char_p), ("vec", ctypes.c_int), ("validates", ctypes.c_int),
-                    ("sorted", ctypes.c_int), ("piece", ctypes.c_int), ("split", ctypes.c_int)]
+    class Table(ctypes.Structure):  # the head of the table rendered from the declaration
+        _fields_ = [("abi", ctypes.c_int), ("name", ctypes.c_char_p), ("weight_dtype", ctypes.c_char_p),
+                    ("indices_dtype", ctypes.c_char_p), ("validates", ctypes.c_int), ("split", ctypes.c_int),
+                    ("sorts", ctypes.c_int)]
 
     def table(b):
         fn = getattr(ctypes.CDLL(str(b.so)), b.entry or families.get("embedding_bag").ENTRY)
         fn.restype = ctypes.POINTER(Table)
         t = fn().contents
-        return t.name.decode(), t.validates, t.sorted, t.split
+        return t.name.decode(), t.validates, t.sorts, t.split
 
     alone = build.build([joined], "sm_90", jobs=1, root=tuner_home / "alone")
     unit = build.build([joined, back, block], "sm_90", jobs=1)

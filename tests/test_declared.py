@@ -487,7 +487,7 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     assert "  void* grad_weight;\n  const long long* indices_sorted;" in header and "\n  int sorts;  // 1: its" in header
     assert ("if (vt->sorts && (scale_grad || weight_grad) && indices_.numel() > 0)\n    std::tie(indices_sorted, "
             "indices_order) = at::sort(indices_.reshape(-1).to(at::kLong), /*stable=*/true, 0, false);") in source
-    assert "at::empty({std::max<long long>(vt->backward_work_bytes(&a), 1)}" in source
+    assert "const long long work_bytes = vt->backward_work_bytes(&a);" in source
     assert "return {dim, ratio((bags * per), bags)};" in source
     assert "key_of(sizes_of(indices, scale, mode, weight, padding_idx)), mode_index(mode)" in source
     spec = opspec.spec(BAGS, "bags_probe", reference=_bags_reference)
@@ -495,7 +495,8 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     assert spec.shape({"bags": 0, "per": 5, "dim": 4, "mode": "sum"}) == ([4, 0], 0)
     with pytest.raises(KeyError, match="give the family's problem_class scalars=\\('mode',\\)"):
         spec.shape({"bags": 3, "per": 5, "dim": 4})
-    assert 'at::Tensor chosen = (mode == "max") ? at::empty({sizes[0], sizes[2]}, ' in source
+    assert 'at::Tensor chosen = saving && (mode == "max") ? at::empty({sizes[0], sizes[2]}, ' in source
+    assert '.chosen = saving && (mode == "max") ? chosen.data_ptr() : nullptr' in source  # inference: none
     assert "const bool weight_grad = ctx->needs_input_grad(1 + (scale.has_value() ? 1 : 0));" in source
     assert ".grad_scale = (scale_grad && scale_.defined()) ? grad_scale.data_ptr() : nullptr" in source
     (tmp_path / "bags_probe_abi.h").write_text(header)
@@ -580,14 +581,14 @@ def test_a_pass_declared_work_gets_the_bytes_its_variant_asks_of_the_call():
         return a.bags * a.dim * 4 * (2 if a.mode == 1 else 1)
 
     kernel.forward_work_bytes_fn = forward_work_bytes
-    kernel.backward_work_bytes_fn = lambda address: 0  # none this call: still a byte
+    kernel.backward_work_bytes_fn = lambda address: 0  # none this call: a null pointer, as the op gives it
     values = opspec.bind(BAGS, (torch.randint(0, 9, (3, 5)), None, "max", torch.randn(9, 4)))
     kernel.prepare(values)  # asks once, of the call's arguments
     assert asked == [(3, 5, 4, 1)]
     args = kernel.Args(bags=2, per=5, dim=8, mode=0)
     work = kernel._work("forward", args, values)
     assert asked[-1] == (2, 5, 8, 0) and work.numel() == 2 * 8 * 4 and work.dtype == torch.uint8
-    assert args.work == work.data_ptr() and kernel._work("backward", args, values).numel() == 1
+    assert args.work == work.data_ptr() and kernel._work("backward", args, values) is None and not args.work
     assert _bare_kernel(NULLABLE, None)._work("forward", args, values) is None  # declared by no pass
 
 

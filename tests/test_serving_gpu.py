@@ -119,7 +119,7 @@ def test_embedding_bag_served_by_torch_is_torch(shared_home, tmp_path):
     for weight, dim, bag, mode in (("float32", 32, 20, "sum"), ("float32", 128, 150, "mean"),
                                    ("float32", 16, 3, "sum"), ("bfloat16", 64, 40, "max"), ("float16", 64, 40, "sum")):
         p = eb.Problem(rows=5000, dim=dim, bags=64, bag_size=bag, mode=mode, weight=weight)
-        w, idx, offs, _ = eb.make_inputs(p, seed=8, device="cuda")
+        w, idx, offs, _ = eb.make_inputs(**vars(p), seed=8, device="cuda")
         with torch.no_grad():
             assert torch.equal(op(w, idx, offs, mode), F.embedding_bag(idx, w, offs, mode=mode)), (weight, mode)
         a = w.clone().requires_grad_()
@@ -135,7 +135,7 @@ def test_embedding_bag_served_by_torch_is_torch(shared_home, tmp_path):
         assert torch.equal(a.grad, b.grad), (weight, mode)
     # near the tuned problem, in its mode: the variant
     p = eb.Problem(rows=5000, dim=128, bags=64, bag_size=150)
-    w, idx, offs, _ = eb.make_inputs(p, seed=9, device="cuda")
+    w, idx, offs, _ = eb.make_inputs(**vars(p), seed=9, device="cuda")
     with torch.no_grad():
         torch.testing.assert_close(op(w, idx, offs, "sum"), F.embedding_bag(idx, w, offs, mode="sum"))
 

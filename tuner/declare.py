@@ -52,8 +52,9 @@ class Tensor:
     like: str | None = None
     grad: bool = True
     # by the op's size names (or whole numbers: ("batch", "slots", 4)): an output's or saved tensor's, an input's
-    # checked; or, of an input, another input's name: it has that one's shape (a bag's per-sample weights, the indices')
-    shape: tuple[str | int, ...] | str | None = None
+    # checked; or, of an input, another input's name: it has that one's shape (a bag's per-sample weights, the
+    # indices'), or `...`: any shape (an input `like` another for its dtype alone: a bag's offsets)
+    shape: tuple[str | int, ...] | str | type(Ellipsis) | None = None
     # An input the caller may leave out (`Tensor?`): True, the baseline serves such a call; "null", the
     # variants get a null pointer for it (and for its gradient: a bag's per-sample weights), where
     # it is of one dtype or like another input; sizes and checks may ask `m is None`.
@@ -80,7 +81,7 @@ class Tensor:
     only_if: str | None = None
     # A saved tensor the forward writes for some words of a str scalar alone (a bag's argmax, for
     # mode "max"): (the scalar's name, those words); the op keeps no room for it ([0]) and the
-    # variants get a null pointer for it at the other words.
+    # variants get a null pointer for it at the other words, and in a forward no backward follows.
     when: tuple | None = None
 
 
@@ -135,8 +136,8 @@ class Op:
     workspace: str | None = None
     # The passes ("forward", "backward") that get `void* work`: memory of any contents that the
     # variant sizes from the call's arguments, `long long (*<pass>_work_bytes)(const <its args>*)`
-    # in its table (added by the core), where no expression of sizes says it: a split reduction's
-    # partials, where the split depends on the call; a sort's buffers.
+    # in its table (added by the core; 0 bytes: a null pointer, nothing allocated), where no expression
+    # of sizes says it: a split reduction's partials, where the split depends on the call; a sort's buffers.
     work: tuple[str, ...] = ()
     # The shape key a winner is picked by, where it is not every size: expressions of the sizes by
     # name (("dim", "ratio(n, bags)"): a bag's mean length), and `kind`, a str scalar whose word a
@@ -370,7 +371,7 @@ def check(op: Op) -> None:
         if bad:
             fail(f"{t.name}: unknown dtype {bad[0]!r} (one of {', '.join(TORCH_DTYPES)})")
     for t in (*op.outputs, *op.saves):
-        if isinstance(t, Tensor) and isinstance(t.shape, str):
+        if isinstance(t, Tensor) and (isinstance(t.shape, str) or t.shape is Ellipsis):
             fail(f"{t.name}: shape={t.shape!r}: an output's or saved tensor's shape is a tuple of size names "
                  f"(shape=({t.shape!r},)); an input's alone may name another input")
     for t in op.outputs:  # allocated like an input, or of one dtype and a shape of size names
@@ -381,6 +382,8 @@ def check(op: Op) -> None:
         if unknown:
             fail(f"output {t.name}: its shape names {unknown[0]!r}, which is no size (one of {', '.join(op.sizes)})")
     for t in op.tensors:  # an input's shape, where given, is checked against the sizes (else `like`'s)
+        if t.shape is Ellipsis:
+            continue
         if isinstance(t.shape, str):
             if t.shape == t.name or t.shape not in inputs or inputs[t.shape].optional:
                 fail(f"input {t.name}: shape={t.shape!r} names the input it has the shape of: another input tensor, "

@@ -317,7 +317,7 @@ def problem(op: declare.Op, values: dict, fields=()) -> dict | None:
 def shape_key(op: declare.Op, problem: dict) -> tuple[list[int], int]:
     """(the sizes a winner is picked by, its kind) of a problem: its declared `key` of the sizes (all
     of them where it declares none), and the index of its `kind` word (0 where none is declared)."""
-    sizes = {n: int(problem[n]) for n in op.sizes}
+    sizes = {n: int(problem[n]) for n in op.sizes if n in problem or not op.key}  # a key may read some alone
     key = [int(_eval(e, sizes)) for e in op.key] if op.key else list(sizes.values())
     if op.kind is None:
         return key, 0
@@ -327,24 +327,26 @@ def shape_key(op: declare.Op, problem: dict) -> tuple[list[int], int]:
     return key, next(s for s in op.scalars if s.name == op.kind).choices.index(problem[op.kind])
 
 
-def pair(op: declare.Op, problem: dict) -> int:
+def pair(op: declare.Op, problem: dict, fields: dict | None = None) -> int:
     """A problem's dtype pair as the C++ numbers it: mixed radix over the tensors whose dtypes vary
-    (a problem names each tensor's dtype by the tensor's name)."""
+    (a problem names each tensor's dtype by the tensor's name, or as `fields` says: {"indices": "index"})."""
     index = 0
     for t in op.varying:
-        index = index * len(t.dtypes) + t.dtypes.index(problem[t.name])
+        index = index * len(t.dtypes) + t.dtypes.index(problem[(fields or {}).get(t.name, t.name)])
     return index
 
 
 def spec(op: declare.Op, family: str, reference: Callable, torch_op: Callable | None = None, reach: float = 0.0,
-         extras: dict | None = None, untuned_by_baseline: bool = True) -> runtime.OpSpec:
+         extras: dict | None = None, untuned_by_baseline: bool = True, dtype_fields: dict | None = None
+         ) -> runtime.OpSpec:
     """The runtime's OpSpec of a declared op: a winner's problem names its sizes as the
-    declaration does (`rows`, `width`), and each varying tensor's dtype by the tensor's name.
+    declaration does (`rows`, `width`; those its `key` reads, where it declares one), and each
+    varying tensor's dtype by the tensor's name, or by the field `dtype_fields` names for it.
     `untuned_by_baseline=False`: a dtype pair no search tuned runs the tuned parameters nearest it
     (rendered for its dtypes) instead of the baseline."""
     return runtime.OpSpec(
         family=family, op=op.name, namespace=f"tuner_{family}", abi=op.abi,
         impls=impls(op, reference, torch_op, f"tuner_{family}"),
         shape=lambda problem: shape_key(op, problem), extras=dict(extras or {}),
-        baseline=op.baseline is not None, reach=reach, pair=lambda problem: pair(op, problem),
+        baseline=op.baseline is not None, reach=reach, pair=lambda problem: pair(op, problem, dtype_fields),
         reference=reference, torch_op=torch_op, untuned_by_baseline=untuned_by_baseline)

@@ -111,8 +111,8 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         own = t.name if forward else f"{t.name}_"
         if forward and t.gradient_of:  # allocated where a backward will ask for it
             return f"{own}.defined() ? {own}.data_ptr() : nullptr"
-        if t.when:
-            return f"{word_is(t)} ? {own}.data_ptr() : nullptr"
+        if t.when:  # at its words, where a backward follows
+            return f"{'saving && ' if forward else ''}{word_is(t)} ? {own}.data_ptr() : nullptr"
         if t.only_if:
             return f"{own}.numel() && vt->{t.only_if} ? {own}.data_ptr() : nullptr" if forward else \
                 f"vt->{t.only_if} ? {own}.data_ptr() : nullptr"
@@ -151,7 +151,8 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "any_grad": " || ".join(f"{t.name}_grad" for t in op.differentiable), "first": op.tensors[0].name,
         "everything": everything, "fwd_type": fwd_type, "fwd_sig": f"{fwd_type}({', '.join(_cpp(a) for a in op.inputs)})",
         "fwd_schema": json.dumps(op.forward_schema()) if op.saves else None,
-        "shape": {t.name: shape(t) for t in (*op.outputs, *op.saves, *op.tensors) if t.like or t.shape is not None},
+        "shape": {t.name: shape(t) for t in (*op.outputs, *op.saves, *op.tensors)
+                  if (t.like or t.shape is not None) and t.shape is not Ellipsis},
         "shaped_inputs": [t for t in op.tensors if isinstance(t.shape, tuple)], "size_index": size_index,
         "dims": {t.name: [dim(n) for n in t.shape] for t in op.tensors if isinstance(t.shape, tuple)},
         "prepared": {t.name: _prepared(op, t) for t in op.tensors},

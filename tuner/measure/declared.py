@@ -184,14 +184,15 @@ class DeclaredKernel(Kernel):
 
     def _work(self, what: str, args, values: dict):
         """The memory a pass declared `work` gets, as many bytes as the variant asks of this call's
-        arguments (its table's `<pass>_work_bytes`), set in `args`; None where it has none."""
+        arguments (its table's `<pass>_work_bytes`), set in `args` (null where it asks for none, as
+        the op gives it); None where it has none."""
         if what not in self.op.work:
             return None
         import torch
 
-        n = getattr(self, f"{what}_work_bytes_fn")(ctypes.addressof(args))
-        work = torch.empty(max(int(n), 1), dtype=torch.uint8, device=values[self.op.tensors[0].name].device)
-        args.work = work.data_ptr()
+        n = int(getattr(self, f"{what}_work_bytes_fn")(ctypes.addressof(args)))
+        work = torch.empty(n, dtype=torch.uint8, device=values[self.op.tensors[0].name].device) if n > 0 else None
+        args.work = None if work is None else work.data_ptr()
         return work
 
     def _call(self, fn, args, values, outs, what: str, before: Callable | None = None) -> Callable:
@@ -275,13 +276,17 @@ class Evaluation:
         return found
 
     def check(self, kernel: DeclaredKernel, problem: dict, whole: bool = False) -> dict[str, Any]:
+        """The variant against float64 on the problem's input sets; `whole` (a finalist built with
+        every kernel, not the search's focus): at each word of the op's `kind` too (a bag's modes)."""
         worst = {"loss_error": 0.0, "grad_error": 0.0}
-        for p, key, make in self._checks(problem):
+        kind = self.op.kind if whole and self.op.kind in problem else None
+        words = next(s.choices for s in self.op.scalars if s.name == kind) if kind else (None,)
+        for p, key, make in [c for w in words for c in self._checks(problem if w is None else {**problem, kind: w})]:
             errors, failed = self.run_case(kernel, self.cases.get(key, make))
             worst = {k: max(v, errors[k]) for k, v in worst.items()}
             if failed:
                 finite = all(v < float("inf") for v in errors.values())
-                where = "x".join(str(p[n]) for n in self.op.sizes)
+                where = "x".join(str(p[n]) for n in self.op.sizes if n in p) + (f" {kind} {p[kind]}" if kind else "")
                 return {"ok": False, "reason": "wrong result" if finite else "nan", "message": f"{where}: {failed}",
                         **worst}
         return {"ok": True, "reason": "", "message": "", **worst}

@@ -77,7 +77,8 @@ def reference_backward(weight, indices, offsets, mode: str, per_sample_weights, 
     grad_w.index_add_(0, idx[keep], g[bag_of[keep]] * scale[keep][:, None])
     grad_psw = None
     if per_sample_weights is not None:
-        grad_psw = torch.where(keep, (_rows(w, idx) * g[bag_of]).sum(1), 0.0) if idx.numel() else scale.new_zeros(0)
+        grad_psw = scale.new_zeros(idx.numel())
+        grad_psw[keep] = (_rows(w, idx[keep]) * g[bag_of[keep]]).sum(1)
     return grad_w, grad_psw
 
 
@@ -96,16 +97,19 @@ def _counts(bag_of, keep, bags: int):
 
 
 def _entries(indices, offsets, include_last_offset: bool, padding_idx: int | None, device=None):
-    """(indices 1-D, offsets with the end, bag of each entry, entries that count), on `device`
-    (default: the indices')."""
+    """(indices 1-D, offsets with the end, bag of each entry (0 where in none), entries that count),
+    on `device` (default: the indices')."""
     import torch
 
     idx, offs = _flat(indices, offsets, include_last_offset, device)
-    n = idx.numel()
-    bags = torch.arange(offs.numel() - 1, device=idx.device)
-    bag_of = torch.repeat_interleave(bags, (offs[1:] - offs[:-1]).clamp(min=0))[:n]
-    keep = torch.ones(n, dtype=torch.bool, device=idx.device) if padding_idx is None else idx != padding_idx
-    return idx, offs, bag_of, keep
+    position = torch.arange(idx.numel(), device=idx.device)
+    # the last bag that starts at or before an entry; entries before the first offset or past the end
+    # (include_last_offset's last offset) are in no bag
+    bag_of = torch.searchsorted(offs[:-1].contiguous(), position, right=True) - 1
+    keep = (bag_of >= 0) & (position < offs[-1])
+    if padding_idx is not None:
+        keep &= idx != padding_idx
+    return idx, offs, bag_of.clamp(min=0), keep
 
 
 def _flat(indices, offsets, include_last_offset: bool, device=None):
@@ -116,7 +120,7 @@ def _flat(indices, offsets, include_last_offset: bool, device=None):
     device = indices.device if device is None else device
     if indices.dim() == 2:
         bags, n = indices.shape
-        offs = torch.arange(0, bags * n + 1, max(n, 1), device=device)[: bags + 1]
+        offs = torch.arange(bags + 1, device=device) * n
         return indices.reshape(-1).to(device, torch.long), offs
     idx = indices.to(device, torch.long)
     offs = offsets.to(device, torch.long)
