@@ -284,6 +284,7 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
     (dict(checks=(("x.dim() >= 1", 'x must be "big"'),)), "a message without"),
     (dict(errors=("bad",)), "error 'bad': a (name, message) pair"),
     (dict(workspace=3), "workspace 3: a C++ expression of vt and sizes"),
+    (dict(workspace="vt->split > 0 ? sizes[0] : 0"), "that the search reads as Python too (vt->f as vt.f; no ?:"),
     (dict(errors=(("Bad", "m"),)), "the name a C identifier in lower case"),
     (dict(errors=(("bad", "m"), ("bad", "n"))), "at most 8, each named once"),
     (dict(inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("k", dtypes=("float32",), converts=True))),

@@ -306,6 +306,14 @@ def _check_names(op: "Op", fail) -> None:
             fail(f"table field {f!r}: the table has that field already")
 
 
+def _python(text: str) -> bool:
+    try:
+        compile(text, "<declaration>", "eval")
+    except SyntaxError:
+        return False
+    return True
+
+
 def _whole(n) -> bool:
     """A shape's number (not a size's name)."""
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
@@ -493,8 +501,9 @@ def check(op: Op) -> None:
     if op.kind is not None and op.kind not in {a.name for a in op.scalars if a.type == "str"}:
         fail(f"kind={op.kind!r}: the name of a str scalar, whose word a call's winner is kept by")
     for what, e in (("scratch", op.scratch), ("workspace", op.workspace)):
-        if e is not None and (not isinstance(e, str) or ";" in e):
-            fail(f"{what} {e!r}: a C++ expression of vt and sizes, e.g. 'vt->{what}_words(sizes[0])'")
+        if e is not None and (not isinstance(e, str) or ";" in e or not _python(e.replace("->", "."))):
+            fail(f"{what} {e!r}: a C++ expression of vt and sizes that the search reads as Python too (vt->f as "
+                 f"vt.f; no ?:, a * (c > 0) instead), e.g. 'vt->{what}_words(sizes[0])'")
     for field_ in op.table:
         if not isinstance(field_, str) or ";" in field_ or not re.search(r"\w\s*\)?\s*(\(.*\))?\s*$", field_):
             fail(f"table field {field_!r}: one C declaration without its ';' (e.g. 'int vec')")

@@ -63,7 +63,7 @@ def run(directory: Path, out: Path | None = None, configs=CONFIGS) -> list[dict]
         key = (p.rows, p.dim, p.bags, p.bag_size, p.weight, p.index, p.distribution)
         if key not in cache:
             cache.clear()  # one weight at a time on the GPU
-            w, idx, offs, _ = eb.make_inputs(p, seed=0, device="cuda")
+            w, idx, offs, _ = eb.make_inputs(**vars(p), seed=0, device="cuda")
             cache[key] = (w.requires_grad_(), idx, offs, torch.randn(p.bags, p.dim, device="cuda").to(w.dtype))
         w, idx, offs, g = cache[key]
         impls = {TUNED: lambda: op(w, idx, offs, p.mode),
@@ -128,7 +128,7 @@ def run_problems(directory: Path, problems: list[dict], out: Path) -> list[dict]
     rows = []
     for captured in problems:
         p = eb.Problem(**captured["problem"])
-        w, idx, offs, _ = eb.make_inputs(p, seed=0, device="cuda")
+        w, idx, offs, _ = eb.make_inputs(**vars(p), seed=0, device="cuda")
         w.requires_grad_()
         g = torch.randn(p.bags, p.dim, device="cuda").to(w.dtype)
         impls = {TUNED: lambda w, idx, offs: op(w, idx, offs, p.mode), TORCH: torch_op(p.mode)}

@@ -12,7 +12,7 @@ import math
 from ... import declare, opspec, runtime
 from .spec import INDEX_DTYPES, MODES, WEIGHT_DTYPES, _flat, reference as _reference
 
-_BAGS = "indices.size(0) if indices.dim() == 2 else offsets.numel() - include_last_offset"
+_BAGS = "indices.size(0) if indices.dim() == 2 else offsets.numel() - (1 if include_last_offset else 0)"
 OP_DECLARATION = declare.Op(
     "embedding_bag", abi=5,
     inputs=(declare.Tensor("weight", dtypes=WEIGHT_DTYPES),
@@ -44,7 +44,7 @@ OP_DECLARATION = declare.Op(
     errors=(("bad_index", "an index is outside [0, num_embeddings)"),
             ("bad_offset", "offsets decrease or fall outside [0, len(indices)]")),
     table=("int split",),  # entries per chunk of a split bag (0: a group per bag)
-    workspace="vt->split > 0 ? sizes[2] : 0",  # a split variant's arrivals, one a bag
+    workspace="sizes[2] * (vt->split > 0)",  # a split variant's arrivals, one a bag
     work=("forward", "backward"),  # split bags' partials; the sorted backward's bag of each entry and partials
     sorted=("indices",),
     # torch's embedding_bag as F.embedding_bag calls it (2-D indices flat, an offset every row; padding
