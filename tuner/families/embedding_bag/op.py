@@ -86,7 +86,15 @@ def reference(weight, indices, offsets=None, mode: str = "mean", per_sample_weig
             raise runtime.KernelInputError(f"embedding_bag: invalid input: {message}")
     pad = None if padding_idx is None else padding_idx % weight.shape[0]
     psw = None if per_sample_weights is None else per_sample_weights.reshape(-1)
-    return _reference(weight, indices, offsets, mode, psw, include_last_offset, pad)[0]
+    out, chosen = _reference(weight, indices, offsets, mode, psw, include_last_offset, pad)
+    if chosen is None:
+        return out
+    # max: each element the chosen row's (the first maximum in entry order, as the kernels pick it),
+    # so that autograd gives it the whole gradient where rows tie (16-bit tables tie often)
+    import torch
+
+    column = torch.arange(weight.shape[1], device=chosen.device).expand_as(chosen)
+    return torch.where(chosen >= 0, weight.double()[chosen.clamp(min=0), column], 0.0)
 
 
 def torch_embedding_bag(weight, indices, offsets=None, mode: str = "mean", per_sample_weights=None,
