@@ -299,6 +299,7 @@ def test_a_scalar_between_tensors_leaves_the_gradients_where_autograd_counts_the
      "input w: shape='w' names the input it has the shape of"),
     (dict(outputs=(declare.Tensor("y", like="x", shape="x"),)), "y: shape='x': an output's or saved tensor's shape is a tuple"),
     (dict(sorted=("x",)), "sorted=('x',): a tuple of integer input tensors a call always gives"),
+    (dict(zeroed=("y",)), "zeroed=('y',): a tuple of inputs that take a gradient"),
     (dict(sorted="i", inputs=(declare.Tensor("x", dtypes=("float32",)), declare.Tensor("i", dtypes=("int64",), grad=False))),
      "sorted='i': a tuple of integer input tensors"),
     (dict(sorted=("i",), table=("int sorts",),

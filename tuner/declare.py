@@ -160,6 +160,10 @@ class Op:
     # position in it of each, in the backward's args; made with torch's sort on each call where the
     # variant's table sets `sorts` (a field the core adds) and a gradient is wanted, null else.
     sorted: tuple[str, ...] = ()
+    # Inputs whose gradient the backward gets zeroed (a scatter adds into it, and rows no entry names
+    # stay 0): the op allocates it zeroed before anything else of the backward (its sort, say), as
+    # torch does; the search zeroes it once, outside the timed call.
+    zeroed: tuple[str, ...] = ()
 
     def __post_init__(self):
         check(self)
@@ -498,6 +502,9 @@ def check(op: Op) -> None:
     if not isinstance(op.sorted, tuple) or len(set(op.sorted)) != len(op.sorted) or any(
             n not in inputs or inputs[n].optional or set(op.root(n).dtypes) - INTEGER for n in op.sorted):
         fail(f"sorted={op.sorted!r}: a tuple of integer input tensors a call always gives (e.g. ('indices',))")
+    if not isinstance(op.zeroed, tuple) or not set(op.zeroed) <= {t.name for t in op.differentiable} or any(
+            t.gradient_of in op.zeroed for t in op.saves):
+        fail(f"zeroed={op.zeroed!r}: a tuple of inputs that take a gradient the backward allocates (not a saved one)")
     if op.kind is not None and op.kind not in {a.name for a in op.scalars if a.type == "str"}:
         fail(f"kind={op.kind!r}: the name of a str scalar, whose word a call's winner is kept by")
     for what, e in (("scratch", op.scratch), ("workspace", op.workspace)):

@@ -155,6 +155,8 @@ class DeclaredKernel(Kernel):
         first = values[self.op.tensors[0].name]  # an input left out has no gradient: empty, a null pointer
         gx = {n: g if g is not None else torch.empty_like(values[n]) if values[n] is not None else first.new_empty(0)
               for n, g in gx.items()}
+        for n in self.op.zeroed:  # as the op allocates them (once: a timed call adds into the same buffer)
+            gx[n].zero_()
         fields = {**{f"grad_{n}": g.data_ptr() for n, g in grads.items()},
                   **self._pointers(values),
                   **{t.name: saved[t.name].data_ptr() if self._writes(t, values) else None for t in self.op.saves},

@@ -47,6 +47,7 @@ OP_DECLARATION = declare.Op(
     workspace="sizes[2] * (vt->split > 0)",  # a split variant's arrivals, one a bag
     work=("forward", "backward"),  # split bags' partials; the sorted backward's bag of each entry and partials
     sorted=("indices",),
+    zeroed=("weight", "per_sample_weights"),  # rows no entry names, entries in no bag
     # torch's embedding_bag as F.embedding_bag calls it (2-D indices flat, an offset every row; padding
     # from the end where negative). torch has no bfloat16 backward of max or of per_sample_weights:
     # a call that will want one runs in float32.
