@@ -311,6 +311,7 @@ def _check_names(op: "Op", fail) -> None:
 
 
 def _python(text: str) -> bool:
+    """Whether `text` reads as a Python expression (the search evaluates scratch and workspace lengths)."""
     try:
         compile(text, "<declaration>", "eval")
     except SyntaxError:

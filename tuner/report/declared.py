@@ -5,8 +5,8 @@ output and every gradient), timed forward and forward+backward (tuner.report.ben
 bandwidth floor: the bytes a forward, and a forward+backward, must move at least (`least_bytes`,
 or the family's `floor_bytes(problem)` where its op moves less: a fused backward). With
 `--problems FILE` (tuner.capture's shapes), the op against the torch op alone at each captured
-problem. A family's `tuned_rows()` adds rows of the tuned
-op called otherwise (cross-entropy's gradient written over its logits)."""
+problem. A family's `tuned_rows()` adds rows of the tuned op called otherwise (cross-entropy's
+gradient written over its logits)."""
 
 from __future__ import annotations
 
@@ -75,9 +75,9 @@ def _inputs(family: str, problem: dict):
 
 def least_bytes(inputs: tuple, grad) -> tuple[int, int]:
     """What an op must move at least: a forward reads its input tensors once and writes its output
-    (`grad`: its shape, in the dtype the bench gives it); a forward+backward then reads the output's gradient and the
-    inputs again and writes the gradients of those that require one. Saved tensors are left out
-    (a variant's choice, not the op's need)."""
+    (`grad`: its shape, in the dtype the bench gives it); a forward+backward then reads the output's
+    gradient and the inputs again and writes the gradients of those that require one. Saved tensors
+    are left out (a variant's choice, not the op's need)."""
     tensors = [t for t in inputs if hasattr(t, "nbytes")]
     read, out = sum(t.nbytes for t in tensors), grad.nbytes
     return read + out, read + out + out + read + sum(t.nbytes for t in tensors if t.requires_grad)
