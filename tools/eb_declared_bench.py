@@ -5,22 +5,24 @@ turns, to compare them (its rows append to OUT/rows-TAG.jsonl).
     cd OLD && TUNER_HOME=/tmp/old PYTHONPATH=. python3 NEW/tools/eb_declared_bench.py old1 OUT
     cd NEW && TUNER_HOME=/tmp/new python3 tools/eb_declared_bench.py new1 OUT
 """
+
+from __future__ import annotations
+
+import argparse
 import json
-import sys
 from pathlib import Path
 
-import tuner
-from tuner import gpus
-from tuner.deploy import export
-from tuner.families import embedding_bag as eb
-from tuner.families.embedding_bag import bench
-from tuner.variant import Variant
-
-tag, out = sys.argv[1], Path(sys.argv[2])
-print(tag, tuner.__file__, flush=True)
+# each dtype's winner: the forward of one variant, the backward of another
+JOINED = {"float32": ("none.block.longest.4.4.b128.shared.atomic", "inline.warp.longest.4.1.b512.shared.atomic"),
+          "float16": ("hoisted.block.8.1.b256.direct.sorted", "inline.subwarp.split64.8.1.b64.shared.sorted"),
+          "bfloat16": ("none.block.8.1.b256.direct.sorted", "kernel.subwarp.split32.8.1.b64.shared.sorted")}
 
 
-def v(weight, name):
+def variant(weight: str, name: str):
+    """The variant a name of docs/benchmarks.md says ("none.block.longest.4.4.b128.shared.atomic")."""
+    from tuner.families import embedding_bag as eb
+    from tuner.variant import Variant
+
     validation, mapping, *rest = name.split(".")
     split = int(rest.pop(0)[5:]) if rest[0].startswith("split") else None
     order = rest.pop(0) if rest[0] == "longest" else None
@@ -30,17 +32,32 @@ def v(weight, name):
                                   "block_size": int(block[1:]), "staging": staging, "backward": backward})
 
 
-J = {"float32": ("none.block.longest.4.4.b128.shared.atomic", "inline.warp.longest.4.1.b512.shared.atomic"),
-     "float16": ("hoisted.block.8.1.b256.direct.sorted", "inline.subwarp.split64.8.1.b64.shared.sorted"),
-     "bfloat16": ("none.block.8.1.b256.direct.sorted", "kernel.subwarp.split32.8.1.b64.shared.sorted")}
-winners = []
-for w, (f, b) in J.items():
-    joined = Variant.joined(v(w, f), v(w, b))
-    for mode in (eb.MODES if w == "float32" else ("sum",)):
-        winners.append({"variant": joined, "problem": eb.Problem(weight=w, mode=mode).__dict__})
-directory = export.write(out / f"artifact-{tag}", winners, gpus.attached().describe())
-configs = [eb.Problem(mode=m) for m in eb.MODES] + [eb.Problem(weight=w) for w in ("float16", "bfloat16")]
-rows = bench.run(directory, configs=configs)
-with open(out / f"rows-{tag}.jsonl", "a") as f:
-    for r in rows:
-        f.write(json.dumps({"tree": tag, **r}) + "\n")
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("tag", help="names this run's export and rows (old1, new1, ...)")
+    ap.add_argument("out", type=Path, help="folder for the export and rows-TAG.jsonl")
+    args = ap.parse_args()
+
+    import tuner
+    from tuner import gpus
+    from tuner.deploy import export
+    from tuner.families import embedding_bag as eb
+    from tuner.families.embedding_bag import bench
+    from tuner.variant import Variant
+
+    print(args.tag, tuner.__file__, flush=True)
+    winners = []
+    for weight, (forward, backward) in JOINED.items():
+        joined = Variant.joined(variant(weight, forward), variant(weight, backward))
+        for mode in eb.MODES if weight == "float32" else ("sum",):
+            winners.append({"variant": joined, "problem": eb.Problem(weight=weight, mode=mode).__dict__})
+    directory = export.write(args.out / f"artifact-{args.tag}", winners, gpus.attached().describe())
+    configs = [eb.Problem(mode=m) for m in eb.MODES] + [eb.Problem(weight=w) for w in ("float16", "bfloat16")]
+    rows = bench.run(directory, configs=configs)
+    with open(args.out / f"rows-{args.tag}.jsonl", "a") as f:
+        for r in rows:
+            f.write(json.dumps({"tree": args.tag, **r}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
