@@ -12,24 +12,10 @@ import argparse
 import json
 from pathlib import Path
 
-# each dtype's winner: the forward of one variant, the backward of another
+# each dtype's winner, by the names docs/benchmarks.md gives: the forward of one variant, the backward of another
 JOINED = {"float32": ("none.block.longest.4.4.b128.shared.atomic", "inline.warp.longest.4.1.b512.shared.atomic"),
           "float16": ("hoisted.block.8.1.b256.direct.sorted", "inline.subwarp.split64.8.1.b64.shared.sorted"),
           "bfloat16": ("none.block.8.1.b256.direct.sorted", "kernel.subwarp.split32.8.1.b64.shared.sorted")}
-
-
-def variant(weight: str, name: str):
-    """The variant a name of docs/benchmarks.md says ("none.block.longest.4.4.b128.shared.atomic")."""
-    from tuner.families import embedding_bag as eb
-    from tuner.variant import Variant
-
-    validation, mapping, *rest = name.split(".")
-    split = int(rest.pop(0)[5:]) if rest[0].startswith("split") else None
-    order = rest.pop(0) if rest[0] == "longest" else None
-    vec, unroll, block, staging, backward = rest
-    return Variant.of(eb.FAMILY, {"weight": weight, "index": "int64", "validation": validation, "mapping": mapping,
-                                  "split": split, "order": order, "vec": int(vec), "unroll": int(unroll),
-                                  "block_size": int(block[1:]), "staging": staging, "backward": backward})
 
 
 def main() -> None:
@@ -48,7 +34,8 @@ def main() -> None:
     print(args.tag, tuner.__file__, flush=True)
     winners = []
     for weight, (forward, backward) in JOINED.items():
-        joined = Variant.joined(variant(weight, forward), variant(weight, backward))
+        by_name = eb.space(weight, "int64").by_name()
+        joined = Variant.joined(*(by_name[f"{eb.FAMILY}.{weight}.int64.{half}"] for half in (forward, backward)))
         for mode in eb.MODES if weight == "float32" else ("sum",):
             winners.append({"variant": joined, "problem": eb.Problem(weight=weight, mode=mode).__dict__})
     directory = export.write(args.out / f"artifact-{args.tag}", winners, gpus.attached().describe())
