@@ -1,6 +1,8 @@
 """Input sets shared by the variants a worker checks (tuner.measure.cases)."""
 
-from tuner.measure.cases import Cases
+import types
+
+from tuner.measure.cases import Cases, sized
 
 
 def test_sets_are_given_in_turn_and_replaced_after_their_uses():
@@ -82,3 +84,10 @@ def test_a_large_set_made_ahead_is_the_only_one_kept(monkeypatch):
     cases.prime("k", make)
     first = cases.get("k", make)
     assert cases.get("k", make) is first and len(made) == 1  # its second use, not a second set beside it
+
+
+def test_a_check_takes_the_problem_with_its_sizes_capped():
+    family = types.SimpleNamespace(CHECK_SIZES={"rows": 65536, "bags": 10, "absent": 3})
+    problem = {"rows": 5_000_000, "bags": 4, "dim": 128, "mode": "sum"}
+    assert sized(family, problem) == {"rows": 65536, "bags": 4, "dim": 128, "mode": "sum"}
+    assert sized(types.SimpleNamespace(), problem) == problem

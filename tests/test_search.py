@@ -332,7 +332,7 @@ def _failing_whole_checks(monkeypatch, fam, fails):
     rounds = []
     real = evaluate.SimulatedEvaluator.retime
 
-    def retime(self, variants, prepared, objective, whole=False, baseline=False):
+    def retime(self, variants, prepared, objective, whole=False, baseline=False, check=False):
         assert whole
         rounds.append([v.name for v in variants])
         out = real(self, variants, prepared, objective)
@@ -455,13 +455,34 @@ def test_the_best_forward_and_backward_are_joined_when_that_is_faster(opposed, m
         .split()[0] == joined.name
 
 
+@pytest.mark.parametrize("caps", [{"n": 1 << 10}, {"n": 1 << 30}, {}])
+def test_finalists_are_checked_at_the_problem_sizes_where_the_search_checked_smaller(small, monkeypatch, caps):
+    """A family whose checks take smaller sizes than its problem's (CHECK_SIZES) has its finalists
+    checked at the problem's own, not built whole; one whose caps leave the problem as it is, none."""
+    from tuner.search import evaluate
+
+    fam, path = small
+    monkeypatch.setattr(fam, "CHECK_SIZES", caps, raising=False)
+    asked = []
+    real = evaluate.SimulatedEvaluator.retime
+
+    def retime(self, variants, prepared, objective, whole=False, baseline=False, check=False):
+        asked.append((whole, check))
+        return real(self, variants, prepared, objective, whole, baseline, check)
+
+    monkeypatch.setattr(evaluate.SimulatedEvaluator, "retime", retime)
+    search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path, progress=False,
+                                   seed=1, sampler="grid", top_k=2))
+    assert asked == [(False, caps.get("n", 1 << 30) < fam.Problem().n)]
+
+
 def test_a_joined_variant_that_fails_its_check_is_rejected(opposed, monkeypatch):
     from tuner.search import evaluate
 
     fam, path = opposed
     real = evaluate.SimulatedEvaluator.retime
 
-    def retime(self, variants, prepared, objective, whole=False, baseline=False):
+    def retime(self, variants, prepared, objective, whole=False, baseline=False, check=False):
         out = real(self, variants, prepared, objective)
         return {n: {"failed": "wrong result: backward sum"} if ".bwd." in n else t for n, t in out.items()}
 

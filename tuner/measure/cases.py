@@ -93,3 +93,15 @@ class Cases:
         than the budget."""
         size, device = nbytes(made)
         return max(1, min(self.sets, _budget(device) // max(size, 1)))
+
+
+def sized(module, problem: dict) -> dict:
+    """The problem a search checks each variant at: its sizes capped by the family's `CHECK_SIZES`
+    (name -> largest value), sizes that set how much memory the inputs take and not how the
+    kernels run (an embedding table's rows: a bag's entries still index it, its bags and their
+    lengths stay the problem's). A 5M-row table's set, its float64 gradient included, is 8 GB and
+    its reference seconds; 65,536 rows make it 40 MB. The finalists are checked at the problem's
+    own sizes before one wins (tuner.search.finalists)."""
+    caps = getattr(module, "CHECK_SIZES", {})
+    return {**problem, **{k: min(problem[k], v) for k, v in caps.items() if isinstance(problem.get(k), int)}}
+

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from tuner import families, opspec
 from tuner.measure import abi, timing
 from tuner.measure.accuracy import check
-from tuner.measure.cases import Cases
+from tuner.measure.cases import Cases, sized
 from tuner.measure.kernel import CHECK, TORCH_DTYPES, Kernel, dtype_name, launched, stream
 
 TOLERANCE = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3, "float64": 1e-12}
@@ -269,21 +269,27 @@ class Evaluation:
             failed = failed or ("" if ok else message)
         return errors, failed
 
-    def _checks(self, problem: dict) -> list[tuple]:
-        """(problem, key, make(seed)) of each input set a check uses: the problem's, then its odd sizes."""
-        found = []
-        for sizes in ({}, *getattr(self.module, "ODD_SIZES", ())):
-            p = {**problem, **sizes}
-            found.append((p, tuple(sorted(p.items())), lambda s, p=p: self._case(p, s % 2**31)))
-        return found
+    def _set(self, problem: dict) -> tuple:
+        """(problem, key, make(seed)) of an input set."""
+        return problem, tuple(sorted(problem.items())), lambda s: self._case(problem, s % 2**31)
 
-    def check(self, kernel: DeclaredKernel, problem: dict, whole: bool = False) -> dict[str, Any]:
+    def _checks(self, problem: dict) -> list[tuple]:
+        """The input sets a check uses: the problem's at the sizes a check takes (`cases.sized`),
+        then its odd sizes."""
+        checked = sized(self.module, problem)
+        return [self._set({**checked, **odd}) for odd in ({}, *getattr(self.module, "ODD_SIZES", ()))]
+
+    def check(self, kernel: DeclaredKernel, problem: dict, whole: bool = False, full: bool = False) -> dict[str, Any]:
         """The variant against float64 on the problem's input sets; `whole` (a finalist built with
-        every kernel, not the search's focus): at each word of the op's `kind` too (a bag's modes)."""
+        every kernel, not the search's focus): at each word of the op's `kind` too (a bag's modes);
+        `full` (a finalist): at the problem's own sizes too, with its own word."""
         worst = {"loss_error": 0.0, "grad_error": 0.0}
         kind = self.op.kind if whole and self.op.kind in problem else None
         words = next(s.choices for s in self.op.scalars if s.name == kind) if kind else (None,)
-        for p, key, make in [c for w in words for c in self._checks(problem if w is None else {**problem, kind: w})]:
+        checks = [c for w in words for c in self._checks(problem if w is None else {**problem, kind: w})]
+        if full and sized(self.module, problem) != problem:
+            checks.append(self._set(problem))
+        for p, key, make in checks:
             errors, failed = self.run_case(kernel, self.cases.get(key, make))
             worst = {k: max(v, errors[k]) for k, v in worst.items()}
             if failed:

@@ -116,10 +116,12 @@ class _Child:
         return result
 
     def check(self, job: dict) -> dict:
-        """A whole build checked in full (`Evaluation.check(..., whole=True)`): a finalist of a
-        search that built and checked only what its problem runs (tuner.search.finalists)."""
+        """A finalist checked in full (tuner.search.finalists): at the problem's own sizes, where the
+        search checked at smaller ones, and built `whole`, at every word of its kind
+        (`Evaluation.check(..., whole, full=True)`)."""
         family = self.family(job["family"])
-        verdict = family.check(family.load(job["so"], job["name"], job.get("entry")), job["problem"], whole=True)
+        verdict = family.check(family.load(job["so"], job["name"], job.get("entry")), job["problem"],
+                               whole=job.get("whole", True), full=True)
         return {"status": "ok" if verdict["ok"] else "fail", "reason": verdict["reason"], "message": verdict["message"]}
 
     def warm(self, job: dict) -> dict:

@@ -61,9 +61,10 @@ class Evaluator:
         raise NotImplementedError
 
     def retime(self, variants: list[Variant], prepared: dict[str, dict], objective: str,
-               whole: bool = False, baseline: bool = False) -> dict[str, dict]:
-        """More careful timings of a few variants: name -> {"fwd": ..., "bwd": ...}. With `whole`,
-        each whole build is checked in full first; one that fails gives {"failed": message}. With
+               whole: bool = False, baseline: bool = False, check: bool = False) -> dict[str, dict]:
+        """More careful timings of a few variants: name -> {"fwd": ..., "bwd": ...}. With `check`,
+        each is checked in full first (at the problem's own sizes; built `whole`, at every word of
+        its kind too); one that fails gives {"failed": message}. With
         `baseline`, the family's baseline (the torch op it replaces) is timed in the same turns,
         under `records.BASELINE`, where the family has one."""
         raise NotImplementedError
@@ -190,15 +191,15 @@ class LiveEvaluator(Evaluator):
             "timing": SEARCH_TIMING, "probe": PROBE_REPS if on_probe else 0}, on_probe)
         return {**result, "device": f"{self.host}/cuda:{self.devices[slot]}"}
 
-    def retime(self, variants, prepared, objective, whole=False, baseline=False):
+    def retime(self, variants, prepared, objective, whole=False, baseline=False, check=False):
         jobs = [{"so": prepared[v.name]["so"], "entry": prepared[v.name].get("entry"), "name": v.name}
                 for v in variants if prepared[v.name]["so"]]
         failed = {v.name: {"failed": f"compile error: {prepared[v.name].get('message', '')}"}
                   for v in variants if not prepared[v.name]["so"]}
-        if whole:  # one job each: a finalist that crashes in another mode costs only itself
+        if check or whole:  # one job each: a finalist that crashes in another mode costs only itself
             for job in list(jobs):
                 verdict = self.workers[0].evaluate({"kind": "check", "family": self.problem.family,
-                                                    "problem": self.problem.__dict__, **job})
+                                                    "problem": self.problem.__dict__, "whole": whole, **job})
                 if verdict["status"] != "ok":
                     failed[job["name"]] = {"failed": f"{verdict['reason']}: {verdict.get('message', '')}"}
                     jobs.remove(job)
@@ -285,7 +286,7 @@ class SimulatedEvaluator(Evaluator):
             result["status"] = "ok" if on_probe(probe) and result["status"] == "ok" else "pruned"
         return {**result, "device": f"simulated/{slot}"}
 
-    def retime(self, variants, prepared, objective, whole=False, baseline=False):
+    def retime(self, variants, prepared, objective, whole=False, baseline=False, check=False):
         recorded = {v.name: self._recorded(v) or {} for v in variants}
         if baseline and self.baseline:  # a recording that holds the baseline's timings replays them too
             recorded[records.BASELINE] = self.baseline

@@ -4,10 +4,12 @@ those timings rather than on the search's single measurement of each. The family
 the torch op it replaces, is timed in the same turns: the export serves the problem with it
 where the winner does not beat it (`records.served_by`).
 
-A family whose search builds and checks only what its problem runs (`FINALISTS_WHOLE`: a search
-builds only its problem's mode of an op with several) has its finalists built whole, as the export
-builds them, and checked in full before they are timed: one that fails is rejected (kept in the
-study's `rejected`, never the winner) and the next best takes its place. The best few so far are
+A search that checked its variants at smaller sizes than its problem's (a family's `CHECK_SIZES`,
+tuner.measure.cases.sized) checks its finalists at the problem's own sizes before they are timed. A
+family whose search builds and checks only what its problem runs (`FINALISTS_WHOLE`: a search builds
+only its problem's mode of an op with several) has its finalists built whole, as the export builds
+them, and checked in full before they are timed. A finalist that fails its check is rejected (kept
+in the study's `rejected`, never the winner) and the next best takes its place. The best few so far are
 built whole while the last batch is evaluated (`Search._likely_finalists`), so that most of these
 builds are found done.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import sys
 
 from tuner import families
+from tuner.measure import cases
 from tuner.store import study as studies
 from tuner.store import records
 from tuner.store.records import BASELINE, BASELINE_EXTRA, objective_value
@@ -54,8 +57,11 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
     if frame.empty or not (frame["state"] == "COMPLETE").any():
         return
     join = joins(cfg, space)
+    family = families.get(space.family)
     # a joined variant is a new binary, never checked in the search: it is checked whole
-    whole = join or bool(getattr(families.get(space.family), "FINALISTS_WHOLE", False))
+    whole = join or bool(getattr(family, "FINALISTS_WHOLE", False))
+    # a search that checked its variants at smaller sizes (`cases.sized`) checks its finalists at its own
+    checked = whole or cases.sized(family, cfg.problem.__dict__) != cfg.problem.__dict__
     rejected: dict[str, str] = dict(study.user_attrs.get("rejected", {}))
     by_name = space.by_name()
     done = studies.top(frame, len(frame))
@@ -71,7 +77,8 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
         if not variants:
             break
         before = len(rejected)
-        timings = evaluator.retime(variants, prepare(variants, whole), cfg.objective, whole=whole, baseline=True)
+        timings = evaluator.retime(variants, prepare(variants, whole), cfg.objective, whole=whole, baseline=True,
+                                   check=checked)
         if BASELINE in timings:
             baseline = timings.pop(BASELINE)
             if BASELINE_EXTRA in timings:

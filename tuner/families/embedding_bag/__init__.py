@@ -134,6 +134,10 @@ class Problem:
 TOLERANCE = {"float32": 4e-4, "float16": 2e-3, "bfloat16": 1.6e-2}
 # Checked beside the problem: entries equal to padding_idx (-1: the last row), which count nowhere.
 ODD_SIZES = ({"padding_idx": -1},)
+# A search checks each variant on a table of at most this many rows (its bags, their lengths and the
+# index distribution the problem's): rows set the table's memory, not how the kernels run. The
+# finalists are checked on the problem's own table (tuner.measure.cases.sized).
+CHECK_SIZES = {"rows": 1 << 16}
 
 
 # ---------------------------------------------------------------------- inputs
@@ -145,24 +149,26 @@ def make_inputs(rows: int, dim: int, bags: int, bag_size: int, mode: str = "sum"
     uniform in [0, 2 * bag_size] (some empty), ids drawn as the distribution says: `random` uniform
     over the rows, `one_hot` half of them one id, `multi_hot` half of them among 8 ids; every
     seventh id is padding_idx where one is given. Per-sample weights where asked, or (None) in sum
-    mode. Drawn on the CPU, then moved: a seed means the same inputs on every machine."""
+    mode. Drawn where they are used (a 5M-row table took seconds on the host and its copy more); a
+    seed gives the same inputs on the same device."""
     import torch
 
-    g = torch.Generator().manual_seed(seed)
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    on = dict(generator=g, device=device)
     dtype = getattr(torch, weight)
-    table = torch.randn(rows, dim, generator=g).to(dtype)
-    sizes = torch.randint(0, 2 * bag_size + 1, (bags,), generator=g)
+    table = torch.randn(rows, dim, **on).to(dtype)
+    sizes = torch.randint(0, 2 * bag_size + 1, (bags,), **on)
     n = int(sizes.sum())
-    ids = torch.randint(0, rows, (n,), generator=g)
+    ids = torch.randint(0, rows, (n,), **on)
     if distribution != "random":
-        hot = torch.rand(n, generator=g) < 0.5
-        few = torch.randint(0, rows, (1 if distribution == "one_hot" else 8,), generator=g)
-        ids = torch.where(hot, few[torch.randint(0, few.numel(), (n,), generator=g)], ids)
+        hot = torch.rand(n, **on) < 0.5
+        few = torch.randint(0, rows, (1 if distribution == "one_hot" else 8,), **on)
+        ids = torch.where(hot, few[torch.randint(0, few.numel(), (n,), **on)], ids)
     if padding_idx is not None:
         ids[::7] = padding_idx % rows
-    offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)[:-1]])
+    offsets = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]])
     ints = getattr(torch, index)
-    psw = torch.rand(n, generator=g).to(dtype) + 0.5 if (mode == "sum" if per_sample_weights is None
-                                                          else per_sample_weights) else None
-    return (table.to(device), ids.to(ints).to(device), offsets.to(ints).to(device),
-            None if psw is None else psw.to(device))
+    psw = torch.rand(n, **on).to(dtype) + 0.5 if (mode == "sum" if per_sample_weights is None
+                                                   else per_sample_weights) else None
+    return table, ids.to(ints), offsets.to(ints), psw
