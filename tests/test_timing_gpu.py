@@ -131,14 +131,14 @@ def test_graphs_one_after_another_leave_random_numbers_working(monkeypatch):
 
     x = torch.randn(1024, device="cuda")
     captured = []
-    real = timing._graph_samples
+    real = timing._capture
 
     def counted(*args):
-        samples = real(*args)
-        captured.append(samples is not None)
-        return samples
+        graph = real(*args)
+        captured.append(graph is not None)
+        return graph
 
-    monkeypatch.setattr(timing, "_graph_samples", counted)
+    monkeypatch.setattr(timing, "_capture", counted)
     for _ in range(4):
         timing.bench(lambda: x.mul_(1.0), min_reps=48, max_reps=48, budget_ms=0, graph=True)
         torch.rand(16, device="cuda")

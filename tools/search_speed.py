@@ -48,9 +48,9 @@ def parse(log: str) -> dict:
     m = re.search(r"finalists ([\d.]+)-([\d.]+)", log)
     if m:
         found["finalists"] = float(m.group(2)) - float(m.group(1))
-    m = re.search(r"^winner: (\S+)", log, re.M)
+    m = re.search(r"^timeline \(s from the command's start\): (.*)$", log, re.M)
     if m:
-        found["winner"] = m.group(1)
+        found["timeline"] = m.group(1)
     return found
 
 
@@ -101,7 +101,7 @@ def main() -> int:
                                             for c in args.checkout]
     args.out.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="search-speed-"))
-    lines = [HEADER]
+    lines, timelines = [HEADER], ["", "Timelines (s from the command's start):", ""]
     print(HEADER, flush=True)
     for family in names:
         for label, tuner, cwd in places:
@@ -113,9 +113,11 @@ def main() -> int:
                 r = search(tuner, cwd, family, home, cache, args.out / f"{label}-{family}-{run}.log")
                 line = row(family if len(places) == 1 else f"{family} ({label})", run, r)
                 lines.append(line)
+                timelines.append(f"- {family} ({label}) {run}: {r.get('timeline', '-')}")
                 print(line, flush=True)
             shutil.rmtree(cache, ignore_errors=True)
-    (args.out / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(timelines))
+    (args.out / "table.md").write_text("\n".join(lines + timelines) + "\n")
     shutil.rmtree(base, ignore_errors=True)
     return 0
 

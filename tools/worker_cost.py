@@ -59,15 +59,20 @@ def main() -> None:
             finally:
                 spent[_w] += time.perf_counter() - t
         setattr(evaluation, what, timed)
-    bench, gpu_us = timing.bench, [0.0]
+    ready, take, gpu_us = timing.Repetitions.__init__, timing.Repetitions.take, [0.0]
 
-    def timed_bench(fn, **k):
+    def timed_ready(self, *a, **k):  # warm-up and estimate
         t = time.perf_counter()
-        out = bench(fn, **k)
-        spent["bench"] += time.perf_counter() - t
-        gpu_us[0] += out.reps * (out.median_us + (k.get("flush") or child.flush).us)
+        ready(self, *a, **k)
+        spent["timing: warm-up"] += time.perf_counter() - t
+
+    def timed_take(self, reps, graph=False):  # capture and repetitions
+        t, before = time.perf_counter(), len(self.samples)
+        out = take(self, reps, graph)
+        spent["timing: repetitions"] += time.perf_counter() - t
+        gpu_us[0] += sum(self.samples[before:]) + (len(self.samples) - before) * self.flush.us
         return out
-    timing.bench = timed_bench
+    timing.Repetitions.__init__, timing.Repetitions.take = timed_ready, timed_take
     jobs = [{"kind": "evaluate", "family": args.family, "so": str(b.so), "entry": b.entry, "name": b.variant.name,
              "problem": problem.__dict__, "objective": "fwd+bwd", "timing": SEARCH_TIMING, "probe": PROBE_REPS}
             for b in builds if b.ok]

@@ -1,15 +1,17 @@
 """The one timing function: CUDA events, warm-up, L2 flush, repetitions budgeted in time.
 
-Every time the project reports comes from `bench`. Each repetition first writes a
+Every time the project reports comes from `bench` (or from its parts, `Repetitions`, where a
+search probes a variant before timing it). Each repetition first writes a
 buffer larger than L2 (so the kernel reads its inputs from memory, as it does in a
 training step), then records events around the call alone. Repetitions continue
 until both `min_reps` and `budget_ms` of measured time are reached (capped by
 `max_reps`); the median and the spread (interquartile range) are returned.
 
 A search's variants are timed by replaying a CUDA graph of GRAPH_CHUNK repetitions
-(`bench(..., graph=True)`): the host then pays one launch a chunk instead of ~50 µs a
-repetition (a flush, two events and the call, each through Python), so that a variant
-costs its GPU work. A call that cannot be captured is timed repetition by repetition.
+(`bench(..., graph=True)`, `Repetitions.take(..., graph=True)`): the host then pays one launch a
+chunk instead of ~50 µs a repetition (a flush, two events and the call, each through Python), so
+that a variant costs its GPU work; its probe's repetitions come from the same graph and count in
+its timing. A call that cannot be captured is timed repetition by repetition.
 """
 
 from __future__ import annotations
@@ -171,7 +173,7 @@ def _samples(fn: Callable[[], object], flush: L2Flush, reps: int, estimate: _Est
 
 
 class _Graphs:
-    """This process's capture stream, shared by every graph `_graph_samples` makes. Each graph
+    """This process's capture stream, shared by every graph `_capture` makes. Each graph
     has a memory pool of its own, freed with it: a pool shared with a freed graph fails the next
     capture, and leaves torch's CUDA generator unusable ("Offset increment outside graph capture")."""
 
@@ -188,10 +190,10 @@ def spoiled() -> bool:
     return _Graphs.spoiled
 
 
-def _graph_samples(fn: Callable[[], object], flush: L2Flush, reps: int) -> list[float] | None:
-    """`reps` timings of `fn` in µs, each after an L2 flush, from replays of one captured graph of
-    GRAPH_CHUNK repetitions (events recorded as graph nodes), or None where `fn` cannot be
-    captured (it synchronizes, or reads a result on the host): the caller times it directly."""
+def _capture(fn: Callable[[], object], flush: L2Flush) -> tuple | None:
+    """(graph, events): GRAPH_CHUNK repetitions of `fn`, each after an L2 flush, captured in one
+    graph with events recorded as its nodes; None where `fn` cannot be captured (it synchronizes,
+    or reads a result on the host): the caller times it directly."""
     import torch
 
     if _Graphs.spoiled:  # the process is replaced after this job: not another capture in it
@@ -232,6 +234,12 @@ def _graph_samples(fn: Callable[[], object], flush: L2Flush, reps: int) -> list[
             _end_failed_capture(None, stream)
             return None
     torch.cuda.current_stream().wait_stream(stream)
+    return graph, events
+
+
+def _replay(captured: tuple, reps: int) -> list[float]:
+    """`reps` timings in µs from replays of a captured chunk (`_capture`)."""
+    graph, events = captured
     samples: list[float] = []
     while len(samples) < reps:
         graph.replay()
@@ -276,24 +284,50 @@ def _summary(samples: list[float], graphed: bool = False) -> Timing:
                   graphed=graphed)
 
 
+class Repetitions:
+    """One call's timed repetitions, made ready once (warmed up, its GPU time estimated) and taken
+    in parts that pool: a search's probe takes the first few, its timing the rest, from the same
+    captured graph (`take(..., graph=True)`), so that a variant that goes on pays one warm-up, one
+    estimate and one capture."""
+
+    def __init__(self, fn: Callable[[], object], flush: L2Flush | None = None, warmup: int = 3):
+        import torch
+
+        self.fn, self.flush = fn, flush or L2Flush()
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        # One call's estimate sizes the repetitions (between syncs, so that a slow kernel does not
+        # run thousands of times) and the head starts they need.
+        self.estimate = _estimate(fn)
+        self.samples: list[float] = []
+        self._captured: tuple | None | bool = False  # False: not tried; None: cannot be captured
+
+    def count(self, min_reps: int = 50, budget_ms: float = 25.0, max_reps: int = 2000) -> int:
+        """Repetitions for at least `min_reps` and `budget_ms` of measured time, at most `max_reps`."""
+        return int(min(max_reps, max(min_reps, budget_ms * 1000.0 / self.estimate.gpu_us)))
+
+    def take(self, reps: int, graph: bool = False) -> Timing:
+        """`reps` more repetitions (with `graph`, replayed from a chunk captured the first time,
+        where the call can be captured); the timing of all taken so far."""
+        if reps > 0:
+            if graph and self._captured is False:
+                self._captured = _capture(self.fn, self.flush)
+            if graph and self._captured:
+                self.samples += _replay(self._captured, reps)
+            else:
+                self.samples += _samples(self.fn, self.flush, reps, self.estimate)
+        return _summary(self.samples, graphed=bool(self._captured))
+
+
 def bench(fn: Callable[[], object], *, flush: L2Flush | None = None, warmup: int = 3, min_reps: int = 50,
           budget_ms: float = 25.0, max_reps: int = 2000, graph: bool = False) -> Timing:
     """Time `fn` (GPU time between events around it), flushing L2 before each repetition; with
-    `graph`, from replays of a captured chunk of repetitions where `fn` can be captured."""
-    import torch
-
-    flush = flush or L2Flush()
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    # One call's estimate sizes the repetitions (between syncs, so that a slow kernel does not
-    # run thousands of times) and the head starts they need.
-    estimate = _estimate(fn)
-    reps = int(min(max_reps, max(min_reps, budget_ms * 1000.0 / estimate.gpu_us)))
-    samples = _graph_samples(fn, flush, reps) if graph and reps > GRAPH_CHUNK else None
-    if samples is not None:
-        return _summary(samples, graphed=True)
-    return _summary(_samples(fn, flush, reps, estimate))
+    `graph`, from replays of a captured chunk of repetitions where `fn` can be captured (and
+    more repetitions than a chunk are asked: a capture costs about as many direct ones)."""
+    r = Repetitions(fn, flush, warmup)
+    reps = r.count(min_reps, budget_ms, max_reps)
+    return r.take(reps, graph=graph and reps > GRAPH_CHUNK)
 
 
 def interleaved(fns: dict[str, Callable[[], object]], *, flush: L2Flush | None = None, rounds: int = 20,

@@ -97,17 +97,17 @@ class _Child:
         started = time.monotonic()
         fwd_fn, bwd_fn = family.calls(kernel, job["problem"], job["objective"])
         calls = {"fwd": fwd_fn, "bwd": bwd_fn} if bwd_fn is not None else {"fwd": fwd_fn}
-        if job.get("probe") and ask is not None:
-            n = job["probe"]
-            probe = {k: timing.bench(fn, flush=self.flush, min_reps=n, max_reps=n, budget_ms=0).as_dict()
-                     for k, fn in calls.items()}
+        graph = job.get("graph", True)
+        reps = {k: timing.Repetitions(fn, flush=self.flush) for k, fn in calls.items()}
+        if job.get("probe") and ask is not None:  # its repetitions count in the timing that follows
+            probe = {k: r.take(job["probe"], graph=graph).as_dict() for k, r in reps.items()}
             if not ask({"probe": probe}):
                 if family.errors(kernel):
                     return {**result, "reason": "wrong result", "message": "validation flagged valid inputs"}
                 return {**result, **probe, "status": "pruned", "time_s": time.monotonic() - started}
         cfg = job.get("timing", {})
-        for k, fn in calls.items():
-            result[k] = timing.bench(fn, flush=self.flush, graph=job.get("graph", True), **cfg).as_dict()
+        for k, r in reps.items():
+            result[k] = r.take(r.count(**cfg) - len(r.samples), graph=graph).as_dict()
         flagged = family.errors(kernel)  # generated inputs are valid: a flag here is a kernel bug
         if flagged:
             return {**result, "reason": "wrong result", "message": f"validation flagged valid inputs ({flagged})"}
