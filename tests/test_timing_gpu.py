@@ -67,6 +67,24 @@ def test_a_call_the_host_queues_slower_than_the_gpu_runs_is_timed_on_the_gpu(spi
     assert rounds["slow"].reps == rounds["tiny"].reps == 32
 
 
+def test_interleaved_candidates_slower_than_the_budget_get_fewer_repetitions():
+    """The finalists' turns: a 1 ms call gets what `budget_ms` of its GPU time allows (at least 5 a
+    round), a fast one all of `min_reps`; both stay interleaved and both are timed right."""
+    import torch
+
+    x = torch.randn(1024, device="cuda")
+    cycles = 2_000_000  # about 1-2 ms of spinning
+
+    def slow():
+        torch.cuda._sleep(cycles)
+
+    got = timing.interleaved({"slow": slow, "fast": lambda: x.add_(1.0)}, rounds=4, min_reps=200, budget_ms=10.0)
+    assert got["slow"].reps == 20 and got["fast"].reps == 200, got
+    assert got["slow"].median_us > 200.0 > 20.0 > got["fast"].median_us, got
+    unbudgeted = timing.interleaved({"slow": slow}, rounds=4, min_reps=40)
+    assert unbudgeted["slow"].reps == 40 and unbudgeted["slow"].median_us == pytest.approx(got["slow"].median_us, rel=0.1)
+
+
 def test_a_graph_times_what_direct_repetitions_time():
     """Replays of a captured chunk time a kernel as the direct repetitions do (same process,
     interleaved runs), and a host's slowness before the call does not count at all."""

@@ -331,14 +331,17 @@ def bench(fn: Callable[[], object], *, flush: L2Flush | None = None, warmup: int
 
 
 def interleaved(fns: dict[str, Callable[[], object]], *, flush: L2Flush | None = None, rounds: int = 20,
-                samples: dict[str, list[float]] | None = None, **kwargs) -> dict[str, Timing]:
+                samples: dict[str, list[float]] | None = None, min_reps: int = 50,
+                budget_ms: float | None = None) -> dict[str, Timing]:
     """Time several candidates in turns (A, B, C, A, B, C, ...) so that drift in clocks or
     temperature hits all alike; returns each one's median over all its repetitions. `samples`
-    (name -> µs) keeps them: a later call with it adds to them (an extra round for the close)."""
+    (name -> µs) keeps them: a later call with it adds to them (an extra round for the close).
+    Each candidate gets `min_reps` repetitions, or with `budget_ms` fewer where those would take
+    longer on the GPU (at least 5 a round): the median of 100 repetitions of a 1 ms call is as
+    steady as that of 400 of a 10 µs one, and 400 of it took most of an EmbeddingBag search's end."""
     import torch
 
     flush = flush or L2Flush()
-    per_round = max(kwargs.pop("min_reps", 50) // rounds, 1)
     samples = {} if samples is None else samples
     for name in fns:
         samples.setdefault(name, [])
@@ -346,8 +349,12 @@ def interleaved(fns: dict[str, Callable[[], object]], *, flush: L2Flush | None =
         fn()
     torch.cuda.synchronize()
     estimates = {name: _estimate(fn) for name, fn in fns.items()}
+    def reps(e: _Estimate) -> int:  # a candidate's repetitions
+        return min_reps if budget_ms is None else min(min_reps, max(int(budget_ms * 1000.0 / e.gpu_us), 5 * rounds))
+
+    per_round = {name: max(reps(e) // rounds, 1) for name, e in estimates.items()}
     for _ in range(rounds):  # a round: each candidate's repetitions in turn, then one sync
-        pairs = _queue([(name, fn) for name, fn in fns.items() for _ in range(per_round)], flush, estimates)
+        pairs = _queue([(name, fn) for name, fn in fns.items() for _ in range(per_round[name])], flush, estimates)
         torch.cuda.synchronize()
         for name in fns:
             samples[name].extend(_elapsed(pairs[name]))

@@ -157,7 +157,7 @@ class _Child:
             calls["fwd"][name] = f
             if b is not None:
                 calls["bwd"][name] = b
-        cfg = {"rounds": 20, "min_reps": 400, **job.get("timing", {})}
+        cfg = {"rounds": 20, "min_reps": 400, "budget_ms": 100.0, **job.get("timing", {})}
         samples: dict[str, dict[str, list[float]]] = {"fwd": {}, "bwd": {}}
         out: dict[str, dict] = {}
         names = list(calls["fwd"])
