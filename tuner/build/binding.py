@@ -156,7 +156,9 @@ def build_in_background(family: str) -> subprocess.Popen | None:
         return None
     path = _library_path(family)
     path.parent.mkdir(parents=True, exist_ok=True)
-    nice = ["nice", "-n", "10"] if shutil.which("nice") else []  # (not preexec_fn: the search has threads)
+    # Below the search's own compiles (nice 10): the export needs the binding, the search's GPU its variants
+    # (not preexec_fn: the search has threads)
+    nice = ["nice", "-n", "19"] if shutil.which("nice") else []
     with open(path.parent / "build.log", "ab") as log:
         return subprocess.Popen([*nice, sys.executable, "-m", "tuner.build.binding", family], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
