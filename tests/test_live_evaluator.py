@@ -1,6 +1,8 @@
 """LiveEvaluator's wiring without a GPU: a worker per device, jobs routed by slot, checks of
 the devices (the GPU suite runs the real thing)."""
 
+import os
+
 import pytest
 
 from tuner import gpus
@@ -126,6 +128,21 @@ def test_device_lists():
     for bad in ("", "a", "1,1", "-1"):
         with pytest.raises(GpuError):
             gpus.device_indices(bad)
+
+
+def test_all_devices_are_counted_without_starting_cuda(monkeypatch, tmp_path):
+    """`--devices all` as CUDA_VISIBLE_DEVICES or nvidia-smi tells them: the search spawns a worker
+    per GPU before it imports torch."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0,5")
+    assert gpus.visible_count() == 3 and gpus.device_indices("all") == [0, 1, 2]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-918d7d69,GPU-2f76e04a")
+    assert gpus.visible_count() is None  # UUIDs: CUDA counts them
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '0\\n1\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert gpus.visible_count() == 2 and gpus.device_indices("all") == [0, 1]
 
 
 def test_whole_finalists_are_checked_one_job_each_before_they_are_timed(fakes):

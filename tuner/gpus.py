@@ -206,6 +206,24 @@ def visible(index: int = 0) -> Seen | None:
     return Seen(fields[0], f"sm_{major}{minor}", fields[2])
 
 
+def visible_count() -> int | None:
+    """How many GPUs CUDA sees, without starting CUDA: CUDA_VISIBLE_DEVICES's indices, else
+    nvidia-smi's list; None when it cannot be told that way (as `visible`)."""
+    import subprocess
+
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        ids = [x.strip() for x in listed.split(",") if x.strip()]
+        return len(ids) if all(x.isdigit() for x in ids) else None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    return len(lines) if out.returncode == 0 and lines and all(x.isdigit() for x in lines) else None
+
+
 def visible_name() -> str | None:
     """The first visible GPU's name from nvidia-smi, without starting CUDA; None when it cannot
     be read that way."""
@@ -219,9 +237,11 @@ def device_indices(spec: str | None) -> list[int]:
     if spec is None:
         return [0]
     if spec.strip().lower() == "all":
-        import torch
+        count = visible_count()
+        if count is None:  # not told by nvidia-smi: CUDA counts them (torch's import, seconds)
+            import torch
 
-        count = torch.cuda.device_count()
+            count = torch.cuda.device_count()
         if count == 0:
             raise GpuError("--devices all: no CUDA GPU is attached")
         return list(range(count))

@@ -82,9 +82,11 @@ def cmd_search(args: argparse.Namespace) -> int:
         problem = cli_target.problem(args)
     if not args.simulate:
         gpus.can_search(args.gpu)  # before the storage is opened: a search that cannot run writes nothing
-        if args.devices is None:  # its worker starts now, while Optuna is imported and the study read
-            paths.studies_dir().mkdir(parents=True, exist_ok=True)
-            worker.spawn_ahead(0, str(paths.worker_log()), worker.warm_job(problem, args.objective))
+        # its workers start now, while Optuna is imported and the study read (logged as LiveEvaluator logs them)
+        paths.studies_dir().mkdir(parents=True, exist_ok=True)
+        devices, log = gpus.device_indices(args.devices), paths.worker_log()
+        for i in devices:
+            worker.spawn_ahead(i, str(log) if len(devices) == 1 else f"{log}.{i}", worker.warm_job(problem, args.objective))
     cfg = search.SearchConfig(
         gpu=args.gpu, problem=problem, trials=args.trials, timeout=args.timeout, sampler=args.sampler,
         storage=args.storage, study=args.study, objective=args.objective, simulate=args.simulate,
