@@ -21,7 +21,7 @@ from tuner.variant import Variant
 
 # Repetitions of a variant in the search: at least 32, at most 192, about 4 ms of measured time a
 # call, each behind an L2 flush (~19 µs on an H100): ~5 ms of GPU work per call of an 8 µs kernel,
-# 32 of a 1 ms one (an EmbeddingBag backward: 64 took most of that family's search),
+# 32 of a 0.4 ms one (the default EmbeddingBag backward: 64 were most of its search's GPU time),
 # replayed from a captured graph (`timing.Repetitions`, the probe's repetitions among them), where
 # the host queued them one by one at ~50 µs a repetition before. The median of 192 moves by a few
 # hundredths of a µs; the finalists are timed again with more (`Evaluator.retime`).
