@@ -104,4 +104,3 @@ def sized(module, problem: dict) -> dict:
     own sizes before one wins (tuner.search.finalists)."""
     caps = getattr(module, "CHECK_SIZES", {})
     return {**problem, **{k: min(problem[k], v) for k, v in caps.items() if isinstance(problem.get(k), int)}}
-

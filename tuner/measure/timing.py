@@ -349,6 +349,7 @@ def interleaved(fns: dict[str, Callable[[], object]], *, flush: L2Flush | None =
         fn()
     torch.cuda.synchronize()
     estimates = {name: _estimate(fn) for name, fn in fns.items()}
+
     def reps(e: _Estimate) -> int:  # a candidate's repetitions
         return min_reps if budget_ms is None else min(min_reps, max(int(budget_ms * 1000.0 / e.gpu_us), 5 * rounds))
 
