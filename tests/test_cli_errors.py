@@ -294,6 +294,31 @@ def test_a_warning_is_one_line(home, capsys, monkeypatch):
     assert warnings.formatwarning is before  # the CLI's format is its own, not left behind
 
 
+@pytest.mark.parametrize("argv", [
+    ["variants", "--gpu", "NOPE"], ["variants", "--arch", "banana"], ["variants", "--arch", "sm_999"],
+    ["variants", "--gpu", "H100", "--pred", "int8"],
+    ["samplers", "--simulate", str(REC), "--samplers", "foo"],
+    ["search", "--gpu", "H100", "--simulate", str(REC), "--plant-faults", "bogus"],
+    ["search", "--gpu", "H100", "--arch", "sm_80", "--simulate", str(REC)],
+    ["search", "--gpu", "H100", "--simulate", str(REC), "--study", ""],
+    ["show", "--storage", ""], ["export-best", "--gpu", "H100", "--study", " "],
+    ["export-best", "--gpu", "H100", "--wheel", str(REC)], ["report", "--out", str(REC)],  # a file, not a folder
+], ids=lambda a: " ".join(x if len(x) < 30 else "REC" for x in a))
+def test_a_value_that_cannot_mean_anything_is_a_usage_error(home, capsys, argv):
+    """Exit 2, as docs/cli.md says of a command line that cannot mean anything, and nothing written."""
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "", err
+    error_line(err, argv[0])
+    assert list(home.iterdir()) == []
+
+
+def test_a_home_that_is_a_file_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path / "a-file"))
+    (tmp_path / "a-file").write_text("")
+    code, _, err = run(capsys, "search", "--gpu", "H100", "--simulate", str(REC), "--trials", "2", "--quiet")
+    assert code == 1 and error_line(err, "search").endswith("a-file is a file, not a folder")
+
+
 # ------------------------------------------------------------------ as a process
 
 def _tuner(*argv: str, home: Path, stdout=subprocess.PIPE) -> subprocess.Popen:
@@ -312,6 +337,14 @@ def test_a_reader_that_goes_away_is_no_traceback(tmp_path, argv):
     os.close(read)  # `| head -0`: the reader is gone before the first write
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and err == ""
+
+
+def test_a_closed_stdout_is_no_traceback(tmp_path):
+    """`tuner variants ... >&-`: Python starts without sys.stdout; the command runs, prints nothing."""
+    env = {**os.environ, "TUNER_HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(["sh", "-c", f"'{sys.executable}' -m tuner variants --gpu H100 --limit 0 >&-"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == ""
 
 
 @pytest.mark.parametrize("argv,command", [(["search", "--gpu", "H100", "--bogus", "1"], "search"),

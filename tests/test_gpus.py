@@ -57,4 +57,4 @@ def test_search_without_a_gpu_names_what_was_asked():
     assert r.returncode == 1 and "--gpu L4" in r.stderr and "--simulate" in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-m", "tuner", "search", "--gpu", "H10", "--trials", "1"],
                        capture_output=True, text=True)
-    assert r.returncode == 1 and "unknown GPU 'H10'" in r.stderr and "H100" in r.stderr, r.stderr
+    assert r.returncode == 2 and "unknown GPU 'H10'" in r.stderr and "H100" in r.stderr, r.stderr  # a usage error

@@ -122,10 +122,11 @@ def test_without_nvidia_smi_the_hello_names_the_gpu(fakes):
         evaluate.LiveEvaluator("L4", giou.Problem(), "fwd+bwd").gpu_info
 
 
-def test_device_lists():
+def test_device_lists(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert gpus.device_indices(None) == [0]
     assert gpus.device_indices("0, 3") == [0, 3]
-    for bad in ("", "a", "1,1", "-1"):
+    for bad in ("", "a", "1,1", "-1", "4", "0,7"):  # the last two: devices this machine does not show
         with pytest.raises(GpuError):
             gpus.device_indices(bad)
 

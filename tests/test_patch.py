@@ -128,3 +128,11 @@ def test_rms_norm_default_eps_is_torch_s():
     assert TF.rms_norm.__module__ == "tuner.families.rms_norm.op"
     from tuner.families.rms_norm import op
     assert op.FLOAT32_EPS == torch.finfo(torch.float32).eps
+
+
+def test_a_folder_that_is_no_export_is_one_error_without_its_causes(tmp_path):
+    """`tuner.patch(model, "<missing>")`: the project's error alone, not the missing manifest's
+    FileNotFoundError and the runtime's RuntimeError chained before it."""
+    with pytest.raises(TunerError, match="is not a tuned export: no manifest.json") as raised:
+        tuner.patch(torch.nn.Linear(2, 2), tmp_path / "missing")
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__

@@ -124,7 +124,7 @@ def test_a_problem_is_made_from_its_declared_options(family, argv, want):
 def test_a_declared_option_checks_its_values_through_the_space(capsys):
     from tuner.cli import main as cli
 
-    assert cli.main(["search", "--family", "rms_norm", "--gpu", "H100", "--x", "int8"]) == 1
+    assert cli.main(["search", "--family", "rms_norm", "--gpu", "H100", "--x", "int8"]) == 2  # a usage error
     assert capsys.readouterr().err.strip() == "tuner search: error: x dtype 'int8' is not one of ['float32', 'float16', 'bfloat16']"
     with pytest.raises(SystemExit) as stop:
         cli.parser("embedding_bag").parse_args(["search", "--gpu", "H100", "--bag-size", "-1"])

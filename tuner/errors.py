@@ -20,8 +20,16 @@ class GpuError(TunerError):
     """Unknown GPU name, no GPU attached, or the attached GPU is not the one asked for."""
 
 
+class GpuNameError(GpuError, UsageError):
+    """An unknown GPU name or architecture on the command line: exit 2, as other usage errors."""
+
+
 class SpaceError(TunerError):
     """A variant or parameter value outside the family's search space."""
+
+
+class DtypeError(SpaceError, UsageError):
+    """A dtype the family does not take (`--pred int8`): exit 2, as other usage errors."""
 
 
 class BuildError(TunerError):

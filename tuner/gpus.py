@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from tuner.errors import GpuError
+from tuner.errors import GpuError, GpuNameError
 
 # Marketing name -> compute capability. Matching is on the normalised name
 # (lower case, no spaces or dashes), so "RTX 4090", "rtx4090" and "A10G" all work.
@@ -25,6 +25,8 @@ ARCHS: dict[str, str] = {
 }
 
 _ARCH = re.compile(r"^sm_(\d{2,3})[a-z]?$")
+# Compute capabilities nvcc has compiled for (CUDA 10 to 13): another number is a typo, not a GPU
+KNOWN_ARCHS = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
 
 
 def _norm(name: str) -> str:
@@ -38,13 +40,16 @@ def arch_of(gpu: str) -> str:
     arch = ARCHS.get(_norm(gpu))
     if arch is None:
         known = ", ".join(sorted(ARCHS))
-        raise GpuError(f"unknown GPU {gpu!r}: known names are {known}, or 'auto'; or pass --arch sm_XX")
+        raise GpuNameError(f"unknown GPU {gpu!r}: known names are {known}, or 'auto'; or pass --arch sm_XX")
     return arch
 
 
 def check_arch(arch: str) -> str:
-    if not _ARCH.match(arch):
-        raise GpuError(f"bad architecture {arch!r}: expected the form sm_90")
+    m = _ARCH.match(arch)
+    if not m:
+        raise GpuNameError(f"bad architecture {arch!r}: expected the form sm_90")
+    if int(m.group(1)) not in KNOWN_ARCHS:
+        raise GpuNameError(f"unknown architecture {arch!r}: known sm_{', sm_'.join(map(str, KNOWN_ARCHS))}")
     return arch
 
 
@@ -251,6 +256,10 @@ def device_indices(spec: str | None) -> list[int]:
         raise GpuError(f"--devices takes 'all' or CUDA indices such as 0,1; got {spec!r}") from None
     if not found or len(set(found)) != len(found) or min(found) < 0:
         raise GpuError(f"--devices takes 'all' or distinct CUDA indices such as 0,1; got {spec!r}")
+    count = visible_count()
+    if count is not None and max(found) >= count:
+        raise GpuError(f"--devices {spec}: no CUDA device {max(found)}; this machine shows {count} "
+                       f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
     return found
 
 

@@ -10,7 +10,12 @@ from pathlib import Path
 
 
 def home() -> Path:
-    return Path(os.environ.get("TUNER_HOME") or Path.cwd())
+    found = Path(os.environ.get("TUNER_HOME") or Path.cwd())
+    if found.exists() and not found.is_dir():
+        from tuner.errors import TunerError
+
+        raise TunerError(f"TUNER_HOME={found} is a file, not a folder")
+    return found
 
 
 def cache_dir() -> Path:

@@ -145,8 +145,8 @@ def read_manifest(directory: Path) -> dict:
     path = Path(directory) / MANIFEST
     try:
         manifest = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise RuntimeError(f"{directory} is not a tuned export: no {MANIFEST} (make one with `tuner export-best`)") from exc
+    except FileNotFoundError:  # the message says it all: no chained traceback of the missing file
+        raise RuntimeError(f"{directory} is not a tuned export: no {MANIFEST} (make one with `tuner export-best`)") from None
     except ValueError as exc:
         raise RuntimeError(f"{path} is not valid JSON: {exc}") from exc
     if manifest.get("checksum") != manifest_checksum(manifest):

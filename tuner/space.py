@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from tuner import declare
-from tuner.errors import SpaceError
+from tuner.errors import DtypeError, SpaceError
 from tuner.variant import Variant
 
 _DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
@@ -29,7 +29,7 @@ def dtype_name(name: str, among: Sequence[str] | None = None, what: str = "a") -
     `among`, a SpaceError where it is not one of them (`what`: whose dtype, for the message)."""
     found = _DTYPE_ALIASES.get(name.lower(), name.lower())
     if among is not None and found not in among:
-        raise SpaceError(f"{what} dtype {found!r} is not one of {list(among)}")
+        raise DtypeError(f"{what} dtype {found!r} is not one of {list(among)}")
     return found
 
 

@@ -84,6 +84,22 @@ percent = number(0, 100)
 whole = integer(-2**63, 2**63 - 1)  # an op's int scalar (int64_t)
 
 
+def name(text: str) -> str:
+    """A study's name or a storage: not blank (an empty one meant the default, silently)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a name, got {_quoted(text)}")
+    return text
+
+
+def folder(text: str) -> Path:
+    """A folder to write into (made where missing): not a file that is there (`--out /dev/null`), which
+    failed half-way, after the command had written what came before."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{_quoted(text)} is a file, not a folder")
+    return path
+
+
 def real(text: str) -> float:
     """Any finite number (an op's float scalar)."""
     try:

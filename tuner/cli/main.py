@@ -56,14 +56,14 @@ def _family_parser() -> argparse.ArgumentParser:
 def _study_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--objective", default="fwd+bwd", choices=("fwd", "bwd", "fwd+bwd"))
-    p.add_argument("--storage", help=STORAGE_HELP)
-    p.add_argument("--study", help="study name (default: family-GPU-problem-objective)")
+    p.add_argument("--storage", type=cli_args.name, help=STORAGE_HELP)
+    p.add_argument("--study", type=cli_args.name, help="study name (default: family-GPU-problem-objective)")
     return p
 
 
 @command
 def cmd_search(args: argparse.Namespace) -> int:
-    from tuner import paths, search
+    from tuner import families, paths, search
     from tuner.store import study
     from tuner.measure import worker
 
@@ -73,13 +73,20 @@ def cmd_search(args: argparse.Namespace) -> int:
                          + (" (with --simulate: the GPU it was recorded on)" if args.simulate else ""))
     cli_args.recording(args.simulate, "--simulate")
     cli_args.recording(args.import_records, "--import-records")
+    if args.simulate and args.arch:
+        raise UsageError("--arch: a simulated search replays the recording's GPU and compiles nothing; drop --arch")
     if args.problems is not None:
         if args.study:
-            raise TunerError("--problems searches one study per problem, named after it: drop --study")
+            raise UsageError("--problems searches one study per problem, named after it: drop --study")
         captured = cli_problems.read(args.problems, args.family if "--family" in args.options else None)
         problem = captured[0][0]
     else:
         problem = cli_target.problem(args)
+    faults = tuple(f for f in (args.plant_faults or "").split(",") if f)
+    known = families.get(problem.family).FAULTS  # before the study is made: a failed command leaves none
+    if any(f not in known for f in faults):
+        raise UsageError(f"--plant-faults: unknown {[f for f in faults if f not in known]}; known: "
+                         f"{', '.join(known) or f'none for {problem.family}'}")
     if not args.simulate:
         gpus.can_search(args.gpu)  # before the storage is opened: a search that cannot run writes nothing
         # its workers start now, while Optuna is imported and the study read (logged as LiveEvaluator logs them)
@@ -92,7 +99,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         storage=args.storage, study=args.study, objective=args.objective, simulate=args.simulate,
         simulate_delay=args.simulate_delay,
         import_records=args.import_records,
-        plant_faults=tuple(f for f in (args.plant_faults or "").split(",") if f),
+        plant_faults=faults,
         arch=args.arch, jobs=args.jobs, batch=args.ask_batch, top_k=args.top_k, eval_timeout=args.eval_timeout,
         seed=args.seed, warm_start=not args.no_warm_start, progress=not args.quiet, prune=args.prune or None, devices=args.devices)
     if args.problems is not None:
@@ -146,10 +153,10 @@ def cmd_samplers(args: argparse.Namespace) -> int:
     names = [n for n in args.samplers.split(",") if n]
     unknown = [n for n in names if n not in search.SAMPLERS]
     if unknown or not names:
-        raise TunerError(f"--samplers: unknown {unknown or 'none given'}; known: {', '.join(search.SAMPLERS)}")
+        raise UsageError(f"--samplers: unknown {unknown or 'none given'}; known: {', '.join(search.SAMPLERS)}")
     cli_args.recording(args.simulate, "--simulate")
     if args.first_seed + args.seeds > 2**32:
-        raise TunerError(f"--first-seed {args.first_seed} --seeds {args.seeds}: seeds go up to 2**32 - 1")
+        raise UsageError(f"--first-seed {args.first_seed} --seeds {args.seeds}: seeds go up to 2**32 - 1")
     if args.csv is not None and (args.csv.is_dir() or not args.csv.parent.is_dir()):
         raise TunerError(f"--csv {args.csv}: {'a folder' if args.csv.is_dir() else 'its folder does not exist'}")
     problem = cli_target.problem(args)
@@ -252,10 +259,10 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=cli_args.count, default=10, help="variants to list (default 10)")
 
     s = sub.add_parser("export-best", parents=[family_opt, target], help="export the winners of a GPU's studies")
-    s.add_argument("--study", help="export this study only")
-    s.add_argument("--out", type=Path, help="artifact folder (default: exports/<family>-<GPU> under $TUNER_HOME)")
-    s.add_argument("--storage", help=STORAGE_HELP)
-    s.add_argument("--wheel", type=Path, metavar="DIR",
+    s.add_argument("--study", type=cli_args.name, help="export this study only")
+    s.add_argument("--out", type=cli_args.folder, help="artifact folder (default: exports/<family>-<GPU> under $TUNER_HOME)")
+    s.add_argument("--storage", type=cli_args.name, help=STORAGE_HELP)
+    s.add_argument("--wheel", type=cli_args.folder, metavar="DIR",
                    help="also write a pip-installable wheel of the export into DIR (needs torch alone)")
     s.add_argument("--sources-only", action="store_true",
                    help="write sources only, no binaries (loading then builds them)")
@@ -269,10 +276,10 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--problems", type=Path, metavar="FILE",
                    help="shapes from tuner.capture: the tuned op against torch's op alone at each captured problem "
                         "of the family, instead of the default configurations")
-    s.add_argument("--out", type=Path, help="folder (default: bench-results under $TUNER_HOME)")
+    s.add_argument("--out", type=cli_args.folder, help="folder (default: bench-results under $TUNER_HOME)")
 
     s = sub.add_parser("report", parents=problem, help="CSV, importances and plots of a study")
-    s.add_argument("--out", type=Path, help="folder (default: reports/<study> under $TUNER_HOME)")
+    s.add_argument("--out", type=cli_args.folder, help="folder (default: reports/<study> under $TUNER_HOME)")
 
     sizes = argparse.ArgumentParser(add_help=False)
     cli_target.add_problem_args(sizes, family or families.DEFAULT)
@@ -293,10 +300,10 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
                    help="exit 1 when the default sampler's (ranked) median is above PCT %% of the space")
 
     s = sub.add_parser("list", help="list stored studies")
-    s.add_argument("--storage", help=STORAGE_HELP)
+    s.add_argument("--storage", type=cli_args.name, help=STORAGE_HELP)
 
     s = sub.add_parser("dashboard", help="Optuna's dashboard on a storage (pip install optuna-dashboard)")
-    s.add_argument("--storage", help=STORAGE_HELP)
+    s.add_argument("--storage", type=cli_args.name, help=STORAGE_HELP)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=cli_args.port, default=8080)
     for s in sub.choices.values():  # --debug after the command too
@@ -312,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _run(argv)
         finally:
-            sys.stdout.flush()  # here rather than at exit, so that a closed pipe is caught below
+            if sys.stdout is not None:  # None: started with stdout closed (`>&-`), and print() writes nothing
+                sys.stdout.flush()  # here rather than at exit, so that a closed pipe is caught below
     except BrokenPipeError:
         # The reader went away (`tuner variants | head -1`). As Python's docs advise (signal, "Note
         # on SIGPIPE"): stdout to devnull, so the interpreter's last flush does not fail again.

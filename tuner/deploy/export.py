@@ -175,8 +175,8 @@ def read(directory: Path) -> dict:
     path = directory / MANIFEST
     try:
         manifest = runtime.read_manifest(directory)  # JSON, the manifest's checksum, the binaries' hashes
-    except RuntimeError as exc:
-        raise TunerError(str(exc)) from exc
+    except RuntimeError as exc:  # the same message, as the project's own error
+        raise TunerError(str(exc)) from None
     if manifest.get("format") not in FORMATS or manifest.get("family") not in families.names():
         raise TunerError(f"{path}: unsupported artifact (format {manifest.get('format')}, "
                          f"family {manifest.get('family')}; installed families: {', '.join(families.names())})")

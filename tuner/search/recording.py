@@ -216,9 +216,9 @@ class Book:
         base = self.space.tuned(next(iter(self.space)))
         for fault in faults:
             if fault not in known_faults:
-                from tuner.errors import TunerError
+                from tuner.errors import UsageError
 
-                raise TunerError(f"unknown fault {fault!r}; known: {', '.join(known_faults)}")
+                raise UsageError(f"unknown fault {fault!r}; known: {', '.join(known_faults)}")
             if fault not in known:
                 self.study.enqueue_trial(base, user_attrs={"fault": fault, "owner": searchers.owner()})
 
