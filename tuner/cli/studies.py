@@ -158,6 +158,8 @@ def cmd_export_best(args: argparse.Namespace) -> int:
             slower = sum(e.get("served_by") == "torch" and "checked" in e for e in manifest["entries"])
             print(f"checked the op against torch's at its {len(ratios)} variant-served problems: "
                   f"{slower} slower in a cell (wall or GPU, forward or forward+backward), now served by torch's op")
+        elif serving.problems_bench(manifest["family"]) is None:  # nothing would check it on a GPU either
+            print(f"not checked at its problems ({why}): its winners were timed against torch's op in the search")
         else:
             print(f"not checked at its problems ({why}): `tuner export-best` on the GPU checks them")
     describe = cli_target.cli_part(manifest["family"]).describe
