@@ -151,7 +151,7 @@ def test_cli_variants_json_count(capsys):
     assert cli.main(["variants", "--gpu", "L4", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["arch"] == "sm_89" and data["count"] == 1136 == len(data["variants"])
-    assert cli.main(["variants", "--gpu", "V1000"]) == 1
+    assert cli.main(["variants", "--gpu", "V1000"]) == 2  # a usage error (docs/cli.md)
     assert "unknown GPU 'V1000'" in capsys.readouterr().err
 
 
