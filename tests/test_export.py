@@ -92,6 +92,33 @@ def test_every_dtype_pair_is_bound():
     assert all(b["tuned_for"] == "" for b in pairs[("bfloat16", "uint8")])
 
 
+def test_pairs_torch_does_not_fuse_are_bound_with_the_tuned_parameters():
+    """RMSNorm: an untuned pair whose weight dtype differs from x's (torch's unfused path) binds the
+    tuned parameters rendered for it, even where torch's fused op won the tuned problem; an untuned
+    pair of one dtype stays torch's. Cross-entropy: torch's op is never fused, every pair is bound."""
+    from tuner.families import cross_entropy, rms_norm
+
+    def entry(space, problem, served="variant"):
+        v = next(iter(space))
+        return {"problem": problem, "variant": v.name, "params": v.as_dict(), "served_by": served}
+
+    rms = [entry(rms_norm.space(), rms_norm.Problem().__dict__),
+           entry(rms_norm.space(), {**rms_norm.Problem().__dict__, "rows": 64}, "torch")]
+    bound = binaries.bound("rms_norm", rms)
+    pairs = {}
+    for b in bound:
+        pairs.setdefault((b["problem"]["x"], b["problem"]["weight"]), []).append(b)
+    assert set(pairs) == {("bfloat16", "bfloat16")} | {(x, w) for x in rms_norm.DTYPES for w in rms_norm.DTYPES
+                                                        if x != w}
+    assert [b.get("served_by") for b in pairs[("bfloat16", "bfloat16")]] == [None, "torch"]
+    for pair in (("float16", "float32"), ("bfloat16", "float32")):
+        assert all(b["tuned_for"] == "bfloat16/bfloat16" and b["params"]["x"] == pair[0] for b in pairs[pair])
+        assert len(pairs[pair]) == 2  # the problem torch's fused op won too: its unfused one would not
+    ce = cross_entropy.space()
+    bound = binaries.bound("cross_entropy", [entry(ce, cross_entropy.Problem().__dict__)])
+    assert sorted(b["params"]["logits"] for b in bound) == sorted(cross_entropy.DTYPES)
+
+
 def test_a_joined_winner_is_exported_and_its_nearest_point_taken_by_halves(tmp_path):
     """A winner joining one variant's forward to another's backward (EmbeddingBag, bfloat16):
     its source holds both; the nearest point of another dtype pair is each half's, joined (what a

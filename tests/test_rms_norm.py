@@ -101,6 +101,41 @@ def test_bad_input_is_refused_clearly(op):
         op(torch.tensor(1.0), None)
 
 
+def test_the_bindings_python_entry_is_the_op(op):
+    """runtime.entry: the op through torch's argument parser, as ATen's functions are called (no
+    torch.ops packet): the packet's answers, gradients, defaults, keywords and errors; a call that
+    torch function handling must see goes through the packet."""
+    from torch.overrides import TorchFunctionMode
+
+    entry = runtime.entry("rms_norm")
+    assert entry is not op and entry.__name__ == "rms_norm"
+    x, w = rms_norm.make_inputs(6, 40, "float32", "float32", device="cpu", seed=2)
+    torch.testing.assert_close(entry(x, w, 1e-5), op(x, w, 1e-5))
+    torch.testing.assert_close(entry(x), op(x))  # the defaults: no weight, eps 1e-6
+    torch.testing.assert_close(entry(x, eps=1e-3, weight=w), op(x, w, 1e-3))
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    g = torch.randn_like(x)
+    got = torch.autograd.grad(entry(xg, wg), (xg, wg), g)
+    want = torch.autograd.grad(op(xg, wg), (xg, wg), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match=r"weight must have shape \[40\]"):
+        entry(x, torch.ones(7))
+    with pytest.raises(TypeError, match="eps"):
+        entry(x, w, "small")
+
+    class Seen(TorchFunctionMode):
+        calls: list = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        torch.testing.assert_close(entry(x, w), op(x, w))
+    assert op in Seen.calls
+
+
 def test_calls_no_variant_takes_are_torch_s(op):
     """No weight, a frozen weight, float64: every form F.rms_norm accepts works, with its results."""
     x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
@@ -137,7 +172,8 @@ def test_served_by_the_winner_only_where_it_beats_torch_in_forward_and_in_sum():
 def test_export_binds_torch_where_no_variant_beat_it_and_for_untuned_pairs(tmp_path, shared_home):
     """An export of three bfloat16 problems, one where torch's op won: the binding (C++, its
     variants built for sm_90 and staged, never run here) serves each call as the export says,
-    torch beyond a tuned problem's reach and for every dtype pair nobody tuned."""
+    torch beyond a tuned problem's reach and for every same-dtype pair nobody tuned; a pair torch does
+    not fuse (a weight of another dtype than x) runs the tuned parameters, rendered for it, at every shape."""
     space = rms_norm.space()
     fast = space.variant(threads_per_row=256, block_size=256, vec=8, unroll=2, rstd="saved",
                          grad_weight="partials", bwd_blocks=2, walk="resident")
@@ -156,8 +192,12 @@ def test_export_binds_torch_where_no_variant_beat_it_and_for_untuned_pairs(tmp_p
     manifest = export.read(out)
     assert [e["served_by"] for e in manifest["entries"]] == ["variant", "variant", "torch"]
     bound = manifest["binaries"]["bound"]
-    assert [b.get("variant") for b in bound] == [fast.name, wide.name, None]  # bfloat16/bfloat16 alone
-    assert "library" not in bound[2] and len(manifest["binaries"]["libraries"]) == 2  # torch's row needs none
+    tuned = [b for b in bound if not b.get("tuned_for")]
+    assert [b.get("variant") for b in tuned] == [fast.name, wide.name, None]  # bfloat16/bfloat16's own
+    assert "library" not in tuned[2]  # torch's row needs none
+    mixed = {(b["problem"]["x"], b["problem"]["weight"]) for b in bound if b.get("tuned_for")}
+    assert mixed == {(x, w) for x in rms_norm.DTYPES for w in rms_norm.DTYPES if x != w}
+    assert all(b["tuned_for"] == "bfloat16/bfloat16" and "library" in b for b in bound if b.get("tuned_for"))
     ops = binding.load("rms_norm")
     keep = runtime.stage(rms_op.OP, ops, bound, {n: out / n for n in manifest["binaries"]["libraries"]})
     ops.publish(False, rms_op.OP.reach)
@@ -168,6 +208,10 @@ def test_export_binds_torch_where_no_variant_beat_it_and_for_untuned_pairs(tmp_p
     assert ops.served([65536, 768], bf16, bf16) == "torch"  # the variant did not beat torch here
     assert ops.served([65536, 1024], bf16, bf16) == "torch"  # nearest to that problem
     assert ops.served([64, 128], bf16, bf16) == "torch"  # beyond every tuned problem's reach
-    for x, w in ((fp32, fp32), (fp16, fp32), (bf16, fp32), (fp16, fp16)):
-        assert ops.served([4096, 4096], x, w) == "torch"  # untuned pairs
+    for x, w in ((fp32, fp32), (fp16, fp16)):
+        assert ops.served([4096, 4096], x, w) == "torch"  # untuned pairs torch fuses
+    for x, w in ((fp16, fp32), (bf16, fp32), (fp32, bf16)):  # unfused by torch: the tuned parameters, anywhere
+        assert ops.served([4096, 4096], x, w).startswith("rms_norm.")
+        assert ops.served([64, 128], x, w) == ops.served([4096, 4096], x, w)
+        assert ops.served([65536, 768], x, w) != "torch"  # where torch's fused op won, its unfused one does not
     del keep

@@ -337,16 +337,17 @@ def pair(op: declare.Op, problem: dict, fields: dict | None = None) -> int:
 
 
 def spec(op: declare.Op, family: str, reference: Callable, torch_op: Callable | None = None, reach: float = 0.0,
-         extras: dict | None = None, untuned_by_baseline: bool = True, dtype_fields: dict | None = None
-         ) -> runtime.OpSpec:
+         extras: dict | None = None, untuned_by_baseline: bool = True, dtype_fields: dict | None = None,
+         unfused: Callable[[dict], bool] | None = None) -> runtime.OpSpec:
     """The runtime's OpSpec of a declared op: a winner's problem names its sizes as the
     declaration does (`rows`, `width`; those its `key` reads, where it declares one), and each
     varying tensor's dtype by the tensor's name, or by the field `dtype_fields` names for it.
     `untuned_by_baseline=False`: a dtype pair no search tuned runs the tuned parameters nearest it
-    (rendered for its dtypes) instead of the baseline."""
+    (rendered for its dtypes) instead of the baseline. `unfused(problem)`: torch's op has no fused
+    kernel for the problem's dtypes: variants serve that pair at every shape, tuned or not."""
     return runtime.OpSpec(
         family=family, op=op.name, namespace=f"tuner_{family}", abi=op.abi,
         impls=impls(op, reference, torch_op, f"tuner_{family}"),
         shape=lambda problem: shape_key(op, problem), extras=dict(extras or {}),
         baseline=op.baseline is not None, reach=reach, pair=lambda problem: pair(op, problem, dtype_fields),
-        reference=reference, torch_op=torch_op, untuned_by_baseline=untuned_by_baseline)
+        reference=reference, torch_op=torch_op, untuned_by_baseline=untuned_by_baseline, unfused=unfused)

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 VALIDATE = {"deferred": 0, "sync": 1, "async": 2}  # the bindings' codes
-# The control ops a binding offers this runtime (templates/common/tuner_op.h); 3: stage(variant,
-# int pair, int[] shape, int kind, str tuned_for), publish(reference, reach), where variant 0 is
-# the baseline. Binaries built for another protocol are not bound.
-OP_PROTOCOL = 3
+# The control ops a binding offers this runtime (templates/common/tuner_op.h); 4: stage(variant,
+# int pair, int[] shape, int kind, str tuned_for), set_reach(pair, reach), publish(reference, reach),
+# where variant 0 is the baseline. Binaries built for another protocol are not bound.
+OP_PROTOCOL = 4
 MANIFEST = "manifest.json"
 
 
@@ -69,6 +69,10 @@ class OpSpec:
     reach: float = 0.0
     pair: Callable[[dict], int] | None = None
     untuned_by_baseline: bool = True
+    # `unfused(problem)`: whether torch's op has no fused kernel for the problem's dtypes (RMSNorm's
+    # float32 weight over 16-bit x): there a variant serves every shape (no reach), and an untuned
+    # pair the nearest tuned problem's parameters rendered for it.
+    unfused: Callable[[dict], bool] | None = None
     # A declared op's (tuner/opspec.py): its float64 reference and the torch op it replaces, in
     # Python (the search checks against the one and times the other).
     reference: Callable | None = None
@@ -85,6 +89,8 @@ class Loaded:
 
 
 _loaded: dict[str, Loaded] = {}  # family -> what this copy of the runtime bound last
+_entries: dict[str, Callable] = {}  # op -> its binding's own Python function (`python_entry`)
+_compiling: Callable[[], bool] = bool  # torch.compiler.is_compiling once an op is bound (looked up once)
 
 
 # ----------------------------------------------------------------- identity and checks
@@ -190,6 +196,34 @@ def load_binding(path: Path, namespace: str):
     return getattr(torch.ops, namespace)
 
 
+def python_entry(binding: Path, op: str) -> Callable:
+    """The op as its binding offers it to Python (`tuner_python_<op>`, templates/common/declared_op.cpp.j2):
+    torch's argument parser and the dispatcher, as ATen's functions are called, without the
+    `torch.ops` packet's generic parsing (a few µs a call); the packet where the binding has none."""
+    import torch
+
+    packet = getattr(torch.ops.tuner, op)
+    path = {Path(p).name: p for p in torch.ops.loaded_libraries}.get(Path(binding).name, str(binding))
+    try:
+        make = getattr(ctypes.PyDLL(path), f"tuner_python_{op}")
+    except (OSError, AttributeError):  # a binding without its own entry (a hand-written op)
+        return packet
+    make.restype, make.argtypes = ctypes.py_object, [ctypes.py_object]
+    return make(packet)
+
+
+def entry(op: str) -> Callable:
+    """The function Python code calls the loaded op through (tuner.functional does): the binding's
+    own (`python_entry`), or `torch.ops.tuner.<op>` where none is bound or torch.compile traces the
+    caller (the packet is what a graph records)."""
+    found = _entries.get(op)
+    if found is not None and not _compiling():
+        return found
+    import torch
+
+    return getattr(torch.ops.tuner, op)
+
+
 def register_python(spec: OpSpec) -> None:
     """The CPU and fake implementations of the C++-defined ops, once per process (a second copy
     of the runtime, e.g. a wheel's beside tuner's, finds them registered and leaves them)."""
@@ -243,7 +277,9 @@ def bind(spec: OpSpec, binding: Path, bound: list[dict], libraries: dict[str, Pa
     if validate not in VALIDATE:
         raise ValueError(f"validate must be one of {tuple(VALIDATE)}: 'async' raises on a later call without "
                          "syncing, 'sync' raises at once (a sync per call), 'deferred' at check_errors()")
+    global _compiling
     ops = load_binding(binding, spec.namespace)
+    _entries[spec.op], _compiling = python_entry(binding, spec.op), torch.compiler.is_compiling
     ops.set_error_module(__name__)  # the C++ raises this module's KernelInputError
     register_python(spec)
     handles = []
@@ -262,6 +298,8 @@ def stage(spec: OpSpec, ops, bound: list[dict], libraries: dict[str, Path]) -> l
     opened = {name: ctypes.CDLL(str(path)) for name, path in libraries.items()}
     for b in bound:
         sizes, kind = spec.shape(b["problem"])
+        if spec.unfused is not None and spec.unfused(b["problem"]):
+            ops.set_reach(spec.pair(b["problem"]), 0.0)  # variants serve every shape of the pair
         if b.get("served_by") == "torch":  # the baseline, where no variant beat it
             ops.stage(0, spec.pair(b["problem"]), [int(n) for n in sizes], int(kind), "")
             continue

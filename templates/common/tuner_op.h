@@ -214,6 +214,9 @@ struct Winner {
 template <class Vtable>
 struct Pair {
   std::vector<Winner<Vtable>> winners;
+  // How far (log distance) a tuned problem of this pair serves: -1 the table's reach; 0 every
+  // shape (a pair whose torch op is unfused, where a variant wins far from its tuned problem too).
+  double reach = -1;
   std::shared_ptr<std::atomic<bool>> warned = std::make_shared<std::atomic<bool>>(false);
 };
 
@@ -271,6 +274,14 @@ class Op {
     staging_.pairs[pair].winners.push_back(Winner<Vtable>{std::move(shape), kind, vt, std::move(tuned_for)});
   }
 
+  // The staged pair's own reach (see Pair::reach).
+  void set_reach(int64_t pair, double reach) {
+    TORCH_CHECK(pair >= 0 && pair < pairs_, name, ": no dtype pair ", text(pair));
+    TORCH_CHECK(reach >= 0, name, ": a reach must be 0 (no limit) or more");
+    std::lock_guard<std::mutex> lock(mutex_);
+    staging_.pairs[pair].reach = reach;
+  }
+
   // Makes the staged winners the live table (calls in flight keep the one they took).
   void publish(bool reference, double reach) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -325,7 +336,8 @@ class Op {
                                What&& what) const {
     double d = 0;
     const int64_t i = nearest(t, pair, shape, kind, &d);
-    if (has_baseline_ && (i < 0 || (t.reach > 0 && d > t.reach + 1e-9))) return baseline_;
+    const double reach = i < 0 || t.pairs[pair].reach < 0 ? t.reach : t.pairs[pair].reach;
+    if (has_baseline_ && (i < 0 || (reach > 0 && d > reach + 1e-9))) return baseline_;
     return checked(t, pair, i, what);
   }
 
@@ -459,7 +471,8 @@ struct OnCpu<Ret(Args...)> {
 
 // The binding's control ops in namespace `ns` for the tuner_op::Op object `op` (what
 // tuner.runtime calls): stage a winner (its table's address, or 0 and the dtype pair for the
-// baseline; tuned shape, kind, the dtype pair it was tuned for when not its own), publish the
+// baseline; tuned shape, kind, the dtype pair it was tuned for when not its own), a pair's own
+// reach, publish the
 // staged ones (with the reach of a tuned problem), the validate mode, errors.
 #define TUNER_OP_CONTROL(ns, op)                                                                             \
   TORCH_LIBRARY_FRAGMENT(ns, m) {                                                                           \
@@ -467,6 +480,7 @@ struct OnCpu<Ret(Args...)> {
           [](int64_t v, int64_t p, c10::IntArrayRef s, int64_t k, std::string t) {                           \
             op.stage(v, p, s.vec(), k, std::move(t));                                                        \
           });                                                                                                \
+    m.def("set_reach(int pair, float reach) -> ()", [](int64_t p, double reach) { op.set_reach(p, reach); }); \
     m.def("publish(bool reference, float reach) -> ()", [](bool r, double reach) { op.publish(r, reach); }); \
     m.def("has_baseline() -> bool", []() { return op.has_baseline(); });                                     \
     m.def("set_check(int mode) -> ()", [](int64_t mode) { op.set_check(mode); });                            \

@@ -60,6 +60,29 @@ def _prepared(op: declare.Op, t) -> str:
     return f"{t.name}.has_value() ? {ready} : at::Tensor()" if t.name in op.nullable else ready
 
 
+PARSER = {"int": ("int64_t", "toInt64"), "float": ("double", "toDouble"), "bool": ("bool", "toBool"),
+          "str": ("c10::string_view", "stringView")}  # a scalar's type in torch's PythonArgParser, its reader
+
+
+def python_entry(op: declare.Op) -> tuple[str, list[str]]:
+    """The op's Python signature as torch's PythonArgParser reads it (ATen's bindings' parser: the
+    op's schema with C++ scalar types) and each input's C++ read from the parsed arguments `r`."""
+    head, _, _ = op.schema().partition(" -> ")
+    name, _, listed = head.partition("(")
+    args, reads = [], []
+    for i, (text, a) in enumerate(zip(listed.rstrip(")").split(", "), op.inputs)):
+        kind, _, rest = text.partition(" ")
+        optional = kind.endswith("?")
+        if isinstance(a, declare.Tensor):
+            args.append(text)
+            reads.append(f"r.optionalTensor({i})" if optional else f"r.tensor({i})")
+            continue
+        cpp, reader = PARSER[kind.rstrip("?")]
+        args.append(f"{cpp}{'?' if optional else ''} {rest}")
+        reads.append(f"r.{reader}{'Optional' if optional else ''}({i})")
+    return f"{name}({', '.join(args)})", reads
+
+
 def _baseline_body(op: declare.Op) -> str | None:
     """The baseline's function body: its statements as declared, or a `return` of its expression."""
     if op.baseline is None:
@@ -125,8 +148,10 @@ def context(op: declare.Op, family: str | None = None) -> dict:
 
     bwd_type = ("at::Tensor" if len(op.differentiable) == 1
                 else f"std::tuple<{', '.join('at::Tensor' for _ in op.differentiable)}>")
+    python_signature, python_reads = python_entry(op)
     return {
         "op": op, "name": op.name, "macro": op.name.upper(), "abi": op.abi,
+        "python_signature": json.dumps(python_signature), "python_reads": python_reads,
         **op.structs,
         "c_scalar": {s.name: declare.SCALAR_TYPES[s.type][1] for s in op.scalars},
         "words": {s.name: "  // " + ", ".join(f"{i} {c}" for i, c in enumerate(s.choices)) if s.choices else ""

@@ -114,6 +114,9 @@ def elsewhere(op) -> str | None:
     the nearest winner serves every call)."""
     if not op.baseline:
         return None
+    if op.untuned_by_baseline and op.reach and op.unfused is not None:
+        return ("dtype pairs and shapes far from every tuned problem are served by torch's op, but where torch's op "
+                "is unfused (dtypes it does not fuse), the nearest tuned problem's parameters serve every shape")
     if op.untuned_by_baseline and op.reach:
         return "dtype pairs and shapes far from every tuned problem are served by torch's op"
     if op.untuned_by_baseline:

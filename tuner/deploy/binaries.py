@@ -26,9 +26,11 @@ from tuner.variant import Variant
 def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
     """The winners an op binds, in the order the binding gets them: per dtype pair of the family,
     its tuned entries (those the baseline serves, `served_by` "torch", without a variant). An
-    untuned pair is the baseline's where the op has one (nothing bound; `OpSpec.untuned_by_baseline`);
-    else every entry's parameters are rendered for it (the nearest valid point; of a joined variant,
-    each half's), with `tuned_for` naming the pair they were tuned for."""
+    untuned pair is the baseline's where the op has one (nothing bound; `OpSpec.untuned_by_baseline`)
+    and torch's op for it is fused (`OpSpec.unfused`); else every entry's parameters are rendered for
+    it (the nearest valid point; of a joined variant, each half's; where torch's op is unfused, also
+    those of a problem torch's fused op won), with `tuned_for` naming the pair they were tuned for and
+    the problem given the pair's own dtypes."""
     fam = families.get(family)
     spec = families.part(family, "op").OP
     baseline = spec.baseline
@@ -40,14 +42,15 @@ def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
                 out.append({"problem": e["problem"], "served_by": "torch"})
                 continue
             out.append({"problem": e["problem"], "variant": e["variant"], "params": e["params"], "tuned_for": ""})
-        if same or (baseline and spec.untuned_by_baseline):
+        unfused = spec.unfused is not None and spec.unfused(space.fixed)
+        if same or (baseline and spec.untuned_by_baseline and not unfused):
             continue
         for e in entries:
-            if baseline and e.get("served_by") == "torch":  # where torch beat the tuned pair's winner, torch
+            if baseline and e.get("served_by") == "torch" and not unfused:  # torch beat the tuned pair's winner
                 out.append({"problem": {**e["problem"], **space.fixed}, "served_by": "torch"})
                 continue
             v = _nearest(space, Variant.of(family, e["params"]))
-            out.append({"problem": e["problem"], "variant": v.name, "params": v.as_dict(),
+            out.append({"problem": {**e["problem"], **space.fixed}, "variant": v.name, "params": v.as_dict(),
                         "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))})
     return out
 

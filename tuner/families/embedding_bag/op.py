@@ -115,19 +115,19 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float =
     where the export says so); a call with max_norm (which renormalizes the table in place),
     scale_grad_by_freq or sparse=True, on another device or in other dtypes, to F.embedding_bag
     itself, so that every call torch accepts works and the results are torch's."""
-    import torch
-    import torch.nn.functional as F
-
-    weights, indices = runtime.dtypes(WEIGHT_DTYPES), runtime.dtypes(INDEX_DTYPES)
-    if (max_norm is not None or scale_grad_by_freq or sparse or not weight.is_cuda or input.is_nested
-            or input.device != weight.device or weight.dtype not in weights or input.dtype not in indices
+    indices = runtime.dtypes(INDEX_DTYPES)
+    if not (max_norm is not None or scale_grad_by_freq or sparse or not weight.is_cuda or input.is_nested
+            or input.device != weight.device or weight.dtype not in runtime.dtypes(WEIGHT_DTYPES)
+            or input.dtype not in indices
             or (offsets is not None and (offsets.dtype not in indices or offsets.device != weight.device))
             or (per_sample_weights is not None and (per_sample_weights.dtype != weight.dtype or mode != "sum"
                                                     or per_sample_weights.device != weight.device))):
-        return F.embedding_bag(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse,
-                               per_sample_weights, include_last_offset, padding_idx)
-    return torch.ops.tuner.embedding_bag(weight, input, offsets, mode, per_sample_weights, include_last_offset,
-                                         padding_idx)
+        return runtime.entry("embedding_bag")(weight, input, offsets, mode, per_sample_weights, include_last_offset,
+                                               padding_idx)
+    import torch.nn.functional as F
+
+    return F.embedding_bag(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse,
+                           per_sample_weights, include_last_offset, padding_idx)
 
 
 FUNCTIONS = {"embedding_bag": embedding_bag}

@@ -83,8 +83,8 @@ def generalized_box_iou_loss(boxes1, boxes2, reduction: str = "none", eps: float
             return loss.sum()
         return loss.mean() if loss.numel() else 0.0 * loss.sum()
     n = boxes1.numel() // 4  # the op's loss is float32, as torchvision's is for these dtypes
-    loss = torch.ops.tuner.giou_loss(boxes1.reshape(1, n, 4), boxes2.reshape(1, n, 4), _count(n, boxes1.device),
-                                     reduction, eps)
+    loss = runtime.entry("giou_loss")(boxes1.reshape(1, n, 4), boxes2.reshape(1, n, 4), _count(n, boxes1.device),
+                                        reduction, eps)
     return loss.reshape(boxes1.shape[:-1]) if reduction == "none" else loss
 
 

@@ -32,7 +32,7 @@ def llama_rms_norm(self, hidden_states):
             and weight.shape == hidden_states.shape[-1:] and hidden_states.dtype in runtime.dtypes(DTYPES)
             and weight.dtype in runtime.dtypes(DTYPES)):
         return type(self).forward(self, hidden_states)
-    y = torch.ops.tuner.rms_norm(hidden_states, weight, self.variance_epsilon)
+    y = runtime.entry("rms_norm")(hidden_states, weight, self.variance_epsilon)
     out = torch.promote_types(weight.dtype, hidden_states.dtype)
     return y if y.dtype == out else y.to(out)
 

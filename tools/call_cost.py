@@ -1,0 +1,202 @@
+"""What a call of the tuned op costs the host beside torch's own call, at small shapes where the host
+bounds a call.
+
+For each family's export (`FAMILY=DIR`), at a few small problems (and any given with --problem), each
+way of calling is timed as back-to-back calls (the fastest of several rounds, all ways interleaved in
+each round: host noise only adds), forward without gradients and forward+backward
+(`torch.autograd.grad`), in µs a call:
+
+- `F`: torch's own function as a user calls it (F.rms_norm, F.cross_entropy, F.embedding_bag);
+- `torch op`: the family's baseline, torch's op with what the op's contract adds (cross-entropy's
+  float32 loss);
+- `packet`: `torch.ops.tuner.<op>` (what `tuner.load` returns);
+- `entry`: the binding's own Python function (`tuner.runtime.entry`);
+- `TF`: `tuner.functional`'s function with torch's signature (what `tuner.patch` calls).
+
+Every way is checked against the float64 reference first. "served" says who ran the op's call: a
+variant (its kernels ran) or torch's op. One markdown table on stdout and in OUT/call_cost.md.
+
+    python tools/call_cost.py OUT giou=DIR embedding_bag=DIR ... [--problem FAMILY:key=value,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+# Small problems: each family's default problem with these fields replaced.
+SMALL = {
+    "giou": ({"batch": 8, "slots": 16}, {"batch": 64, "slots": 32}),
+    "embedding_bag": ({"rows": 1000, "dim": 32, "bags": 64, "bag_size": 20},
+                      {"rows": 1_000_000, "dim": 32, "bags": 8192, "bag_size": 20}),
+    "rms_norm": ({"rows": 1, "width": 4096}, {"rows": 64, "width": 2048}, {"rows": 512, "width": 4096},
+                 {"rows": 64, "width": 2048, "x": "bfloat16", "weight": "float32"},
+                 {"rows": 4096, "width": 2048, "x": "float16", "weight": "float32"}),
+    "cross_entropy": ({"rows": 1, "vocab": 32000}, {"rows": 64, "vocab": 32000}, {"rows": 512, "vocab": 32000},
+                      {"rows": 1, "vocab": 128256}),
+}
+WAYS = ("F", "torch op", "packet", "entry", "TF")
+
+
+def user_calls(family: str) -> dict:
+    """torch's function and tuner.functional's, each as a function of the op's inputs."""
+    import torch.nn.functional as F
+
+    import tuner.functional as TF
+
+    if family == "rms_norm":
+        return {"F": lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
+                "TF": lambda x, w, eps: TF.rms_norm(x, (x.shape[-1],), w, eps)}
+    if family == "cross_entropy":
+        return {"F": lambda lg, t, ii, ls, red, _: F.cross_entropy(lg, t, ignore_index=ii, label_smoothing=ls,
+                                                                    reduction=red),
+                "TF": lambda lg, t, ii, ls, red, _: TF.cross_entropy(lg, t, ignore_index=ii, label_smoothing=ls,
+                                                                      reduction=red)}
+    if family == "embedding_bag":
+        return {"F": lambda w, i, o, mode, psw, last, pad: F.embedding_bag(
+                    i, w, o, mode=mode, per_sample_weights=psw, include_last_offset=last, padding_idx=pad),
+                "TF": lambda w, i, o, mode, psw, last, pad: TF.embedding_bag(
+                    i, w, o, mode=mode, per_sample_weights=psw, include_last_offset=last, padding_idx=pad)}
+    return {}  # GIoU's functional form takes torchvision's boxes, not the op's padded images
+
+
+def served(fn) -> str:
+    """"variant" where the call ran a variant's kernels (a tuned template's `*_kernel`), else "torch"."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return "variant" if any("tuner_variant" in n or "_kernel<" in n and "at::" not in n for n in names) else "torch"
+
+
+def per_call_us(calls: dict, rounds: int = 7, budget_s: float = 0.02) -> dict[str, float]:
+    """The fastest round's µs a call of each, rounds interleaved."""
+    import torch
+
+    counts = {}
+    for name, fn in calls.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        counts[name] = max(10, min(2000, int(budget_s / max(time.perf_counter() - t0, 1e-6))))
+    best = {name: float("inf") for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(counts[name]):
+                fn()
+            torch.cuda.synchronize()
+            best[name] = min(best[name], (time.perf_counter() - t0) / counts[name] * 1e6)
+    return best
+
+
+def family_rows(family: str, directory: Path, problems: list[dict]) -> list[dict]:
+    import torch
+
+    from tuner import families, runtime
+    from tuner.report import declared
+
+    fam = families.get(family)
+    spec = families.part(family, "op").OP
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        packet = declared._load(directory)
+    entry = getattr(runtime, "entry", lambda op: packet)(spec.op)  # a checkout before it had none
+    ways = {"torch op": spec.torch_op, "packet": packet, "entry": entry, **user_calls(family)}
+    rows = []
+    for change in problems:
+        problem = {**fam.Problem().__dict__, **change}
+        inputs, grad, agree = declared._inputs(family, problem)
+        leaves = [t for t in inputs if getattr(t, "requires_grad", False)]
+        plain = [t.detach() if hasattr(t, "detach") else t for t in inputs]
+        who = served(lambda: packet(*plain))
+        fwd, both = {}, {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's mixed-dtype norm warns that it is not fused
+            try:
+                for name, fn in ways.items():
+                    if name in ("packet", "entry", "TF"):
+                        agree(name, fn(*plain), torch.autograd.grad(fn(*inputs), leaves, grad))
+                    fwd[name] = (lambda fn=fn: fn(*plain))
+                    both[name] = (lambda fn=fn: torch.autograd.grad(fn(*inputs), leaves, grad))
+                fwd_us, both_us = per_call_us(fwd), per_call_us(both)
+            except (NotImplementedError, RuntimeError, AssertionError) as exc:  # torch cannot run it, or a check failed
+                print(f"{family} {change}: not measured: {str(exc).splitlines()[0]}", flush=True)
+                continue
+        label = " ".join(f"{k}={v}" for k, v in change.items())
+        rows.append({"family": family, "problem": label, "served": who, "fwd": fwd_us, "fwd+bwd": both_us})
+        print(row(rows[-1]), flush=True)
+        del inputs, grad, agree, leaves, plain
+        torch.cuda.empty_cache()
+    return rows
+
+
+def row(r: dict) -> str:
+    def cells(us):
+        return " / ".join(f"{us[w]:.1f}" if w in us else "-" for w in WAYS)
+
+    def extra(us):  # the op's path beside torch's: entry over torch's op, TF over F
+        parts = [f"{us['entry'] - us['torch op']:+.1f}"]
+        parts.append(f"{us['TF'] - us['F']:+.1f}" if "TF" in us else "-")
+        return " / ".join(parts)
+
+    return (f"| {r['family']} | {r['problem']} | {r['served']} | {cells(r['fwd'])} | {extra(r['fwd'])} | "
+            f"{cells(r['fwd+bwd'])} | {extra(r['fwd+bwd'])} |")
+
+
+def table(rows: list[dict]) -> str:
+    head = " / ".join(WAYS)
+    return "\n".join([f"| family | problem | served | forward µs: {head} | entry-torch op / TF-F µs | "
+                      f"forward+backward µs: {head} | entry-torch op / TF-F µs |",
+                      "|---|---|---|---|---|---|---|", *(row(r) for r in rows)])
+
+
+def parse_problem(text: str) -> tuple[str, dict]:
+    family, _, fields = text.partition(":")
+    change = {}
+    for field in filter(None, fields.split(",")):
+        key, _, value = field.partition("=")
+        change[key] = int(value) if value.lstrip("-").isdigit() else value
+    return family, change
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("exports", nargs="+", help="FAMILY=DIR: an export of that family")
+    ap.add_argument("--problem", action="append", default=[], help="FAMILY:key=value,...: another problem")
+    ap.add_argument("--only-given", action="store_true", help="only the --problem problems")
+    args = ap.parse_args(argv)
+    import torch
+
+    extra: dict[str, list[dict]] = {}
+    for text in args.problem:
+        family, change = parse_problem(text)
+        extra.setdefault(family, []).append(change)
+    rows = []
+    for item in args.exports:
+        family, _, directory = item.partition("=")
+        problems = ([] if args.only_given else list(SMALL.get(family, ()))) + extra.get(family, [])
+        rows += family_rows(family, Path(directory), problems)
+    import tuner
+
+    text = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}; "
+            f"tuner from {Path(tuner.__file__).parent}\n\n" + table(rows))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "call_cost.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
