@@ -199,11 +199,15 @@ def test_cli_export_best(artifact, tuner_home):
 @pytest.mark.parametrize("family, says", [
     ("giou", "other shapes and dtype pairs run the nearest tuned problem's parameters"),
     ("rms_norm", "dtype pairs and shapes far from every tuned problem are served by torch's op"),
-    ("embedding_bag", "dtype pairs and shapes far from every tuned problem are served by torch's op")])
+    ("embedding_bag", "dtype pairs and shapes far from every tuned problem are served by torch's op"),
+    ("cross_entropy", "torch's op is unfused for every dtype pair")])
 def test_export_best_says_what_serves_calls_near_no_tuned_problem(family, says):
     """GIoU's baseline serves only the problems where it won (no reach, untuned pairs bound to the
-    nearest parameters); RMSNorm's and EmbeddingBag's serve untuned pairs and far shapes too."""
+    nearest parameters); RMSNorm's and EmbeddingBag's serve untuned pairs and far shapes too, but
+    RMSNorm's pairs torch does not fuse, and every cross-entropy pair, run variants."""
     from tuner import families
     from tuner.cli.studies import elsewhere
 
-    assert elsewhere(families.part(family, "op").OP).startswith(says)
+    said = elsewhere(families.part(family, "op").OP, [s.fixed for s in families.get(family).all_spaces()])
+    assert said.startswith(says)
+    assert ("bfloat16/float32" in said) == (family == "rms_norm")

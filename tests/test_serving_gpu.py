@@ -47,7 +47,7 @@ def rms(shared_home, tmp_path_factory):
 
 @pytest.mark.parametrize("shape,x_dtype,w_dtype", [((65536, 768), BF16, BF16), ((4, 1000, 768), BF16, BF16),
                                                    ((4096, 4096), torch.float32, torch.float32),
-                                                   ((3, 5, 64), torch.float16, torch.float32),
+                                                   ((3, 5, 64), torch.float16, torch.float16),
                                                    ((7, 100), BF16, BF16)])
 def test_rms_norm_served_by_torch_is_torch(rms, shape, x_dtype, w_dtype):
     op, _ = rms
@@ -69,6 +69,26 @@ def test_rms_norm_served_by_torch_is_torch(rms, shape, x_dtype, w_dtype):
     frozen = x.clone().requires_grad_()  # a frozen weight (adapter fine-tuning)
     (gx,) = torch.autograd.grad(op(frozen, w), frozen, g)
     assert torch.equal(gx, torch.autograd.grad(F.rms_norm(b[0], (shape[-1],), w, EPS), b[0], g)[0])
+
+
+@pytest.mark.parametrize("rows,width,x_dtype,w_dtype", [(4096, 4096, BF16, torch.float32), (15, 771, torch.float16, torch.float32),
+                                                         (65536, 768, BF16, torch.float32), (512, 4096, torch.float32, BF16)])
+def test_rms_norm_pairs_torch_does_not_fuse_run_a_variant_at_every_shape(rms, rows, width, x_dtype, w_dtype):
+    """A weight of another dtype than x: torch's path is unfused, so the tuned parameters, rendered for
+    the pair, serve it anywhere (even where torch's fused op won the tuned pair), forward and backward."""
+    op, v = rms
+    assert torch.ops.tuner_rms_norm.served([rows, width], x_dtype, w_dtype) not in ("torch", v.name)
+    x, w = rms_norm.make_inputs(rows, width, str(x_dtype)[6:], str(w_dtype)[6:], seed=7)
+    x, w = x.requires_grad_(), w.requires_grad_()
+    y = op(x, w, EPS)
+    assert y.dtype == x.dtype
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    want = F.rms_norm(x64, (width,), w64, EPS)
+    torch.testing.assert_close(y.double(), want, rtol=2e-2, atol=2e-2)
+    g = torch.randn_like(y)
+    for got, ref in zip(torch.autograd.grad(y, (x, w), g), torch.autograd.grad(want, (x64, w64), g.double())):
+        scale = ref.abs().max().item() + 1e-6
+        assert (got.double() - ref).abs().max().item() <= 2e-2 * scale
 
 
 def test_rms_norm_near_a_tuned_problem_runs_its_variant(rms):

@@ -109,14 +109,20 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def elsewhere(op) -> str | None:
+def elsewhere(op, pairs: list[dict] | None = None) -> str | None:
     """What serves the calls near no tuned problem, as the family's OpSpec says (None: no baseline,
-    the nearest winner serves every call)."""
+    the nearest winner serves every call). `pairs`: the family's dtype pairs (each space's fixed
+    dtypes), to say which of them torch does not fuse."""
     if not op.baseline:
         return None
-    if op.untuned_by_baseline and op.reach and op.unfused is not None:
-        return ("dtype pairs and shapes far from every tuned problem are served by torch's op, but where torch's op "
-                "is unfused (dtypes it does not fuse), the nearest tuned problem's parameters serve every shape")
+    unfused = [p for p in pairs or [] if op.unfused is not None and op.unfused(p)]
+    if pairs and len(unfused) == len(pairs):
+        return ("torch's op is unfused for every dtype pair: every shape and pair runs the nearest tuned problem's "
+                "parameters, and torch's op serves only the tuned problems where it was faster")
+    if op.untuned_by_baseline and op.reach and unfused:
+        words = ", ".join("/".join(map(str, p.values())) for p in unfused)
+        return ("dtype pairs and shapes far from every tuned problem are served by torch's op, but the pairs torch "
+                f"does not fuse ({words}) run the nearest tuned problem's parameters at every shape")
     if op.untuned_by_baseline and op.reach:
         return "dtype pairs and shapes far from every tuned problem are served by torch's op"
     if op.untuned_by_baseline:
@@ -171,7 +177,8 @@ def cmd_export_best(args: argparse.Namespace) -> int:
     by_torch = sum(e.get("served_by") == "torch" for e in manifest["entries"])
     print(f"exported {len(manifest['entries'])} tuned problem(s) for {manifest['gpu'].get('gpu_name')} to {out}"
           + (f"; torch's op serves {by_torch} of them, where no variant beat it" if by_torch else ""))
-    untuned = elsewhere(families.part(manifest["family"], "op").OP)
+    untuned = elsewhere(families.part(manifest["family"], "op").OP,
+                        [space.fixed for space in families.get(manifest["family"]).all_spaces()])
     if untuned:
         print(untuned)
     if manifest.get("binaries"):

@@ -37,8 +37,8 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     torch's op where the export says so), every other call to F.rms_norm itself. The op's own checks
     follow in C++: only what decides between the two is asked here (a few hundred ns of Python)."""
     if (input.is_cuda and isinstance(normalized_shape, (tuple, list)) and len(normalized_shape) == 1
-            and input.dim() >= 1 and normalized_shape[0] == input.shape[-1] and input.dtype in runtime.dtypes(DTYPES)
-            and (weight is None or weight.shape == input.shape[-1:])):
+            and input.dim() >= 1 and normalized_shape[0] == input.size(-1) and input.dtype in runtime.dtypes(DTYPES)
+            and (weight is None or (weight.dim() == 1 and weight.size(0) == normalized_shape[0]))):
         return runtime.entry("rms_norm")(input, weight, FLOAT32_EPS if eps is None else eps)
     import torch.nn.functional as F
 
