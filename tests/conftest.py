@@ -8,6 +8,38 @@ import pytest
 os.environ.setdefault("TUNER_CACHE", os.environ.get("TUNER_TEST_CACHE") or tempfile.mkdtemp(prefix="tuner-cache-"))
 
 
+# The families' torch bindings, in the order the test files first load them. Each takes a minute or
+# more of one core to build (it includes torch/extension.h), and the tests run on one core: one
+# background process builds them on the other while the tests run, and a test that needs one finds
+# it built or waits for its build (`tuner.build.binding`'s lock), never builds it twice.
+PREBUILT = ("giou", "cross_entropy", "embedding_bag", "rms_norm")
+_prebuild = None
+
+
+def pytest_sessionstart(session):
+    global _prebuild
+    if os.environ.get("TUNER_TEST_PREBUILD", "1") == "0" or hasattr(session.config, "workerinput"):
+        return
+    import subprocess
+    import sys
+
+    code = "import sys\nfrom tuner.build import binding\nfor f in sys.argv[1:]:\n    binding.library(f)\n"
+    os.makedirs(os.environ["TUNER_CACHE"], exist_ok=True)
+    log = open(os.path.join(os.environ["TUNER_CACHE"], "prebuild.log"), "ab")
+    _prebuild = subprocess.Popen([sys.executable, "-c", code, *PREBUILT], stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A build still under way when the tests end (a run of a few tests) ends with them."""
+    import signal
+
+    if _prebuild is not None and _prebuild.poll() is None:
+        os.killpg(_prebuild.pid, signal.SIGTERM)
+        _prebuild.wait()
+
+
 def _has_cuda() -> bool:
     try:
         import torch

@@ -471,9 +471,8 @@ struct OnCpu<Ret(Args...)> {
 
 // The binding's control ops in namespace `ns` for the tuner_op::Op object `op` (what
 // tuner.runtime calls): stage a winner (its table's address, or 0 and the dtype pair for the
-// baseline; tuned shape, kind, the dtype pair it was tuned for when not its own), a pair's own
-// reach, publish the
-// staged ones (with the reach of a tuned problem), the validate mode, errors.
+// baseline; tuned shape, kind, the dtype pair it was tuned for when not its own), set a pair's
+// own reach, publish the staged ones (with the reach of a tuned problem), the validate mode, errors.
 #define TUNER_OP_CONTROL(ns, op)                                                                             \
   TORCH_LIBRARY_FRAGMENT(ns, m) {                                                                           \
     m.def("stage(int variant, int pair, int[] shape, int kind, str tuned_for) -> ()",                       \
