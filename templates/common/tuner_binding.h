@@ -2,7 +2,12 @@
 // raised as tuner.errors.KernelInputError from C++, Python warnings, and CUDA graph capture
 // checks. Header-only; tuner/binding.py puts this folder on each binding's include path.
 #pragma once
-#include <torch/extension.h>
+// What the bindings use of torch, not <torch/extension.h> (the whole C++ frontend: a binding
+// took 67 s of one core to compile with it, 50 s with these).
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
 #include <c10/cuda/CUDAException.h>
 #include <torch/csrc/Exceptions.h>
 #include <cuda_runtime_api.h>
