@@ -8,8 +8,8 @@ import pytest
 os.environ.setdefault("TUNER_CACHE", os.environ.get("TUNER_TEST_CACHE") or tempfile.mkdtemp(prefix="tuner-cache-"))
 
 
-# The families' torch bindings, in the order the test files first load them. Each takes a minute or
-# more of one core to build (it includes torch/extension.h), and the tests run on one core: one
+# The families' torch bindings, in the order the test files first load them. Each takes about a minute
+# of one core to build (it includes torch's headers), and the tests run on one core: one
 # background process builds them on the other while the tests run, and a test that needs one finds
 # it built or waits for its build (`tuner.build.binding`'s lock), never builds it twice.
 PREBUILT = ("giou", "cross_entropy", "embedding_bag", "rms_norm")
