@@ -117,6 +117,16 @@ def test_pairs_torch_does_not_fuse_are_bound_with_the_tuned_parameters():
     ce = cross_entropy.space()
     bound = binaries.bound("cross_entropy", [entry(ce, cross_entropy.Problem().__dict__)])
     assert sorted(b["params"]["logits"] for b in bound) == sorted(cross_entropy.DTYPES)
+    # the manifest's words for it, per pair
+    said = binaries.serving("rms_norm", rms)
+    assert said["bfloat16/bfloat16"] == ("variants within 4x of their tuned problems, torch's op farther; torch's op "
+                                         "near 64 x 4096, where it was faster")
+    assert said["bfloat16/float32"] == ("variants at every shape (torch's op is unfused here); parameters tuned for "
+                                        "bfloat16/bfloat16")
+    assert said["float16/float16"] == "torch's op (no variant was tuned for this pair)"
+    assert set(binaries.serving("cross_entropy", [entry(ce, cross_entropy.Problem().__dict__)]).values()) == {
+        "variants at every shape (torch's op is unfused here)",
+        "variants at every shape (torch's op is unfused here); parameters tuned for bfloat16"}
 
 
 def test_a_joined_winner_is_exported_and_its_nearest_point_taken_by_halves(tmp_path):

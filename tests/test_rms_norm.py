@@ -191,6 +191,7 @@ def test_export_binds_torch_where_no_variant_beat_it_and_for_untuned_pairs(tmp_p
                                           won(fast, 65536, 768, _timed(31.0, 40.0))], GPU)
     manifest = export.read(out)
     assert [e["served_by"] for e in manifest["entries"]] == ["variant", "variant", "torch"]
+    assert manifest["serving"]["float16/float32"].startswith("variants at every shape")
     bound = manifest["binaries"]["bound"]
     tuned = [b for b in bound if not b.get("tuned_for")]
     assert [b.get("variant") for b in tuned] == [fast.name, wide.name, None]  # bfloat16/bfloat16's own

@@ -55,6 +55,37 @@ def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
     return out
 
 
+def serving(family: str, entries: list[dict]) -> dict[str, str]:
+    """Who serves each dtype pair's calls, in words (the manifest's `serving`, by pair "x/weight"),
+    as `bound` binds them and the binding chooses: the same rule, said once per pair."""
+    import math
+
+    fam = families.get(family)
+    spec = families.part(family, "op").OP
+    binds = bound(family, entries)
+    said = {}
+    for space in fam.all_spaces():
+        mine = [b for b in binds if fam.space_for(b["problem"]).fixed == space.fixed]
+        won = sorted({_sizes(spec, b["problem"]) for b in mine if b.get("served_by") == "torch"})
+        tuned_for = next((b["tuned_for"] for b in mine if b.get("tuned_for")), "")
+        torch_won = f"; torch's op near {', '.join(won)}, where it was faster" if won else ""
+        if not any("variant" in b for b in mine):
+            text = "torch's op" + (" (no variant was tuned for this pair)" if not won else torch_won)
+        elif not spec.baseline or spec.reach == 0 or (spec.unfused is not None and spec.unfused(space.fixed)):
+            why = " (torch's op is unfused here)" if spec.unfused is not None and spec.unfused(space.fixed) else ""
+            text = f"variants at every shape{why}" + torch_won
+        else:
+            text = (f"variants within {math.exp(spec.reach):.0f}x of their tuned problems, torch's op farther"
+                    + torch_won)
+        said["/".join(map(str, space.fixed.values()))] = text + (f"; parameters tuned for {tuned_for}" if tuned_for else "")
+    return said
+
+
+def _sizes(spec, problem: dict) -> str:
+    sizes, _ = spec.shape(problem)
+    return " x ".join(str(n) for n in sizes)
+
+
 def _nearest(space, v: Variant) -> Variant:
     """The valid point of `space` nearest to v's parameters; of a joined variant, each half's."""
     halves = v.halves()

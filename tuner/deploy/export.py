@@ -154,6 +154,8 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = 
         "template_sha256": sha256((templates_dir(family.FAMILY) / family.TEMPLATE).read_text()),
         "entries": entries,
     }
+    if getattr(family, "OP_DECLARATION", None) is not None:  # who serves each dtype pair, in words
+        manifest["serving"] = _binaries.serving(family.FAMILY, entries)
     if binaries:
         manifest["binaries"] = _binaries.write(out, family.FAMILY, entries, gpu.get("arch"))
     manifest["checksum"] = manifest_checksum(manifest)
