@@ -9,6 +9,7 @@ torch, CUDA, Python, platform and GPU match.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -58,8 +59,6 @@ def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
 def serving(family: str, entries: list[dict]) -> dict[str, str]:
     """Who serves each dtype pair's calls, in words (the manifest's `serving`, by pair "x/weight"),
     as `bound` binds them and the binding chooses: the same rule, said once per pair."""
-    import math
-
     fam = families.get(family)
     spec = families.part(family, "op").OP
     binds = bound(family, entries)
