@@ -622,3 +622,57 @@ def test_bench_rows_hold_both_floors_beside_the_tuned_op_and_torch(shared_home, 
     assert rows[0]["fwd_kernel_us"] == pytest.approx(moved / 3.0e6)
     assert moved / (_peak_bandwidth() / 1e6) < rows[1]["fwd_kernel_us"] < 100 * moved / 3.0e6
     assert all(r["fwd_kernel_us"] > 0 and r["fwd_bwd_kernel_us"] > 0 for r in rows[2:])
+
+
+def test_bad_input_where_torch_serves_is_refused_and_the_process_goes_on(shared_home, tmp_path_factory):
+    """Where torch's op serves a call (int32 indices: no variant was tuned for them here; a 1000 x 32
+    table far from the tuned problem), a bad index or offset is refused as a variant refuses it, in
+    each validate mode, and never reaches torch's device-side assert, which would end the process's
+    CUDA context; good calls give torch's results through the guard's copy."""
+    import torch
+    import torch.nn.functional as F
+
+    from tuner import gpus
+    from tuner.deploy import export
+    from tuner.variant import Variant
+
+    params = {"weight": "float32", "index": "int64", "validation": "hoisted", "mapping": "warp", "split": None,
+              "vec": 4, "unroll": 4, "block_size": 128, "staging": "shared", "backward": "atomic"}
+    out = export.write(tmp_path_factory.mktemp("eb-torch-serves"),
+                       [{"variant": Variant.of(eb.FAMILY, params), "problem": eb.Problem(weight="float32").__dict__}],
+                       gpus.attached().describe())
+    op = oploader.load(out, validate="sync")
+    rt = oploader.runtime("embedding_bag")
+    KernelInputError = rt.KernelInputError
+    if oploader.MODE != "wheel":
+        assert torch.ops.tuner_embedding_bag.served([1000, 32, 8, 8, 64, -1], torch.float32, torch.int32, 0) == "torch"
+    w = torch.randn(1000, 32, device="cuda")
+    for dtype in (torch.int32, torch.int64):
+        idx = torch.randint(0, 1000, (64,), device="cuda", dtype=dtype)
+        offs = torch.arange(0, 64, 8, device="cuda", dtype=dtype)
+        for mode in eb.MODES:
+            torch.testing.assert_close(op(w, idx, offs, mode), F.embedding_bag(idx, w, offs, mode=mode))
+        high, low = idx.clone(), idx.clone()
+        high[5], low[0] = 1000, -1
+        rt.set_validate("sync")
+        for bad in (high, low):
+            with pytest.raises(KernelInputError, match="outside"):
+                op(w, bad, offs, "sum")
+            with pytest.raises(KernelInputError, match="outside"):
+                op(w.clone().requires_grad_(), bad, offs, "mean").sum().backward()
+        for offsets in ([0, 9, 3], [0, 65]):  # decreasing; beyond the entries
+            with pytest.raises(KernelInputError, match="offsets"):
+                op(w, idx, torch.tensor(offsets, device="cuda", dtype=dtype), "sum")
+        rt.set_validate("async")
+        op(w, high, offs, "max")  # returns; the next call raises
+        torch.cuda.synchronize()
+        with pytest.raises(KernelInputError, match="earlier call"):
+            op(w, idx, offs, "sum")
+        rt.set_validate("deferred")
+        op(w, low.view(8, 8), None, "sum")
+        with pytest.raises(KernelInputError, match="outside"):
+            rt.check_errors()
+        rt.set_validate("sync")
+        torch.testing.assert_close(op(w, idx, offs, "sum"), F.embedding_bag(idx, w, offs, mode="sum"))
+    torch.cuda.synchronize()  # the context is alive
+    assert float(torch.ones(3, device="cuda").sum()) == 3.0

@@ -164,6 +164,13 @@ class Op:
     # stay 0): the op allocates it zeroed before anything else of the backward (its sort, say), as
     # torch does; the search zeroes it once, outside the timed call.
     zeroed: tuple[str, ...] = ()
+    # Integer inputs torch's op (the baseline) must not see out of range: (input, bound, error) or
+    # (input, bound, error, "ascending"), the bound an expression of the inputs as a check's is.
+    # Where the baseline serves a CUDA call, one kernel checks each entry is in [0, bound) (and not
+    # below the one before it: "ascending") and reports `error` as a validating variant does, and
+    # torch's op gets a copy with entries outside clamped into range: a bad index never reaches
+    # torch's device-side assert, which would end the process's CUDA context.
+    guards: tuple = ()
 
     def __post_init__(self):
         check(self)
@@ -492,6 +499,13 @@ def check(op: Op) -> None:
                  f"(e.g. ('target', 'a target is outside [0, vocab)'))")
     if len(set(error_names)) != len(error_names) or len(error_names) > 8:
         fail(f"errors {error_names}: at most 8, each named once")
+    for g in op.guards if isinstance(op.guards, tuple) else (None,):
+        if not (isinstance(g, tuple) and len(g) in (3, 4) and g[0] in inputs and isinstance(inputs[g[0]], Tensor)
+                and not set(op.root(g[0]).dtypes) - {"int32", "int64"} and g[2] in error_names
+                and g[3:] in ((), ("ascending",)) and op.baseline is not None
+                and _unreadable(op, g[1], number=True) == ""):
+            fail(f"guard {g!r}: (input, bound, error) or (input, bound, error, 'ascending'): an int32/int64 input, "
+                 f"an expression of the inputs, a declared error; with a baseline")
     if not isinstance(op.work, tuple) or not set(op.work) <= {"forward", "backward"} or len(set(op.work)) != len(op.work):
         fail(f"work={op.work!r}: the passes that get it, a tuple of 'forward' and 'backward'")
     if not isinstance(op.key, tuple):

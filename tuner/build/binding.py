@@ -59,6 +59,7 @@ def _key(family: str) -> str:
     source = "".join(sources(family).values())
     source += "".join((templates_dir(family) / f).read_text() for f in fam.BINDING_HEADERS)
     source += "".join(h.read_text() for h in sorted(common_dir().glob("*.h")))
+    source += "".join(f.read_text() for f in _device_files(family))
     source += header_text(family)
     h = hashlib.sha256(f"{source}\0{torch_version()}\0{torch_cuda()}\0{toolkit.nvcc_version()}".encode())
     return h.hexdigest()[:16]
@@ -164,6 +165,15 @@ def build_in_background(family: str) -> subprocess.Popen | None:
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _device_files(family: str) -> list[Path]:
+    """The device code a binding holds: the guard in front of torch's op, where its declaration has
+    guards (templates/common/tuner_guard.cu)."""
+    from tuner.build import declared
+
+    op = declared.declaration(family)
+    return [common_dir() / "tuner_guard.cu"] if op is not None and op.guards else []
+
+
 def _build(family: str, path: Path, verbose: bool) -> None:
     build_dir = path.parent
     files = [templates_dir(family) / f for f in families.get(family).BINDING]
@@ -173,7 +183,8 @@ def _build(family: str, path: Path, verbose: bool) -> None:
         rendered = build_dir / f"{family}_op.cpp"
         rendered.write_text(sources(family)[f"{family}_op.cpp"])
         files.insert(0, rendered)
-    compile_library(path, files, [write_headers(family, build_dir), templates_dir(family)], verbose)
+    compile_library(path, files + _device_files(family), [write_headers(family, build_dir), templates_dir(family)],
+                    verbose)
 
 
 def compile_library(path: Path, files: list[Path], includes: list[Path], verbose: bool = False) -> Path:
@@ -203,6 +214,9 @@ def compile_library(path: Path, files: list[Path], includes: list[Path], verbose
         sources=[str(f) for f in files],
         extra_include_paths=[*(str(i) for i in includes), str(common_dir())],
         extra_cflags=["-O2"],
+        # device code (a guard) as PTX of the oldest architecture CUDA 13 has: one library for every
+        # GPU, whatever the building machine has (an arch flag here keeps torch from adding its own)
+        extra_cuda_cflags=["-O2", "-gencode=arch=compute_75,code=compute_75"],
         build_directory=str(path.parent),
         with_cuda=True,
         is_python_module=False,

@@ -183,7 +183,9 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "prepared": {t.name: _prepared(op, t) for t in op.tensors},
         "baseline_body": _baseline_body(op), "family": family,
         "cpp": {e: expression.cpp(e, {t.name for t in op.tensors}, op.may_be_none, {s.name: s.type for s in op.scalars})
-                for e in (*op.sizes.values(), *(c[0] for c in op.checks))},  # the sizes' and checks' C++
+                for e in (*op.sizes.values(), *(c[0] for c in op.checks), *(g[1] for g in op.guards))},  # sizes', checks', guards' C++
+        "error_bit": {e[0]: i for i, e in enumerate(op.errors)},  # a guard's error's bit
+        "guarded_args": ", ".join(f"{a.name}_safe" if a.name in {g[0] for g in op.guards} else a.name for a in op.inputs),
         "key_cpp": [expression.cpp(e, set(), set(), {n: "int" for n in op.sizes}) for e in op.key],
         "key_call": f"key_of(sizes_of({call_args}))" if op.key else f"sizes_of({call_args})",
         "kind_call": f"{op.kind}_index({op.kind})" if op.kind else "0",  # a word's index among its choices

@@ -46,6 +46,8 @@ OP_DECLARATION = declare.Op(
     table=("int split",),  # entries per chunk of a split bag (0: a group per bag)
     workspace="sizes[2] * (vt->split > 0)",  # a split variant's arrivals, one a bag
     work=("forward", "backward"),  # split bags' partials; the sorted backward's bag of each entry and partials
+    # where torch's op serves a CUDA call: a bad index would fire its device-side assert
+    guards=(("indices", "weight.size(0)", "bad_index"), ("offsets", "indices.numel() + 1", "bad_offset", "ascending")),
     sorted=("indices",),
     zeroed=("weight", "per_sample_weights"),  # rows no entry names, entries in no bag
     # torch's embedding_bag as F.embedding_bag calls it (2-D indices flat, an offset every row; padding
