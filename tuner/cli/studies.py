@@ -136,7 +136,7 @@ def elsewhere(op, pairs: list[dict] | None = None) -> str | None:
 def cmd_export_best(args: argparse.Namespace) -> int:
     from tuner import families
     from tuner.deploy import export
-    from tuner.deploy import serving
+    from tuner.deploy import regions, serving
     from tuner.store import study
 
     if args.wheel and args.sources_only:
@@ -167,6 +167,14 @@ def cmd_export_best(args: argparse.Namespace) -> int:
             slower = sum(e.get("served_by") == "torch" and "checked" in e for e in manifest["entries"])
             print(f"checked the op against torch's at its {len(ratios)} variant-served problems: "
                   f"{slower} slower in a cell (wall or GPU, forward or forward+backward), now served by torch's op")
+            points = regions.grid(manifest["family"], manifest["entries"])
+            if points:  # and around them: each shape served by whichever won there
+                measured = regions.decide(points, regions.measure(out, points), export.SLOWER)
+                out = export.export(names, out, args.storage, checked=ratios, regions=measured)
+                manifest = export.read(out)
+                won = sum(r["served_by"] == "torch" for r in measured)
+                print(f"timed the op against torch's at {len(measured)} shapes around and between them: variants "
+                      f"serve {len(measured) - won} of them, torch's op {won} (the manifest's regions)")
         elif serving.problems_bench(manifest["family"]) is None:  # nothing would check it on a GPU either
             print(f"not checked at its problems ({why}): its winners were timed against torch's op in the search")
         else:

@@ -9,6 +9,7 @@ torch, CUDA, Python, platform and GPU match.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -24,9 +25,16 @@ from tuner.errors import TunerError
 from tuner.variant import Variant
 
 
-def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
+def problem_key(problem: dict) -> str:
+    """A problem as the export names it (its check's ratios, a measured shape's tuned problem)."""
+    return json.dumps(problem, sort_keys=True)
+
+
+def bound(family: str, entries: list[dict], regions: list[dict] = ()) -> list[dict[str, Any]]:
     """The winners an op binds, in the order the binding gets them: per dtype pair of the family,
-    its tuned entries (those the baseline serves, `served_by` "torch", without a variant). An
+    its tuned entries (those the baseline serves, `served_by` "torch", without a variant), then the
+    shapes measured around them (`regions`, tuner.deploy.regions: torch's op, or the variant of the
+    tuned problem `near` them, bound again at the shape). An
     untuned pair is the baseline's where the op has one (nothing bound; `OpSpec.untuned_by_baseline`)
     and torch's op for it is fused (`OpSpec.unfused`); else every entry's parameters are rendered for
     it (the nearest valid point; of a joined variant, each half's; where torch's op is unfused, also
@@ -43,6 +51,14 @@ def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
                 out.append({"problem": e["problem"], "served_by": "torch"})
                 continue
             out.append({"problem": e["problem"], "variant": e["variant"], "params": e["params"], "tuned_for": ""})
+        tuned = {problem_key(b["problem"]): b for b in out if "variant" in b}
+        for r in regions:
+            if fam.space_for(r["problem"]).fixed != space.fixed:
+                continue
+            if r["served_by"] == "torch" or r["near"] not in tuned:
+                out.append({"problem": r["problem"], "served_by": "torch"})
+            else:
+                out.append({**tuned[r["near"]], "problem": r["problem"]})
         unfused = spec.unfused is not None and spec.unfused(space.fixed)
         if same or (baseline and spec.untuned_by_baseline and not unfused):
             continue
@@ -56,7 +72,7 @@ def bound(family: str, entries: list[dict]) -> list[dict[str, Any]]:
     return out
 
 
-def serving(family: str, entries: list[dict]) -> dict[str, str]:
+def serving(family: str, entries: list[dict], regions: list[dict] = ()) -> dict[str, str]:
     """Who serves each dtype pair's calls, in words (the manifest's `serving`, by pair "x/weight"),
     as `bound` binds them and the binding chooses: the same rule, said once per pair."""
     fam = families.get(family)
@@ -76,6 +92,11 @@ def serving(family: str, entries: list[dict]) -> dict[str, str]:
         else:
             text = (f"variants within {math.exp(spec.reach):.0f}x of their tuned problems, torch's op farther"
                     + torch_won)
+        measured = [r for r in regions if fam.space_for(r["problem"]).fixed == space.fixed]
+        if measured:
+            won = [_sizes(spec, r["problem"]) for r in measured if r["served_by"] == "torch"]
+            text += (f"; measured at {len(measured)} shapes around them: variants serve "
+                     f"{len(measured) - len(won)}, torch's op {len(won)}" + (f" ({', '.join(won)})" if won else ""))
         said["/".join(map(str, space.fixed.values()))] = text + (f"; parameters tuned for {tuned_for}" if tuned_for else "")
     return said
 
@@ -112,10 +133,10 @@ def build_variants(family: str, winners: list[dict], arch: str, sources: dict[st
     return placed, {b.so.name: b.so for b in builds.values()}
 
 
-def write(out: Path, family: str, entries: list[dict], arch: str) -> dict[str, Any]:
+def write(out: Path, family: str, entries: list[dict], arch: str, regions: list[dict] = ()) -> dict[str, Any]:
     """Build and copy an export's binaries into `out`; returns the manifest's `binaries`.
     The variants of one export are compiled together (one translation unit of up to 16)."""
-    winners = bound(family, entries)
+    winners = bound(family, entries, regions)
     placed, libraries = build_variants(family, winners, arch, jobs=1, root=paths.cache_dir() / "exports")
     hashes = {}
     for name, path in libraries.items():

@@ -31,11 +31,7 @@ MANIFEST = runtime.MANIFEST
 FORMAT = 2  # 2: binaries beside the sources; format 1 (sources only) still loads
 FORMATS = (1, 2)
 manifest_checksum = runtime.manifest_checksum
-
-
-def problem_key(problem: dict) -> str:
-    """A problem as the export's check (tuner.deploy.serving) names it."""
-    return json.dumps(problem, sort_keys=True)
+problem_key = _binaries.problem_key
 
 
 def sha256(text: str) -> str:
@@ -102,10 +98,11 @@ SLOWER = 1.0  # a checked problem whose op is slower than torch's in any cell by
 
 
 def export(study_names: list[str], out: Path, storage: str | None = None, binaries: bool = True,
-           checked: dict[str, dict] | None = None) -> Path:
+           checked: dict[str, dict] | None = None, regions: list[dict] | None = None) -> Path:
     """Write the artifact for these studies (all of one GPU) into `out`. `checked`: the op's ratios
     to torch's per cell at its problems (tuner.deploy.serving, by problem key): a problem slower in any is
-    served by torch's op."""
+    served by torch's op. `regions`: the shapes measured around them, with who serves each
+    (tuner.deploy.regions.decide)."""
     if not study_names:
         raise TunerError("no studies to export: run `tuner search` first, or name one with --study")
     winners = [_winner(studies.load(name, storage)) for name in study_names]
@@ -118,12 +115,14 @@ def export(study_names: list[str], out: Path, storage: str | None = None, binari
     gpus = {json.dumps(studies.load(n, storage).user_attrs.get("gpu", {}), sort_keys=True) for n in study_names}
     if len(gpus) > 1:
         raise TunerError("these studies were measured on different GPUs; export one GPU at a time (--study)")
-    return write(out, winners, json.loads(gpus.pop()), binaries)
+    return write(out, winners, json.loads(gpus.pop()), binaries, regions or [])
 
 
-def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = True) -> Path:
+def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = True,
+          regions: list[dict] = ()) -> Path:
     """Write an artifact: each winner's source, the ABI header, the binaries for the GPU's
-    architecture (`binaries=False`: sources only) and the manifest (written last)."""
+    architecture (`binaries=False`: sources only) and the manifest (written last); `regions`, the
+    shapes measured around the winners' problems and who serves each (tuner.deploy.regions)."""
     out = Path(out)
     names = {w["variant"].family for w in winners}
     if len(names) != 1:
@@ -153,11 +152,12 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = 
         "gpu": gpu, "arch": gpu.get("arch"), "header_sha256": sha256(header_text(family.FAMILY)),
         "template_sha256": sha256((templates_dir(family.FAMILY) / family.TEMPLATE).read_text()),
         "entries": entries,
+        **({"regions": list(regions)} if regions else {}),
     }
     if getattr(family, "OP_DECLARATION", None) is not None:  # who serves each dtype pair, in words
-        manifest["serving"] = _binaries.serving(family.FAMILY, entries)
+        manifest["serving"] = _binaries.serving(family.FAMILY, entries, regions)
     if binaries:
-        manifest["binaries"] = _binaries.write(out, family.FAMILY, entries, gpu.get("arch"))
+        manifest["binaries"] = _binaries.write(out, family.FAMILY, entries, gpu.get("arch"), regions)
     manifest["checksum"] = manifest_checksum(manifest)
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1))

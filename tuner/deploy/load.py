@@ -65,7 +65,7 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
         _can_build(directory, why)
         binding_path = binding.library(name)
 
-    winners = built["bound"] if built else binaries.bound(name, manifest["entries"])
+    winners = built["bound"] if built else binaries.bound(name, manifest["entries"], manifest.get("regions", []))
     libraries: dict[str, Path] = {}
     reference = False
     arch = runtime.attached_arch()

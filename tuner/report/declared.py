@@ -32,12 +32,12 @@ def describe(family: str, problem: dict) -> str:
     return f"{dtypes} {'x'.join(str(problem[n]) for n in op.sizes)}".strip()
 
 
-def _load(directory: Path):
+def _load(directory: Path, baseline: bool = True):
     import tuner
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return tuner.load(directory)
+        return tuner.load(directory, baseline=baseline)
 
 
 def _inputs(family: str, problem: dict):
@@ -146,14 +146,15 @@ def bench_problems(family: str, directory, problems: list[dict], args) -> list[d
     return run_problems(family, directory, problems, Path(args.out))
 
 
-def run_problems(family: str, directory, problems: list[dict], out: Path) -> list[dict]:
+def run_problems(family: str, directory, problems: list[dict], out: Path, baseline: bool = True) -> list[dict]:
     """The tuned op against the torch op alone at each captured problem (tuner.deploy.captured.read's
     entries), at its exact shape and dtypes: what swapping the op into that run changes. Writes
-    bench.csv and bench.md into `out` (the ratios, and how many cells are slower than torch)."""
+    bench.csv and bench.md into `out` (the ratios, and how many cells are slower than torch).
+    `baseline=False`: the nearest variant serves every problem (tuner.deploy.regions)."""
     import torch
 
     _, op, spec = _parts(family)
-    impls, rows = {TUNED: _load(directory), torch_name(family): spec.torch_op}, []
+    impls, rows = {TUNED: _load(directory, baseline), torch_name(family): spec.torch_op}, []
     for captured in problems:
         p = captured["problem"]
         inputs, grad, agree = _inputs(family, p)

@@ -114,17 +114,18 @@ def torch_op(mode: str):
     return call
 
 
-def run_problems(directory: Path, problems: list[dict], out: Path) -> list[dict]:
+def run_problems(directory: Path, problems: list[dict], out: Path, baseline: bool = True) -> list[dict]:
     """The tuned op against F.embedding_bag alone at each captured problem (tuner.deploy.captured.read's
     entries), on the family's inputs for its exact shape, dtypes and mode: what swapping the op
     into that training run changes. Both are checked against torch's forward and gradient first.
     GPU times are the profiler's sum of kernels (kernel_us), as in `run`, not graph replays:
     torch's dense backward synchronized inside its sort-and-unique in older releases, which a
     CUDA graph cannot capture (pytorch#93807), and this one is not known to be free of it.
-    Writes bench.csv and bench.md (the ratios, and how many cells are slower than torch)."""
+    Writes bench.csv and bench.md (the ratios, and how many cells are slower than torch).
+    `baseline=False`: the nearest variant serves every problem (tuner.deploy.regions)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        op = tuner.load(directory)
+        op = tuner.load(directory, baseline=baseline)
     rows = []
     for captured in problems:
         p = eb.Problem(**captured["problem"])

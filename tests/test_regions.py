@@ -1,0 +1,111 @@
+"""Serve by measurement (tuner.deploy.regions): the shapes the export's check times around and
+between the tuned problems, who serves each from recorded ratios, and what the op binds there."""
+
+import pytest
+
+from tuner.deploy import binaries, export, regions
+from tuner.families import cross_entropy, embedding_bag, rms_norm
+
+
+def _entry(space, problem, served="variant"):
+    v = next(iter(space))
+    return {"problem": problem, "variant": v.name, "params": v.as_dict(), "served_by": served}
+
+
+def test_the_grid_is_each_problem_four_times_smaller_and_larger_along_each_size_and_between_two():
+    one = rms_norm.Problem().__dict__
+    two = {**one, "rows": 64, "width": 1024}
+    points = regions.grid("rms_norm", [_entry(rms_norm.space(), one), _entry(rms_norm.space(), two)])
+    shapes = [(p["problem"]["rows"], p["problem"]["width"]) for p in points]
+    assert len(shapes) == len(set(shapes)) == 9
+    assert {(1024, 4096), (16384, 4096), (4096, 1024), (4096, 16384)} <= set(shapes)  # around the first
+    assert {(16, 1024), (256, 1024), (64, 256), (64, 4096)} <= set(shapes)  # around the second
+    assert (512, 2048) in shapes  # between them
+    assert (4096, 4096) not in shapes and (64, 1024) not in shapes  # the tuned problems decide themselves
+    near = {(p["problem"]["rows"], p["problem"]["width"]): p["near"] for p in points}  # whose variant it measures
+    assert all(near[s] == export.problem_key(one) for s in ((1024, 4096), (16384, 4096), (4096, 1024), (4096, 16384)))
+    assert all(near[s] == export.problem_key(two) for s in ((16, 1024), (256, 1024), (64, 256), (64, 4096)))
+    assert all((p["problem"]["x"], p["problem"]["weight"]) == ("bfloat16", "bfloat16") for p in points)
+
+
+def test_no_grid_where_variants_serve_every_shape_or_torch_won_the_problem():
+    rms = rms_norm.Problem().__dict__
+    assert regions.grid("rms_norm", [_entry(rms_norm.space(), rms, "torch")]) == []
+    mixed = {**rms, "weight": "float32"}  # torch's op is unfused: variants serve the pair everywhere
+    assert regions.grid("rms_norm", [_entry(rms_norm.space(), mixed)]) == []
+    ce = cross_entropy.Problem().__dict__
+    assert regions.grid("cross_entropy", [_entry(cross_entropy.space(), ce)]) == []
+
+
+def test_the_grid_keeps_kinds_apart_and_changes_only_the_key_s_sizes():
+    """EmbeddingBag's key is (dim, mean bag size), kept by mode: a problem per mode gets its own
+    shapes, and the table's rows and the bag count stay the tuned problem's."""
+    space = embedding_bag.space()
+    sum_ = {**embedding_bag.Problem().__dict__, "mode": "sum"}
+    mean = {**sum_, "mode": "mean", "dim": 64}
+    points = regions.grid("embedding_bag", [_entry(space, sum_), _entry(space, mean)])
+    assert len(points) == 8  # no midpoint between two modes
+    for p in points:
+        tuned = sum_ if p["problem"]["mode"] == "sum" else mean
+        assert p["near"] == export.problem_key(tuned)
+        assert {k for k in tuned if p["problem"][k] != tuned[k]} in ({"dim"}, {"bag_size"})
+
+
+def test_who_serves_a_shape_is_read_from_its_ratios():
+    points = regions.grid("rms_norm", [_entry(rms_norm.space(), rms_norm.Problem().__dict__)])
+    keys = [export.problem_key(p["problem"]) for p in points]
+    ratios = {keys[0]: {"fwd wall": 0.8, "fwd gpu": 0.7, "fwd+bwd wall": 0.9, "fwd+bwd gpu": 0.6},
+              keys[1]: {"fwd wall": 1.04, "fwd gpu": 0.7, "fwd+bwd wall": 0.9, "fwd+bwd gpu": 0.6},
+              keys[2]: {"fwd wall": 0.9, "fwd gpu": None, "fwd+bwd wall": 0.9, "fwd+bwd gpu": 0.6}}
+    decided = regions.decide(points, ratios, export.SLOWER)
+    assert [r["served_by"] for r in decided] == ["variant", "torch", "torch"]  # the fourth was not measured
+    assert decided[1]["checked"] == ratios[keys[1]]
+
+
+def test_the_op_binds_the_measured_shapes_and_the_manifest_says_so(tmp_path):
+    """A shape a variant won binds the tuned problem's variant again at that shape; one torch won
+    binds torch's op there; the manifest keeps them (`regions`) and says so in its words."""
+    problem = rms_norm.Problem().__dict__
+    space = rms_norm.space()
+    entries = [_entry(space, problem)]
+    points = regions.grid("rms_norm", entries)
+    decided = [{**p, "served_by": who, "checked": {}} for p, who in zip(points, ("variant", "torch", "variant", "torch"))]
+    bound = [b for b in binaries.bound("rms_norm", entries, decided) if (b["problem"]["x"], b["problem"]["weight"]) == ("bfloat16", "bfloat16")]
+    assert [b.get("served_by", "variant") for b in bound] == ["variant", "variant", "torch", "variant", "torch"]
+    assert bound[1]["variant"] == bound[0]["variant"] and bound[1]["problem"] == points[0]["problem"]
+    assert bound[2]["problem"] == points[1]["problem"] and "variant" not in bound[2]
+
+    winners = [{"variant": space.variant(**entries[0]["params"]), "problem": problem}]
+    out = export.write(tmp_path / "exp", winners, {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"},
+                       binaries=False, regions=decided)
+    manifest = export.read(out)
+    assert manifest["regions"] == decided
+    assert "measured at 4 shapes around them: variants serve 2, torch's op 2" in manifest["serving"]["bfloat16/bfloat16"]
+
+
+@pytest.mark.gpu
+def test_measured_shapes_decide_who_serves_a_call(tmp_path, shared_home):
+    """On the GPU: the op timed against torch's op around an RMSNorm problem, and the loaded op serves
+    each measured shape (and a call next to it) as the measurement said."""
+    import torch
+
+    import oploader
+
+    from tuner import gpus
+
+    space = rms_norm.space()
+    problem = rms_norm.Problem(rows=2048, width=2048).__dict__
+    v = space.variant(threads_per_row=256, block_size=256, vec=8, unroll=2, rstd="saved", grad_weight="partials",
+                      bwd_blocks=2, walk="resident")
+    winners = [{"variant": v, "problem": problem}]
+    out = export.write(tmp_path / "exp", winners, gpus.attached().describe())
+    points = regions.grid("rms_norm", [{"problem": problem, "served_by": "variant"}])
+    decided = regions.decide(points, regions.measure(out, points), export.SLOWER)
+    assert len(decided) == 4 and all(len(r["checked"]) == 4 for r in decided)
+    out = export.write(tmp_path / "exp", winners, gpus.attached().describe(), regions=decided)
+    oploader.load(out)
+    for r in decided:
+        rows, width = r["problem"]["rows"], r["problem"]["width"]
+        for near in ((rows, width), (rows + rows // 8, width)):
+            who = torch.ops.tuner_rms_norm.served(list(near), torch.bfloat16, torch.bfloat16)
+            assert (who == "torch") == (r["served_by"] == "torch"), (near, r)

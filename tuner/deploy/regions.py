@@ -1,0 +1,130 @@
+"""Serve by measurement around the tuned problems: the export's check times the op (the nearest
+variant) against torch's op at shapes around and between the problems a variant serves, and the
+op serves each of those shapes with whichever won. The binding picks the nearest of everything it
+binds (tuned problems and these shapes, in the shape key's log space; tuner_op.h), so that a call
+goes where the measurement nearest to it went, and torch's op serves beyond the family's reach
+of every one.
+
+The shapes: per dtype pair and kind, each variant-served problem's key a factor of 4 smaller and
+larger along each of its sizes, and the midpoint (geometric mean) of every two of its problems;
+not a pair whose torch op is unfused (variants serve all of it) nor a family without a baseline.
+
+    python -m tuner.deploy.regions DIR OUT.json    times them (a process of its own, as the check)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tuner import families
+
+FACTOR = 4  # around a problem: its sizes this much smaller and larger, one at a time
+MOST = 16  # shapes measured per dtype pair and kind, the nearest to a tuned problem first
+
+
+def grid(family: str, entries: list[dict]) -> list[dict]:
+    """The shapes to measure: each a problem (the nearest tuned one's, its key sizes changed) and
+    `near`, the tuned problem whose variant serves it unless torch's op wins there."""
+    spec = families.part(family, "op").OP
+    if not spec.baseline or spec.reach <= 0:
+        return []
+    from tuner.build import declared
+    from tuner.deploy.binaries import problem_key
+
+    op = declared.declaration(family)
+    names = list(op.key or op.sizes)  # the key's sizes, each a field of the family's problem
+    fam = families.get(family)
+    out = []
+    groups: dict[tuple, list[dict]] = {}
+    for e in entries:
+        if e.get("served_by", "variant") != "variant" or (spec.unfused is not None and spec.unfused(e["problem"])):
+            continue
+        fixed = tuple(sorted(fam.space_for(e["problem"]).fixed.items()))
+        groups.setdefault((fixed, spec.shape(e["problem"])[1]), []).append(e)
+    for group in groups.values():
+        tuned = [tuple(spec.shape(e["problem"])[0]) for e in group]
+        found = set()
+        for key in tuned:
+            for d, f in itertools.product(range(len(key)), (1 / FACTOR, FACTOR)):
+                found.add(key[:d] + (max(1, round(key[d] * f)),) + key[d + 1:])
+        for a, b in itertools.combinations(tuned, 2):
+            found.add(tuple(max(1, round(math.sqrt(x * y))) for x, y in zip(a, b)))
+        found -= set(tuned)
+
+        def distance(key, to):
+            return sum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(key, to))
+
+        for key in sorted(found, key=lambda k: (min(distance(k, t) for t in tuned), k))[:MOST]:
+            near = min(range(len(tuned)), key=lambda i: distance(key, tuned[i]))
+            problem = {**group[near]["problem"], **dict(zip(names, key))}
+            out.append({"problem": problem, "near": problem_key(group[near]["problem"])})
+    return out
+
+
+def decide(points: list[dict], ratios: dict[str, dict], slower: float) -> list[dict]:
+    """The measured shapes with who serves each: torch's op where the op was slower than it in any
+    cell by more than `slower`, or a cell has no time; shapes not measured (too big for the GPU, say)
+    are left out, so that the tuned problems around them decide."""
+    from tuner.deploy.binaries import problem_key
+
+    out = []
+    for p in points:
+        cells = ratios.get(problem_key(p["problem"]))
+        if cells is None:
+            continue
+        worse = any(r is None or r > slower for r in cells.values())
+        out.append({**p, "served_by": "torch" if worse else "variant", "checked": cells})
+    return out
+
+
+def measure(directory: Path, points: list[dict], timeout: float = 1800) -> dict[str, dict]:
+    """Problem key -> the op's ratio to torch's per cell at each shape, the op loaded so that its
+    variants serve every shape (the nearest tuned problem's)."""
+    if not points:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "points.json").write_text(json.dumps(points))
+        out = Path(tmp) / "ratios.json"
+        run = subprocess.run([sys.executable, "-m", "tuner.deploy.regions", str(directory), str(Path(tmp) / "points.json"),
+                              str(out)], timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        if run.returncode != 0:
+            lines = run.stderr.strip().splitlines()
+            raise RuntimeError(f"timing {directory} around its problems failed: {lines[-1] if lines else run.returncode}")
+        return json.loads(out.read_text())
+
+
+def _main(directory: str, points: str, out: str) -> None:
+    import torch
+
+    from tuner.deploy import export, serving
+    from tuner.report import bench
+
+    manifest = export.read(Path(directory))
+    run_problems, torch_row, tuned_row = serving.problems_bench(manifest["family"])
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in json.loads(Path(points).read_text()):
+            try:
+                rows = run_problems(Path(directory), [{"problem": p["problem"]}], Path(tmp), baseline=False)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                print(f"{export.problem_key(p['problem'])}: not measured: too big for this GPU", file=sys.stderr)
+                continue
+            except (NotImplementedError, RuntimeError) as exc:  # torch cannot run it (a bfloat16 max backward)
+                print(f"{export.problem_key(p['problem'])}: not measured: {str(exc).splitlines()[0]}", file=sys.stderr)
+                continue
+            (_, cells), = bench.ratios(rows, torch_row, tuned_row)
+            found[export.problem_key(p["problem"])] = cells
+    Path(out).write_text(json.dumps(found))
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:4])
