@@ -64,7 +64,8 @@ def user_calls(family: str) -> dict:
 
 
 def served(fn) -> str:
-    """"variant" where the call ran a variant's kernels (a tuned template's `*_kernel`), else "torch"."""
+    """"variant" where the call ran a variant's kernels (a tuned template's `*_kernel`), else "torch"
+    (with the guard in front of it: `tuner_guard_kernel`)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -72,7 +73,8 @@ def served(fn) -> str:
         fn()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    return "variant" if any("tuner_variant" in n or "_kernel<" in n and "at::" not in n for n in names) else "torch"
+    return "variant" if any("tuner_variant" in n or "_kernel<" in n and "at::" not in n and "tuner_guard" not in n
+                            for n in names) else "torch"
 
 
 def per_call_us(calls: dict, rounds: int = 7, budget_s: float = 0.02) -> dict[str, float]:

@@ -499,6 +499,8 @@ def check(op: Op) -> None:
                  f"(e.g. ('target', 'a target is outside [0, vocab)'))")
     if len(set(error_names)) != len(error_names) or len(error_names) > 8:
         fail(f"errors {error_names}: at most 8, each named once")
+    if isinstance(op.guards, tuple) and len(op.guards) > 4:
+        fail("guards: at most 4 (one launch checks them all)")
     for g in op.guards if isinstance(op.guards, tuple) else (None,):
         if not (isinstance(g, tuple) and len(g) in (3, 4) and g[0] in inputs and isinstance(inputs[g[0]], Tensor)
                 and not set(op.root(g[0]).dtypes) - {"int32", "int64"} and g[2] in error_names

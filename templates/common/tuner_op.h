@@ -26,10 +26,7 @@
 #include <utility>
 #include <vector>
 
-// templates/common/tuner_guard.cu, compiled into a binding whose declaration has guards.
-__attribute__((visibility("hidden"))) int tuner_guard(const void* in, void* out, int bytes, long long n,
-                                                      long long bound, bool ascending, unsigned* word,
-                                                      unsigned char* flags, unsigned bit, cudaStream_t stream);
+#include "tuner_guard.h"
 
 namespace tuner_op {
 
@@ -400,23 +397,31 @@ class Op {
   }
 
   // The guard in front of the baseline (a declaration's `guards`, templates/common/tuner_guard.cu):
-  // `t`'s entries checked against [0, bound) and the copy torch's op reads, with the validate mode's
-  // checks as a variant's launch has them (sync: raised before torch's op runs).
-  at::Tensor guard(const at::Tensor& t, int64_t bound, bool ascending, unsigned bit) {
-    const int64_t n = t.numel();
-    if (n > 0 && bound <= 0) raise_input_error(name + ": invalid input: " + describe(int64_t(1) << bit));
-    const at::Tensor in = t.contiguous();
-    at::Tensor out = at::empty_like(in);
+  // `in`'s entries to be checked against [0, bound) and copied into `out` (both contiguous, alike)
+  // by the one launch of `guard`; an input with entries and nothing in range is refused at once.
+  void guard_part(TunerGuardParts& parts, const at::Tensor& in, const at::Tensor& out, int64_t bound, bool ascending,
+                  unsigned bit) {
+    const int64_t n = in.numel();
+    if (n == 0) return;
+    if (bound <= 0) raise_input_error(name + ": invalid input: " + describe(int64_t(1) << bit));
+    TORCH_CHECK(parts.count < TUNER_GUARD_PARTS, name, ": at most ", TUNER_GUARD_PARTS, " guarded inputs");
+    parts.part[parts.count++] = {in.data_ptr(), out.data_ptr(), n, bound, static_cast<int>(in.element_size()),
+                                 ascending ? 1 : 0, bit};
+  }
+
+  // The guard's launch, with the validate mode's checks as a variant's launch has them (sync:
+  // raised before torch's op runs).
+  void guard(const TunerGuardParts& parts, int device) {
+    if (parts.count == 0) return;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    Workspace& ws = workspaces.get(static_cast<int>(t.get_device()), stream, 1);
+    Workspace& ws = workspaces.get(device, stream, 1);
     const int64_t mode = check();
     const bool checks = mode != CHECK_DEFERRED && !capturing(stream);
     if (checks && mode == CHECK_ASYNC) {
       const int64_t earlier = workspaces.take_landed(ws);
       if (earlier) raise_input_error(name + ": invalid input in an earlier call: " + describe(earlier));
     }
-    const int rc = tuner_guard(in.data_ptr(), out.data_ptr(), static_cast<int>(in.element_size()), n, bound, ascending,
-                               ws.words, ws.flags_device, bit, stream);
+    const int rc = tuner_guard(parts, ws.words, ws.flags_device, stream);
     TORCH_CHECK(rc == 0, name, ": the guard before torch's op failed to launch: ",
                 cudaGetErrorString(static_cast<cudaError_t>(rc)));
     if (checks && mode == CHECK_SYNC) {
@@ -424,7 +429,6 @@ class Op {
       const int64_t bits = workspaces.take_landed(ws);
       if (bits) raise_input_error(name + ": invalid input: " + describe(bits));
     }
-    return out;
   }
 
   // The same for a call with nothing to validate.
