@@ -442,7 +442,11 @@ def test_op_forward_and_backward_match_torch(op, weight, index):
                     torch.testing.assert_close(s.grad.double(), want_psw, **tol)
                 continue
             want.backward(g)
-            torch.testing.assert_close(a.grad, b.grad, **tol)
+            if weight == "float16":  # torch's float16 max backward adds with 16-bit atomics, in whatever order
+                # they land: two runs of it differ by a few units in the last place of the row's largest sum
+                torch.testing.assert_close(a.grad, b.grad, rtol=tol["rtol"], atol=tol["atol"] * float(b.grad.abs().max()))
+            else:
+                torch.testing.assert_close(a.grad, b.grad, **tol)
             if s is not None:
                 torch.testing.assert_close(s.grad, s2.grad, **tol)
 
