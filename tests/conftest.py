@@ -9,9 +9,10 @@ os.environ.setdefault("TUNER_CACHE", os.environ.get("TUNER_TEST_CACHE") or tempf
 
 
 # The families' torch bindings, in the order the test files first load them. Each takes about a minute
-# of one core to build (it includes torch's headers), and the tests run on one core: one
-# background process builds them on the other while the tests run, and a test that needs one finds
-# it built or waits for its build (`tuner.build.binding`'s lock), never builds it twice.
+# of one core to build (it includes torch's headers): one background process, started by the run's
+# first process (pytest-xdist's controller under `-n`), builds them while the tests run, and a test
+# that needs one finds it built or waits for its build (`tuner.build.binding`'s lock), never builds
+# it twice. The workers inherit this process's TUNER_CACHE, so that they share what it builds.
 PREBUILT = ("giou", "cross_entropy", "embedding_bag", "rms_norm")
 _prebuild = None
 
