@@ -5,7 +5,8 @@ import pytest
 
 # Builds (the torch bindings, variants) go to a per-user cache; a test run gets one of its own,
 # shared by all its tests and the processes they start, so that the bindings build once a run.
-os.environ.setdefault("TUNER_CACHE", os.environ.get("TUNER_TEST_CACHE") or tempfile.mkdtemp(prefix="tuner-cache-"))
+if "TUNER_CACHE" not in os.environ:  # (a worker of pytest-xdist has its controller's)
+    os.environ["TUNER_CACHE"] = os.environ.get("TUNER_TEST_CACHE") or tempfile.mkdtemp(prefix="tuner-cache-")
 
 
 # The families' torch bindings, in the order the test files first load them. Each takes about a minute
