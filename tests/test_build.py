@@ -7,6 +7,7 @@ import stat
 import pytest
 
 from tuner.build import compile as build
+from tuner.build import units
 from tuner.build import render
 from tuner.build import toolkit
 from tuner.errors import BuildError
@@ -226,7 +227,7 @@ def test_a_bad_variant_in_a_unit_costs_its_neighbours_a_retry_not_their_result(t
 def test_unit_source_keeps_variants_apart():
     a = '#include <stdint.h>\n#include "x.h"\n#define WIDTH 4\nextern "C" int tuner_t_vtable();\n'
     b = '#include <stdint.h>\nint f();\n'
-    text = build.unit_source([("k1", a), ("k2", b)], "tuner_t_vtable")
+    text = units.unit_source([("k1", a), ("k2", b)], "tuner_t_vtable")
     assert text.splitlines().count("#include <stdint.h>") == 1 and text.index('#include "x.h"') < text.index("namespace tuner_variant")
     assert "namespace tuner_variant_k1 {" in text and "namespace tuner_variant_k2 {" in text
     assert "#define tuner_t_vtable tuner_t_vtable_k1" in text
@@ -236,21 +237,21 @@ def test_unit_source_keeps_variants_apart():
 
 def test_units_are_spread_over_the_cores():
     todo = {f"k{i}": (giou.covering_set()[0], "") for i in range(40)}
-    assert [len(u) for u in build.plan_units(todo, 16)] == [3] * 13 + [1]
-    assert [len(u) for u in build.plan_units(todo, 2)] == [16, 16, 8]
-    assert [len(u) for u in build.plan_units(dict(list(todo.items())[:3]), 16)] == [1, 1, 1]
+    assert [len(u) for u in units.plan_units(todo, 16)] == [3] * 13 + [1]
+    assert [len(u) for u in units.plan_units(todo, 2)] == [16, 16, 8]
+    assert [len(u) for u in units.plan_units(dict(list(todo.items())[:3]), 16)] == [1, 1, 1]
 
 
 def test_staggered_units_grow_so_that_they_end_one_after_another():
     todo = {f"k{i}": (giou.covering_set()[0], "") for i in range(128)}
-    sizes = [len(u) for u in build.plan_units(todo, 16, staggered=True)]
+    sizes = [len(u) for u in units.plan_units(todo, 16, staggered=True)]
     assert sum(sizes) == 128 and len(sizes) == 16 and sizes == sorted(sizes)
-    assert sizes[0] <= 4 and sizes[-1] >= 12 and max(sizes) <= build.MAX_PER_UNIT
-    assert [len(u) for u in build.plan_units(todo, 16)] == [8] * 16  # even, where nothing waits on a unit
+    assert sizes[0] <= 4 and sizes[-1] >= 12 and max(sizes) <= units.MAX_PER_UNIT
+    assert [len(u) for u in units.plan_units(todo, 16)] == [8] * 16  # even, where nothing waits on a unit
     for n, jobs in ((168, 16), (200, 16), (64, 16), (8, 2)):  # a spread kept within MAX_PER_UNIT and 2
-        got = build.staggered_sizes(n, jobs)
-        assert sum(got) == n and len(got) == jobs and min(got) >= 2 and max(got) <= build.MAX_PER_UNIT, got
-    assert build.staggered_sizes(32, 16) is None and build.staggered_sizes(600, 16) is None  # no room: even
+        got = units.staggered_sizes(n, jobs)
+        assert sum(got) == n and len(got) == jobs and min(got) >= 2 and max(got) <= units.MAX_PER_UNIT, got
+    assert units.staggered_sizes(32, 16) is None and units.staggered_sizes(600, 16) is None  # no room: even
 
 
 def test_each_unit_is_handed_on_as_soon_as_it_is_built(tuner_home, fresh_cache, monkeypatch):

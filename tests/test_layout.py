@@ -1,7 +1,8 @@
 """The core's layout: no import circles among tuner's modules (imports inside functions count: they
 tie modules as surely), no stage of the pipeline importing a later one, no core module importing a
 family (the core finds families through the registry, tuner.families, by name), and every import
-of tuner naming what is there. `pytest tests/test_layout.py` prints a circle it finds."""
+of tuner naming what is there; no module over 400 lines. `pytest tests/test_layout.py` prints a
+circle it finds."""
 
 from __future__ import annotations
 
@@ -149,3 +150,10 @@ def test_every_import_of_tuner_names_what_is_there():
                     if f"{node.module}.{alias.name}" not in modules and defined is not None and alias.name not in defined:
                         missing.append(f"{path.name}: from {node.module} import {alias.name}")
     assert missing == []
+
+
+def test_no_module_is_over_400_lines():
+    """A module past 400 lines holds two things: split it where the design shows (docs/layout.md)."""
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tuner.store import records
-from tuner.measure.worker import classify
+from tuner.measure.child import classify
 
 TORCH_SUFFIX = ("\nCUDA kernel errors might be asynchronously reported at some other API call.\n"
                 "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")

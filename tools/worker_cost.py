@@ -27,7 +27,8 @@ def main() -> None:
 
     from tuner import families
     from tuner.build import compile as build
-    from tuner.measure import timing, worker
+    from tuner.measure import timing
+    from tuner.measure.child import Child
     from tuner.search.evaluate import SEARCH_TIMING
     from tuner.search.pruning import PROBE_REPS
 
@@ -41,7 +42,7 @@ def main() -> None:
             names.append(rec["variant"])
     names = names[:args.count]
     started = time.perf_counter()
-    child = worker._Child(0)
+    child = Child(0)
     focus = getattr(family, "search_focus", None)
     builds = build.build([by_name[n] for n in names], child.gpu["arch"], focus=focus(problem.__dict__) if focus else None)
     print(f"{len(builds)} variants built (from the cache) in {time.perf_counter() - started:.1f} s", flush=True)

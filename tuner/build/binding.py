@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tuner import families, paths, runtime
 from tuner.build import toolkit
-from tuner.build.compile import torch_version
+from tuner.build.toolkit import torch_version
 from tuner.build.render import header_text, templates_dir, write_headers
 from tuner.errors import TunerError
 

@@ -1,17 +1,8 @@
-"""Compile variants: several per translation unit, cached per variant by content hash.
-
-nvcc's fixed cost (host preprocessing, cudafe++, the host compiler reading CUDA's
-headers: about 1.5 s) is paid once per translation unit, so a batch is split into
-units of up to MAX_PER_UNIT variants, as many units as there are cores when the
-batch allows. In a unit each variant's source sits in its own namespace, and its
-one C-linkage name (the family's `ENTRY`, the variant's table) is renamed
-`<ENTRY>_<key>` by `#define`, so that every variant's kernels compile exactly as
-they would alone (ptxas compiles each kernel by itself) and each keeps its own
-table. A unit that fails to compile is built again one variant per unit, so one
-bad variant costs its neighbours a retry, never their result. All units of a
-batch go into a single ninja file so ninja spreads them over the cores;
-`torch.utils.cpp_extension` builds the one torch binding (see `tuner.build.binding`),
-which calls any variant through its table.
+"""Compile variants: several per translation unit (tuner.build.units), cached per variant by
+content hash. A unit that fails to compile is built again one variant per unit, so one bad
+variant costs its neighbours a retry, never their result. All units of a batch go into a single
+ninja file so ninja spreads them over the cores; `torch.utils.cpp_extension` builds the one torch
+binding (tuner.build.binding), which calls any variant through its table.
 
 Files, named by the content hash of everything that can change a variant's binary
 (rendered source, headers, flags, nvcc, torch, arch):
@@ -25,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -40,8 +30,10 @@ from typing import Callable, Iterable
 
 from tuner import families, paths
 from tuner.build import toolkit
+from tuner.build.toolkit import torch_version
 from tuner.errors import BuildError, ToolchainError
-from tuner.build.render import header_text, in_namespace, includes, render, templates_dir, write_headers
+from tuner.build.render import header_text, render, templates_dir, write_headers
+from tuner.build.units import namespace, plan_units, unit_name, unit_source
 from tuner.variant import Variant
 
 BASE_FLAGS = (
@@ -96,13 +88,6 @@ def gencode(arch: str) -> str:
 
 def flags(arch: str) -> list[str]:
     return [*BASE_FLAGS, gencode(arch)]
-
-
-def torch_version() -> str:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return "none"
 
 
 def content_key(variant: Variant, source: str, arch: str) -> str:
@@ -252,72 +237,6 @@ def _remove_stale_batches(out_dir: Path) -> None:
             pass
 
 
-MAX_PER_UNIT = 16  # nvcc's fixed cost is ~1.5 s, a variant's own ~0.7 s: 16 per unit pays it ~10%
-
-def namespace(key: str) -> str:
-    return f"tuner_variant_{key}"
-
-
-def unit_source(members: list[tuple[str, str]], entry: str) -> str:
-    """Several variants (key, source) as one translation unit.
-
-    Includes move to the top (a header included inside a namespace would declare
-    its names there); each source goes into its own namespace with `entry` renamed
-    `<entry>_<key>`, and the macros it defines are undefined after it. A family's
-    template therefore gives C linkage to its table function only, and includes
-    its headers unconditionally.
-    """
-    parts = [f"// {len(members)} variants, each in its own namespace (tuner/build/compile.py)",
-             *includes([src for _, src in members]), ""]
-    for key, src in members:
-        parts.append(f"#define {entry} {entry}_{key}\n{in_namespace(src, namespace(key))}#undef {entry}\n")
-    return "\n".join(parts)
-
-
-def plan_units(todo: dict[str, tuple[Variant, str]], jobs: int, staggered: bool = False) -> list[list[str]]:
-    """Keys grouped into translation units: per family, as many units as cores while each holds
-    at most MAX_PER_UNIT. A family without an `ENTRY` compiles one variant per unit. `staggered`:
-    the units' sizes grow from a third of the even share to five thirds of it (`staggered_sizes`),
-    smallest first, so that they end one after another rather than all at once."""
-    by_family: dict[str, list[str]] = {}
-    for key, (variant, _) in todo.items():
-        by_family.setdefault(variant.family, []).append(key)
-    units = []
-    for family, keys in by_family.items():
-        if not getattr(families.get(family), "ENTRY", None):
-            units += [[k] for k in keys]
-            continue
-        sizes = staggered_sizes(len(keys), jobs) if staggered else None
-        if sizes is None:
-            size = min(MAX_PER_UNIT, max(1, -(-len(keys) // jobs)))
-            sizes = [size] * -(-len(keys) // size)
-        for size in sizes:
-            units.append(keys[:size])
-            keys = keys[size:]
-    return units
-
-
-def staggered_sizes(n: int, jobs: int) -> list[int] | None:
-    """`jobs` unit sizes for `n` variants, growing linearly from (1 - r) n/jobs to (1 + r) n/jobs
-    and summing to n, with r = 2/3 or less where that would leave a unit under 2 variants or over
-    MAX_PER_UNIT; None where no spread is left (even units then). A unit costs nvcc's fixed ~1.5 s
-    plus ~0.2 s a variant (a 16-core host, the default family's search): the smallest end first,
-    and the GPU starts on them while the largest compile."""
-    share = n / jobs if jobs > 1 else 0.0
-    spread = min(2 / 3, MAX_PER_UNIT / share - 1, 1 - 2 / share) if share >= 2 else 0.0
-    if spread < 0.2:
-        return None
-    bounds = [round(sum(share * (1 - spread + 2 * spread * i / (jobs - 1)) for i in range(k))) for k in range(jobs + 1)]
-    bounds[-1] = n
-    return sorted(b - a for a, b in zip(bounds, bounds[1:]))
-
-
-def _unit_name(family: str, keys: list[str]) -> str:
-    if len(keys) == 1:
-        return f"{family}-{keys[0]}"
-    return f"{family}-unit-{hashlib.sha256(' '.join(keys).encode()).hexdigest()[:20]}"
-
-
 def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, jobs: int | None,
              timeout: float, on_ready=None) -> list[Build]:
     jobs = jobs or os.cpu_count() or 1
@@ -348,7 +267,7 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
         ]
         for unit in units:
             family = todo[unit[0]][0].family
-            name = _unit_name(family, unit)
+            name = unit_name(family, unit)
             if len(unit) == 1:
                 text = todo[unit[0]][1]
             else:
@@ -364,7 +283,7 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
         cmd = [*nice, _ninja(), "-C", str(tmp), "-k", "0", "-j", str(jobs)]
         started = time.monotonic()
         results: dict[str, Build] = {}
-        names = {_unit_name(todo[unit[0]][0].family, unit): unit for unit in units}
+        names = {unit_name(todo[unit[0]][0].family, unit): unit for unit in units}
 
         def settle(name: str, times: dict[str, float], wall: float, ninja_out: str) -> list[Build]:
             unit = names.pop(name)

@@ -10,6 +10,7 @@ export CUDA_HOME before cpp_extension is imported anywhere.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 import re
 import shutil
@@ -83,3 +84,11 @@ def nvcc_version() -> str:
         raise ToolchainError(f"cannot run {nvcc()}: {exc}") from exc
     lines = [line for line in out.splitlines() if "release" in line]
     return lines[-1].strip() if lines else out.strip().splitlines()[-1]
+
+
+def torch_version() -> str:
+    """The installed torch's version (a build's identity: what a binary was built against)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"

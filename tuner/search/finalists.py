@@ -1,5 +1,5 @@
 """The end of a search: its best few variants timed again, in turns and with more repetitions
-(the close ones once more among themselves: `worker.Child.retime`), and the winner picked on
+(the close ones once more among themselves: `tuner.measure.child.Child.retime`), and the winner picked on
 those timings rather than on the search's single measurement of each. The family's baseline,
 the torch op it replaces, is timed in the same turns: the export serves the problem with it
 where the winner does not beat it (`records.served_by`).
