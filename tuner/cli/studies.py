@@ -155,14 +155,16 @@ def cmd_export_best(args: argparse.Namespace) -> int:
                              f"run `tuner search --gpu {args.gpu}` first")
     else:
         raise TunerError("say what to export: --gpu H100 (all its studies) or --study NAME")
-    out = export.export(names, args.out or export.default_dir(label, args.family), args.storage,
-                        binaries=not args.sources_only)
+    winners, gpu = export.gather(names, args.storage)  # the studies, read once
+    out = export.write(args.out or export.default_dir(label, args.family), winners, gpu,
+                       binaries=not args.sources_only)
     manifest = export.read(out)
     if not args.sources_only and not args.no_check:
         why = serving.checkable(manifest)
         if why is None:  # the op itself against torch's at each problem a variant serves: who serves it
             ratios = serving.check(out)
-            out = export.export(names, out, args.storage, checked=ratios)
+            winners = export.with_checks(winners, ratios)
+            out = export.write(out, winners, gpu)
             manifest = export.read(out)
             slower = sum(e.get("served_by") == "torch" and "checked" in e for e in manifest["entries"])
             print(f"checked the op against torch's at its {len(ratios)} variant-served problems: "
@@ -170,7 +172,7 @@ def cmd_export_best(args: argparse.Namespace) -> int:
             points = regions.grid(manifest["family"], manifest["entries"])
             if points:  # and around them: each shape served by whichever won there
                 measured = regions.decide(points, regions.measure(out, points), export.SLOWER)
-                out = export.export(names, out, args.storage, checked=ratios, regions=measured)
+                out = export.write(out, winners, gpu, regions=measured)
                 manifest = export.read(out)
                 won = sum(r["served_by"] == "torch" for r in measured)
                 print(f"timed the op against torch's at {len(measured)} shapes around and between them: variants "

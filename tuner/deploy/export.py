@@ -103,19 +103,32 @@ def export(study_names: list[str], out: Path, storage: str | None = None, binari
     to torch's per cell at its problems (tuner.deploy.serving, by problem key): a problem slower in any is
     served by torch's op. `regions`: the shapes measured around them, with who serves each
     (tuner.deploy.regions.decide)."""
+    winners, gpu = gather(study_names, storage)
+    return write(out, with_checks(winners, checked), gpu, binaries, regions or [])
+
+
+def gather(study_names: list[str], storage: str | None = None) -> tuple[list[dict[str, Any]], dict]:
+    """(the studies' winners, the GPU they were measured on): what an export writes, read once."""
     if not study_names:
         raise TunerError("no studies to export: run `tuner search` first, or name one with --study")
-    winners = [_winner(studies.load(name, storage)) for name in study_names]
+    loaded = [studies.load(name, storage) for name in study_names]
+    gpus = {json.dumps(st.user_attrs.get("gpu", {}), sort_keys=True) for st in loaded}
+    if len(gpus) > 1:
+        raise TunerError("these studies were measured on different GPUs; export one GPU at a time (--study)")
+    return [_winner(st) for st in loaded], json.loads(gpus.pop())
+
+
+def with_checks(winners: list[dict[str, Any]], checked: dict[str, dict] | None) -> list[dict[str, Any]]:
+    """The winners with the op's ratios to torch's at their problems (tuner.deploy.serving): a
+    problem slower in any cell is served by torch's op."""
+    out = []
     for w in winners:
         cells = (checked or {}).get(problem_key(w["problem"]))
         if cells is not None:
-            w["checked"] = cells
-            if any(r is None or r > SLOWER for r in cells.values()):
-                w["served_by"] = "torch"
-    gpus = {json.dumps(studies.load(n, storage).user_attrs.get("gpu", {}), sort_keys=True) for n in study_names}
-    if len(gpus) > 1:
-        raise TunerError("these studies were measured on different GPUs; export one GPU at a time (--study)")
-    return write(out, winners, json.loads(gpus.pop()), binaries, regions or [])
+            w = {**w, "checked": cells, **({"served_by": "torch"} if any(r is None or r > SLOWER for r in cells.values())
+                                           else {})}
+        out.append(w)
+    return out
 
 
 def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = True,
