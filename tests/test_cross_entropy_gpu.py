@@ -188,3 +188,46 @@ def test_a_target_outside_the_vocabulary_is_refused_as_the_validate_mode_says(op
                               "reduction": "mean", "in_place": False})
     call()
     assert evaluation.errors(kernel) == 1 and evaluation.errors(kernel) == 0
+
+
+def test_a_bad_target_where_torch_serves_is_refused_and_the_process_goes_on(tmp_path):
+    """Where torch's op serves (a problem whose check it won), a target outside the vocabulary is
+    refused as a variant refuses it, in each validate mode, and never reaches torch's device-side
+    assert, which would end the process's CUDA context; ignored targets pass, and good calls give
+    torch's loss and gradient."""
+    from tuner.errors import KernelInputError
+
+    space = ce.space("bfloat16")
+    winner = {"variant": space.nearest(dict(threads_per_row=32, block_size=256, vec=8, gradient="backward")),
+              "problem": ce.Problem(64, 512, "bfloat16").__dict__, "served_by": "torch"}
+    op = tuner.load(export.write(tmp_path / "ce-torch", [winner], gpus.attached().describe()))
+    assert torch.ops.tuner_cross_entropy.served([64, 512], torch.bfloat16) == "torch"
+    x, t = ce.make_inputs(64, 512, "bfloat16", seed=5)
+    t[::7] = -100
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = op(a, t), F.cross_entropy(b, t).float()
+    torch.testing.assert_close(got, want)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(a.grad, b.grad)
+    bad = t.clone()
+    bad[3] = 512
+    try:
+        tuner.set_validate("sync")
+        for wrong in (512, -1, 100000):
+            bad[3] = wrong
+            with pytest.raises(KernelInputError, match="a target is outside"):
+                op(x, bad)
+        tuner.set_validate("async")
+        op(x, bad)
+        torch.cuda.synchronize()
+        with pytest.raises(KernelInputError, match="in an earlier call"):
+            op(x, t)
+        tuner.set_validate("deferred")
+        op(x, bad, reduction="none")
+        with pytest.raises(KernelInputError, match="a target is outside"):
+            tuner.check_errors()
+    finally:
+        tuner.set_validate("async")
+    torch.cuda.synchronize()  # the context is alive
+    torch.testing.assert_close(op(x, t), F.cross_entropy(x, t).float())

@@ -94,10 +94,11 @@ class Op:
     # stay 0): the op allocates it zeroed before anything else of the backward (its sort, say), as
     # torch does; the search zeroes it once, outside the timed call.
     zeroed: tuple[str, ...] = ()
-    # Integer inputs torch's op (the baseline) must not see out of range: (input, bound, error) or
-    # (input, bound, error, "ascending"), the bound an expression of the inputs as a check's is.
-    # Where the baseline serves a CUDA call, one kernel checks each entry is in [0, bound) (and not
-    # below the one before it: "ascending") and reports `error` as a validating variant does, and
+    # Integer inputs torch's op (the baseline) must not see out of range: (input, bound, error), and
+    # a fourth word, "ascending" or an int scalar's name, the bound an expression of the inputs as a
+    # check's is. Where the baseline serves a CUDA call, one kernel checks each entry is in [0, bound)
+    # (or the scalar's value: an ignore_index; and not below the one before it: "ascending") and
+    # reports `error` as a validating variant does, and
     # torch's op gets a copy with entries outside clamped into range: a bad index never reaches
     # torch's device-side assert, which would end the process's CUDA context.
     guards: tuple = ()

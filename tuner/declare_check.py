@@ -241,10 +241,11 @@ def check(op: "tuner.declare.Op") -> None:
     for g in op.guards if isinstance(op.guards, tuple) else (None,):
         if not (isinstance(g, tuple) and len(g) in (3, 4) and g[0] in inputs and isinstance(inputs[g[0]], Tensor)
                 and not set(op.root(g[0]).dtypes) - {"int32", "int64"} and g[2] in error_names
-                and g[3:] in ((), ("ascending",)) and op.baseline is not None
+                and (g[3:] in ((), ("ascending",)) or g[3] in {a.name for a in op.scalars if a.type == "int"})
+                and op.baseline is not None
                 and _unreadable(op, g[1], number=True) == ""):
-            fail(f"guard {g!r}: (input, bound, error) or (input, bound, error, 'ascending'): an int32/int64 input, "
-                 f"an expression of the inputs, a declared error; with a baseline")
+            fail(f"guard {g!r}: (input, bound, error), and 'ascending' or an int scalar whose value is allowed "
+                 f"too: an int32/int64 input, an expression of the inputs, a declared error; with a baseline")
     if not isinstance(op.work, tuple) or not set(op.work) <= {"forward", "backward"} or len(set(op.work)) != len(op.work):
         fail(f"work={op.work!r}: the passes that get it, a tuple of 'forward' and 'backward'")
     if not isinstance(op.key, tuple):

@@ -1,5 +1,6 @@
 // The guard in front of torch's op (a declaration's `guards`; tuner_guard.h): one pass over the
-// call's integer inputs that reports entries outside [0, bound) (or below the entry before them)
+// call's integer inputs that reports entries outside [0, bound) (but an allowed value, or below
+// the entry before them)
 // the way a validating variant does, and writes copies with those entries clamped into range for
 // torch's op to read. Compiled into the binding as PTX of the oldest architecture CUDA 13 targets,
 // so that the binding stays one library for every GPU (the driver compiles it once, on first use).
@@ -20,7 +21,7 @@ __global__ void tuner_guard_kernel(TunerGuardParts parts, long long total, unsig
     while (k < parts.count - 1 && i >= parts.part[k].n) i -= parts.part[k++].n;
     const TunerGuardPart& p = parts.part[k];
     const long long v = entry(p, i);
-    const bool outside = v < 0 || v >= p.bound;
+    const bool outside = (v < 0 || v >= p.bound) && !(p.has_allowed && v == p.allowed);
     if (outside || (p.ascending && i > 0 && v < entry(p, i - 1))) bad |= 1u << p.bit;
     const long long kept = outside ? (v < 0 ? 0 : p.bound - 1) : v;
     if (p.bytes == 8)

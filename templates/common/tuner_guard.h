@@ -10,9 +10,11 @@ struct TunerGuardPart {
   void* out;       // their copy, entries outside [0, bound) clamped into it
   long long n;
   long long bound;
+  long long allowed;  // a value also accepted, where has_allowed (an ignore_index)
   int bytes;
   int ascending;  // an entry below the one before it is bad too
-  unsigned bit;   // the error bit a bad entry reports
+  int has_allowed;
+  unsigned bit;  // the error bit a bad entry reports
 };
 
 struct TunerGuardParts {

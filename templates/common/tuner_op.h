@@ -397,16 +397,16 @@ class Op {
   }
 
   // The guard in front of the baseline (a declaration's `guards`, templates/common/tuner_guard.cu):
-  // `in`'s entries to be checked against [0, bound) and copied into `out` (both contiguous, alike)
+  // `in`'s entries to be checked against [0, bound) (and `allowed`) and copied into `out` (both contiguous, alike)
   // by the one launch of `guard`; an input with entries and nothing in range is refused at once.
   void guard_part(TunerGuardParts& parts, const at::Tensor& in, const at::Tensor& out, int64_t bound, bool ascending,
-                  unsigned bit) {
+                  std::optional<int64_t> allowed, unsigned bit) {
     const int64_t n = in.numel();
     if (n == 0) return;
     if (bound <= 0) raise_input_error(name + ": invalid input: " + describe(int64_t(1) << bit));
     TORCH_CHECK(parts.count < TUNER_GUARD_PARTS, name, ": at most ", TUNER_GUARD_PARTS, " guarded inputs");
-    parts.part[parts.count++] = {in.data_ptr(), out.data_ptr(), n, bound, static_cast<int>(in.element_size()),
-                                 ascending ? 1 : 0, bit};
+    parts.part[parts.count++] = {in.data_ptr(), out.data_ptr(), n, bound, allowed.value_or(0),
+                                 static_cast<int>(in.element_size()), ascending ? 1 : 0, allowed.has_value() ? 1 : 0, bit};
   }
 
   // The guard's launch, with the validate mode's checks as a variant's launch has them (sync:

@@ -185,6 +185,10 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "cpp": {e: expression.cpp(e, {t.name for t in op.tensors}, op.may_be_none, {s.name: s.type for s in op.scalars})
                 for e in (*op.sizes.values(), *(c[0] for c in op.checks), *(g[1] for g in op.guards))},  # sizes', checks', guards' C++
         "error_bit": {e[0]: i for i, e in enumerate(op.errors)},  # a guard's error's bit
+        # a guard's ascending and allowed value, as guard_part takes them
+        "guard_words": {g[0]: ("true" if g[3:] == ("ascending",) else "false") + ", "
+                        + (f"std::optional<int64_t>({g[3]})" if g[3:] and g[3] != "ascending" else "std::nullopt")
+                        for g in op.guards},
         "guarded_args": ", ".join(f"{a.name}_safe" if a.name in {g[0] for g in op.guards} else a.name for a in op.inputs),
         "key_cpp": [expression.cpp(e, set(), set(), {n: "int" for n in op.sizes}) for e in op.key],
         "key_call": f"key_of(sizes_of({call_args}))" if op.key else f"sizes_of({call_args})",

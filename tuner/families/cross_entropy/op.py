@@ -23,6 +23,8 @@ OP_DECLARATION = declare.Op(
     sizes={"rows": "leading(logits)", "vocab": "logits.size(-1)"},
     checks=(("logits.dim() == 2", "logits must be [rows, vocab]"),),
     errors=(("bad_target", BAD_TARGET),),  # found by the forward's kernel
+    # where torch's op serves (a problem where it was faster): a bad target would fire its device-side assert
+    guards=(("target", "logits.size(-1)", "bad_target", "ignore_index"),),
     abi=2,
     saves=(declare.Tensor("lse", dtypes=("float32",), shape=("rows",)),  # each row's log-sum-exp
            declare.Tensor("count", dtypes=("float32",), shape=()),  # rows whose target is not ignored
