@@ -9,7 +9,7 @@ The shapes: per dtype pair and kind, each variant-served problem's key a factor 
 larger along each of its sizes, and the midpoint (geometric mean) of every two of its problems;
 not a pair whose torch op is unfused (variants serve all of it) nor a family without a baseline.
 
-    python -m tuner.deploy.regions DIR OUT.json    times them (a process of its own, as the check)
+    python -m tuner.deploy.regions DIR POINTS.json OUT.json    times them (a process of its own, as the check)
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def grid(family: str, entries: list[dict]) -> list[dict]:
         fixed = tuple(sorted(fam.space_for(e["problem"]).fixed.items()))
         groups.setdefault((fixed, spec.shape(e["problem"])[1]), []).append(e)
     for group in groups.values():
+        if not all(n in e["problem"] for e in group for n in names):  # a key the problem does not name
+            continue
         tuned = [tuple(spec.shape(e["problem"])[0]) for e in group]
         found = set()
         for key in tuned:
