@@ -51,8 +51,15 @@ def _has_cuda() -> bool:
         return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    if _has_cuda():
+    # Under pytest-xdist's `--dist loadgroup` (the README's command): a file's tests stay in one
+    # worker (its module fixtures made once), and on a machine with a GPU every GPU test goes to one
+    # worker, one at a time (they time kernels and share the GPU's memory).
+    cuda = _has_cuda()
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("gpu" if cuda and "gpu" in item.keywords else item.nodeid.split("::")[0]))
+    if cuda:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a machine with one)")
     for item in items:
