@@ -693,13 +693,18 @@ def test_bad_input_where_torch_serves_is_refused_and_the_process_goes_on(shared_
             with pytest.raises(KernelInputError, match="offsets"):
                 op(w, idx, torch.tensor(offsets, device="cuda", dtype=dtype), "sum")
         rt.set_validate("async")
-        op(w, high, offs, "max")  # returns; the next call raises
-        torch.cuda.synchronize()
-        with pytest.raises(KernelInputError, match="earlier call"):
-            op(w, idx, offs, "sum")
+        for mode in ("max", "sum"):  # torch's op runs (on offsets put in order: it asserts they never decrease)
+            for bad in ((high, offs), (idx, torch.tensor([0, 9, 3, 70], device="cuda", dtype=dtype))):
+                op(w, *bad, mode)  # returns; the next call raises
+                torch.cuda.synchronize()
+                with pytest.raises(KernelInputError, match="earlier call"):
+                    op(w, idx, offs, "sum")
         rt.set_validate("deferred")
         op(w, low.view(8, 8), None, "sum")
         with pytest.raises(KernelInputError, match="outside"):
+            rt.check_errors()
+        op(w, idx, torch.tensor([5, 2, 2, 64], device="cuda", dtype=dtype), "max")
+        with pytest.raises(KernelInputError, match="offsets"):
             rt.check_errors()
         rt.set_validate("sync")
         torch.testing.assert_close(op(w, idx, offs, "sum"), F.embedding_bag(idx, w, offs, mode="sum"))

@@ -23,6 +23,7 @@ struct TunerGuardParts {
 };
 
 // One launch over every part on `stream`; `word`: the op's error word, `flags`: its host-mapped
-// flags (a byte per bit). Returns a cudaError_t.
+// flags (a byte per bit), `scratch`: two zeroed words of the stream's workspace, left zeroed.
+// Returns a cudaError_t.
 __attribute__((visibility("hidden"))) int tuner_guard(const TunerGuardParts& parts, unsigned* word,
-                                                      unsigned char* flags, cudaStream_t stream);
+                                                      unsigned char* flags, unsigned* scratch, cudaStream_t stream);

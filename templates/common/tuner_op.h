@@ -414,14 +414,14 @@ class Op {
   void guard(const TunerGuardParts& parts, int device) {
     if (parts.count == 0) return;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    Workspace& ws = workspaces.get(device, stream, 1);
+    Workspace& ws = workspaces.get(device, stream, 3);  // the error word, and two for the guard's last block
     const int64_t mode = check();
     const bool checks = mode != CHECK_DEFERRED && !capturing(stream);
     if (checks && mode == CHECK_ASYNC) {
       const int64_t earlier = workspaces.take_landed(ws);
       if (earlier) raise_input_error(name + ": invalid input in an earlier call: " + describe(earlier));
     }
-    const int rc = tuner_guard(parts, ws.words, ws.flags_device, stream);
+    const int rc = tuner_guard(parts, ws.words, ws.flags_device, ws.words + 1, stream);
     TORCH_CHECK(rc == 0, name, ": the guard before torch's op failed to launch: ",
                 cudaGetErrorString(static_cast<cudaError_t>(rc)));
     if (checks && mode == CHECK_SYNC) {
