@@ -1,9 +1,9 @@
 // The guard in front of torch's op (a declaration's `guards`; tuner_guard.h): one pass over the
-// call's integer inputs that reports entries outside [0, bound) (but an allowed value, or below
-// the entry before them)
-// the way a validating variant does, and writes copies with those entries clamped into range for
-// torch's op to read. Compiled into the binding as PTX of the oldest architecture CUDA 13 targets,
-// so that the binding stays one library for every GPU (the driver compiles it once, on first use).
+// call's integer inputs that reports entries outside [0, bound) (an allowed value aside) or below
+// the entry before them, the way a validating variant does, and writes copies with those entries
+// clamped into range for torch's op to read. Compiled into the binding as PTX of the oldest
+// architecture CUDA 13 targets, so that the binding stays one library for every GPU (the driver
+// compiles it once, on first use).
 #include "tuner_guard.h"
 
 namespace {
