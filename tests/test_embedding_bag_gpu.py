@@ -708,5 +708,12 @@ def test_bad_input_where_torch_serves_is_refused_and_the_process_goes_on(shared_
             rt.check_errors()
         rt.set_validate("sync")
         torch.testing.assert_close(op(w, idx, offs, "sum"), F.embedding_bag(idx, w, offs, mode="sum"))
+    if oploader.MODE != "wheel":  # the op's own path to torch's op, guard and all: what the export's checks time
+        path = rt.torch_path("embedding_bag")
+        idx, offs = torch.randint(0, 1000, (64,), device="cuda"), torch.arange(0, 64, 8, device="cuda")
+        torch.testing.assert_close(path(w, idx, offs, "max"), F.embedding_bag(idx, w, offs, mode="max"))
+        idx[3] = 1000
+        with pytest.raises(KernelInputError, match="outside"):
+            path(w, idx, offs, "sum")
     torch.cuda.synchronize()  # the context is alive
     assert float(torch.ones(3, device="cuda").sum()) == 3.0

@@ -62,6 +62,22 @@ def test_who_serves_a_shape_is_read_from_its_ratios():
     assert decided[1]["checked"] == ratios[keys[1]]
 
 
+def test_a_variant_is_weighed_against_the_op_s_own_path_to_torch_where_measured():
+    """Who serves is decided against what a call pays where torch's op serves it (the guard and
+    torch's op), where the rows hold that; against torch's bare op where they do not."""
+    from tuner.report import bench
+
+    cells = {"fwd_wall_us": 10.0, "fwd_kernel_us": 2.0, "fwd_bwd_wall_us": 30.0, "fwd_bwd_kernel_us": 8.0}
+    rows = [{"impl": "tuned op", "rows": 64, **cells},
+            {"impl": "anchor: torch rms_norm", "rows": 64, **{k: v * 0.9 for k, v in cells.items()}},
+            {"impl": bench.TORCH_SERVING, "rows": 64, **{k: v * 1.25 for k, v in cells.items()}}]
+    against = bench.serving_against(rows, "anchor: torch rms_norm")
+    assert against == bench.TORCH_SERVING
+    (_, ratios), = bench.ratios(rows, against)
+    assert all(r == pytest.approx(0.8) for r in ratios.values())
+    assert bench.serving_against(rows[:2], "anchor: torch rms_norm") == "anchor: torch rms_norm"
+
+
 def test_the_op_binds_the_measured_shapes_and_the_manifest_says_so(tmp_path):
     """A shape a variant won binds the tuned problem's variant again at that shape; one torch won
     binds torch's op there; the manifest keeps them (`regions`) and says so in its words."""

@@ -224,6 +224,21 @@ def entry(op: str) -> Callable:
     return getattr(torch.ops.tuner, op)
 
 
+def torch_path(family: str) -> Callable | None:
+    """The loaded op's own path to torch's op, whatever the bound table says (the baseline behind
+    the declaration's guards, `torch.ops.tuner_<family>.baseline`): what a call costs where torch's
+    op serves it; None where the op has no baseline or its binding predates this function."""
+    import torch
+
+    spec = loaded(family).spec
+    if not spec.baseline:
+        return None
+    try:
+        return getattr(torch.ops, spec.namespace).baseline
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def register_python(spec: OpSpec) -> None:
     """The CPU and fake implementations of the C++-defined ops, once per process (a second copy
     of the runtime, e.g. a wheel's beside tuner's, finds them registered and leaves them)."""

@@ -172,7 +172,8 @@ def context(op: declare.Op, family: str | None = None) -> dict:
         "bwd_signature": ", ".join(f"{t} {n}" for t, n in bwd_params), "bwd_type": bwd_type,
         "bwd_sig": f"{bwd_type}({', '.join(t for t, _ in bwd_params)})",
         "bwd_call": ", ".join(n for _, n in bwd_params),
-        "schema": json.dumps(op.schema()), "bwd_schema": json.dumps(op.backward_schema()),  # C++ string literals
+        "schema": json.dumps(op.schema()), "baseline_schema": json.dumps("baseline" + op.schema()[len(op.name):]),
+        "bwd_schema": json.dumps(op.backward_schema()),  # C++ string literals
         "any_grad": " || ".join(f"{t.name}_grad" for t in op.differentiable), "first": op.tensors[0].name,
         "everything": everything, "fwd_type": fwd_type, "fwd_sig": f"{fwd_type}({', '.join(_cpp(a) for a in op.inputs)})",
         "fwd_schema": json.dumps(op.forward_schema()) if op.saves else None,

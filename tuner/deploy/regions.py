@@ -1,6 +1,7 @@
 """Serve by measurement around the tuned problems: the export's check times the op (the nearest
-variant) against torch's op at shapes around and between the problems a variant serves, and the
-op serves each of those shapes with whichever won. The binding picks the nearest of everything it
+variant) against torch's op (as the op calls it: behind its guards, tuner.deploy.serving) at shapes
+around and between the problems a variant serves, and the op serves each of those shapes with
+whichever won. The binding picks the nearest of everything it
 binds (tuned problems and these shapes, in the shape key's log space; tuner_op.h), so that a call
 goes where the measurement nearest to it went, and torch's op serves beyond the family's reach
 of every one.
@@ -123,7 +124,7 @@ def _main(directory: str, points: str, out: str) -> None:
             except (NotImplementedError, RuntimeError) as exc:  # torch cannot run it (a bfloat16 max backward)
                 print(f"{export.problem_key(p['problem'])}: not measured: {str(exc).splitlines()[0]}", file=sys.stderr)
                 continue
-            (_, cells), = bench.ratios(rows, torch_row, tuned_row)
+            (_, cells), = bench.ratios(rows, bench.serving_against(rows, torch_row), tuned_row)
             found[export.problem_key(p["problem"])] = cells
     Path(out).write_text(json.dumps(found))
 

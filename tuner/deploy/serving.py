@@ -4,6 +4,9 @@ and GPU time, forward and forward+backward), on the GPU the export is for. The s
 kernels; a training step also pays the op's host path, and where a call is small enough for the
 host to bound it, a faster kernel can still make a slower step. A problem whose op is slower than
 torch's in any of the four cells goes to torch's op (`tuner export-best` writes the export again).
+"Torch's op" here is the op's own path to it (`tuner.runtime.torch_path`: the declaration's guards
+and torch's op, what a call costs where torch serves), so that a variant slower than torch's bare
+call but faster than the guarded one keeps its problem.
 
 Runs in a process of its own (`python -m tuner.deploy.serving DIR OUT.json`): it loads the export's op,
 which a process holds once, and imports torch, which export-best does not need otherwise.
@@ -85,7 +88,7 @@ def _main(directory: str, out: str) -> None:
             except (NotImplementedError, RuntimeError) as exc:  # torch cannot run it (a bfloat16 max backward)
                 print(f"{key(e['problem'])}: not checked: {str(exc).splitlines()[0]}", file=sys.stderr)
                 continue
-            (_, cells), = bench.ratios(rows, torch_row, tuned_row)
+            (_, cells), = bench.ratios(rows, bench.serving_against(rows, torch_row), tuned_row)
             found[key(e["problem"])] = cells
     Path(out).write_text(json.dumps(found))
 

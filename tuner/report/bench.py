@@ -19,6 +19,7 @@ import torch
 
 from tuner import runtime
 
+TORCH_SERVING = "tuned op, torch's op serving"  # the op's own path to torch's op (tuner.runtime.torch_path)
 HBM_TBS = 3.0  # a device-to-device copy's bandwidth measured on the H100 hosts: bandwidth floors are bytes over it
 
 # ------------------------------------------------------------------- timing
@@ -195,6 +196,13 @@ def _write_csv(rows: list[dict], out: Path) -> None:
 SLOWER = 1.02
 CELLS = (("fwd GPU", "fwd_kernel_us"), ("fwd+bwd GPU", "fwd_bwd_kernel_us"),
          ("fwd wall", "fwd_wall_us"), ("fwd+bwd wall", "fwd_bwd_wall_us"))
+
+
+def serving_against(rows: list[dict], torch_row: str) -> str:
+    """The row a variant is weighed against in deciding who serves: the op's own path to torch's op
+    where the rows have it (the guard's launch and copies included: what a call pays where torch's op
+    serves it), else torch's op as users call it."""
+    return TORCH_SERVING if any(r["impl"] == TORCH_SERVING for r in rows) else torch_row
 
 
 def ratios(rows: list[dict], baseline: str, tuned: str = "tuned op") -> list[tuple[dict, dict[str, float | None]]]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from tuner import families, opspec
+from tuner import families, opspec, runtime
 from tuner.errors import TunerError
-from tuner.report.bench import HBM_TBS, _fmt, graph_us, kernel_us, side_by_side, write, write_against
+from tuner.report.bench import HBM_TBS, TORCH_SERVING, _fmt, graph_us, kernel_us, side_by_side, write, write_against
 
 TUNED = "tuned op"
 
@@ -149,12 +149,15 @@ def bench_problems(family: str, directory, problems: list[dict], args) -> list[d
 def run_problems(family: str, directory, problems: list[dict], out: Path, baseline: bool = True) -> list[dict]:
     """The tuned op against the torch op alone at each captured problem (tuner.deploy.captured.read's
     entries), at its exact shape and dtypes: what swapping the op into that run changes. Writes
-    bench.csv and bench.md into `out` (the ratios, and how many cells are slower than torch).
+    bench.csv and bench.md into `out` (the ratios, and how many cells are slower than torch). Beside
+    them, the op's own path to torch's op (`TORCH_SERVING`): what the op costs where torch's op serves.
     `baseline=False`: the nearest variant serves every problem (tuner.deploy.regions)."""
     import torch
 
     _, op, spec = _parts(family)
     impls, rows = {TUNED: _load(directory, baseline), torch_name(family): spec.torch_op}, []
+    if runtime.torch_path(family) is not None:
+        impls[TORCH_SERVING] = runtime.torch_path(family)
     for captured in problems:
         p = captured["problem"]
         inputs, grad, agree = _inputs(family, p)

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner.report.bench import HBM_TBS, _fmt, kernel_us, side_by_side, wall_us, write, write_against
+from tuner import runtime
+from tuner.report.bench import HBM_TBS, TORCH_SERVING, _fmt, kernel_us, side_by_side, wall_us, write, write_against
 from tuner.families import embedding_bag as eb
 
 PR = eb.Problem()
@@ -117,7 +118,8 @@ def torch_op(mode: str):
 def run_problems(directory: Path, problems: list[dict], out: Path, baseline: bool = True) -> list[dict]:
     """The tuned op against F.embedding_bag alone at each captured problem (tuner.deploy.captured.read's
     entries), on the family's inputs for its exact shape, dtypes and mode: what swapping the op
-    into that training run changes. Both are checked against torch's forward and gradient first.
+    into that training run changes; beside them, the op's own path to torch's op (TORCH_SERVING, what
+    a call costs where torch's op serves it). All are checked against torch's forward and gradient first.
     GPU times are the profiler's sum of kernels (kernel_us), as in `run`, not graph replays:
     torch's dense backward synchronized inside its sort-and-unique in older releases, which a
     CUDA graph cannot capture (pytorch#93807), and this one is not known to be free of it.
@@ -126,6 +128,7 @@ def run_problems(directory: Path, problems: list[dict], out: Path, baseline: boo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         op = tuner.load(directory, baseline=baseline)
+    torch_path = runtime.torch_path(eb.FAMILY)
     rows = []
     for captured in problems:
         p = eb.Problem(**captured["problem"])
@@ -133,6 +136,8 @@ def run_problems(directory: Path, problems: list[dict], out: Path, baseline: boo
         w.requires_grad_()
         g = torch.randn(p.bags, p.dim, device="cuda").to(w.dtype)
         impls = {TUNED: lambda w, idx, offs: op(w, idx, offs, p.mode), TORCH: torch_op(p.mode)}
+        if torch_path is not None:
+            impls[TORCH_SERVING] = lambda w, idx, offs: torch_path(w, idx, offs, p.mode)
         with torch.no_grad():
             want = impls[TORCH](w, idx, offs)
         want_grad = torch.autograd.grad(impls[TORCH](w, idx, offs), w, g)[0]
