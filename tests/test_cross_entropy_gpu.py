@@ -32,25 +32,6 @@ def test_covering_variants_match_float64(shared_home):
     assert not failed
 
 
-def test_rows_kept_in_registers_match_float64_where_they_fit_and_where_they_do_not(shared_home):
-    """A row kept in registers from its one read (the gradient written from them) at vocabularies it
-    fits, a vocabulary no vector divides (the declaration's odd sizes, checked beside each problem),
-    and one too long to keep (read again from L2), every dtype, blocks of 256 and of 1024 threads."""
-    evaluation, variants, failed = Evaluation("cross_entropy"), [], []
-    for dtype, (threads, block) in itertools.product(ce.DTYPES, ((256, 256), (1024, 1024))):
-        variants.append(ce.space(dtype).variant(threads_per_row=threads, block_size=block, vec=16 // (4 if dtype ==
-                        "float32" else 2), gradient="forward", first_read="normal", reread="in_order", row="registers"))
-    for b in build.build(variants, gpus.attached().arch):
-        assert b.ok, b.error
-        for vocab, reduction, smoothing in ((4096, "mean", 0.0), (32000, "none", 0.1), (50000, "sum", 0.0)):
-            problem = {**ce.Problem(48, vocab, b.variant.as_dict()["logits"]).__dict__, "reduction": reduction,
-                       "label_smoothing": smoothing}
-            verdict = evaluation.check(evaluation.load(b.so, b.variant.name, b.entry), problem)
-            if not verdict["ok"]:
-                failed.append((b.variant.name, vocab, reduction, verdict["message"]))
-    assert not failed
-
-
 @pytest.fixture(scope="module")
 def op(shared_home, tmp_path_factory):
     """Two variants a dtype (a warp a row, the gradient by the backward; a block a row, the gradient

@@ -23,8 +23,6 @@ DIMS = (
     Dim("first_read", ("normal", "evict_last"), "the L2 priority of the forward's first read of a row it reads again"),
     Dim("reread", ("in_order", "reverse"), "the forward's second read of a row in order, or from its end back (the "
         "last lines read are the likeliest still in L2)"),
-    Dim("row", (None, "registers"), "a row whose gradient the forward writes: read again (None), or kept in registers "
-        "from its one read where it fits (at most 128 bytes and 8 loads a thread; 64 bytes in blocks of 1024), read again else"),
 )
 
 
@@ -36,8 +34,6 @@ def space(logits: str = "bfloat16") -> Space:
         Constraint("a load is at most 16 bytes", lambda p: p["vec"] * itemsize(logits) <= 16),
         Constraint("a first read's priority and the second read's order are for a row read again in the forward",
                    lambda p: p["gradient"] == "forward" or (p["first_read"], p["reread"]) == ("normal", "in_order")),
-        Constraint("a row kept in registers is one whose gradient the forward writes",
-                   lambda p: p["row"] is None or p["gradient"] == "forward"),
     )
     return Space(FAMILY, {"logits": logits}, DIMS, constraints)
 
