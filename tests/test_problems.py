@@ -88,7 +88,7 @@ def test_a_problem_whose_op_was_slower_than_torch_when_checked_goes_to_torch(tmp
     run = _tuner("search", "--gpu", "H100", "--simulate", str(recording), "--problems", str(shapes), "--trials", "40",
                  "--quiet", "--seed", "1", home=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
-    names = export.studies_for("H100", "giou")
+    names = studies.names_on("giou", "H100")
     big = giou.Problem().__dict__
     cells = {"fwd GPU": 0.6, "fwd+bwd GPU": 0.7, "fwd wall": 0.9}
     for wall, served in ((0.95, "variant"), (1.2, "torch"), (None, "torch")):

@@ -3,7 +3,7 @@ between the tuned problems, who serves each from recorded ratios, and what the o
 
 import pytest
 
-from tuner.deploy import binaries, export, regions
+from tuner.deploy import binaries, export, regions, serving
 from tuner.families import cross_entropy, embedding_bag, rms_norm
 
 
@@ -116,7 +116,7 @@ def test_measured_shapes_decide_who_serves_a_call(tmp_path, shared_home):
     winners = [{"variant": v, "problem": problem}]
     out = export.write(tmp_path / "exp", winners, gpus.attached().describe())
     points = regions.grid("rms_norm", [{"problem": problem, "served_by": "variant"}])
-    decided = regions.decide(points, regions.measure(out, points), export.SLOWER)
+    decided = regions.decide(points, serving.measure(out, points), export.SLOWER)
     assert len(decided) == 4 and all(len(r["checked"]) == 4 for r in decided)
     out = export.write(tmp_path / "exp", winners, gpus.attached().describe(), regions=decided)
     oploader.load(out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tuner import gpus, paths
+from tuner import paths
 from tuner.cli import target as cli_target
 from tuner.errors import TunerError
 
@@ -134,78 +134,33 @@ def elsewhere(op, pairs: list[dict] | None = None) -> str | None:
 
 
 def cmd_export_best(args: argparse.Namespace) -> int:
-    from tuner import families
-    from tuner.deploy import export
-    from tuner.deploy import regions, serving
-    from tuner.store import study
+    from tuner.deploy import best
 
     if args.wheel and args.sources_only:
         raise TunerError("--wheel packs the export's binaries, and --sources-only leaves them out: drop one")
-    if args.study:
-        names = [args.study]
-        label = args.gpu or study.load(args.study, args.storage).user_attrs.get("gpu", {}).get("gpu_name", "gpu")
-    elif args.gpu:
-        label = args.gpu
-        if label.lower() == "auto":
-            label = gpus.short_name(gpus.attached(asked="--gpu auto", hint="; name the GPU (--gpu H100) or the "
-                                                                            "study (--study NAME)"))
-        names = export.studies_for(label, args.family, args.storage)
-        if not names:
-            raise TunerError(f"no studies for {label} in {study.shown(study.storage_url(args.storage))}; "
-                             f"run `tuner search --gpu {args.gpu}` first")
-    else:
-        raise TunerError("say what to export: --gpu H100 (all its studies) or --study NAME")
-    winners, gpu = export.gather(names, args.storage)  # the studies, read once
-    out = export.write(args.out or export.default_dir(label, args.family), winners, gpu,
-                       binaries=not args.sources_only)
-    manifest = export.read(out)
-    if not args.sources_only and not args.no_check:
-        why = serving.checkable(manifest)
-        if why is None:  # the op itself against torch's at each problem a variant serves: who serves it
-            ratios = serving.check(out)
-            winners = export.with_checks(winners, ratios)
-            out = export.write(out, winners, gpu)
-            manifest = export.read(out)
-            slower = sum(e.get("served_by") == "torch" and "checked" in e for e in manifest["entries"])
-            print(f"checked the op against torch's at its {len(ratios)} variant-served problems: "
-                  f"{slower} slower in a cell (wall or GPU, forward or forward+backward), now served by torch's op")
-            points = regions.grid(manifest["family"], manifest["entries"])
-            try:  # and around them: each shape served by whichever won there
-                measured = regions.decide(points, regions.measure(out, points), export.SLOWER) if points else []
-            except RuntimeError as exc:  # the checked export stands; the reach rule serves around it
-                measured = []
-                print(f"not timed around its problems: {exc}")
-            if measured:
-                out = export.write(out, winners, gpu, regions=measured)
-                manifest = export.read(out)
-                won = sum(r["served_by"] == "torch" for r in measured)
-                print(f"timed the op against torch's at {len(measured)} shapes around and between them: variants "
-                      f"serve {len(measured) - won} of them, torch's op {won} (the manifest's regions)")
-        elif serving.problems_bench(manifest["family"]) is None:  # nothing would check it on a GPU either
-            print(f"not checked at its problems ({why}): its winners were timed against torch's op in the search")
-        else:
-            print(f"not checked at its problems ({why}): `tuner export-best` on the GPU checks them")
+    label, loaded = best.studies(args.family, args.storage, study=args.study, gpu=args.gpu)  # the studies, read once
+    done = best.export_best(label, loaded, args.out, binaries=not args.sources_only, check=not args.no_check,
+                            wheel=args.wheel)
+    for note in done.notes:
+        print(note)
+    manifest = done.manifest
     describe = cli_target.cli_part(manifest["family"]).describe
     for e in manifest["entries"]:
         print(f"{describe(e['problem'])}: {_served(e)}")
     by_torch = sum(e.get("served_by") == "torch" for e in manifest["entries"])
-    print(f"exported {len(manifest['entries'])} tuned problem(s) for {manifest['gpu'].get('gpu_name')} to {out}"
+    print(f"exported {len(manifest['entries'])} tuned problem(s) for {manifest['gpu'].get('gpu_name')} to {done.out}"
           + (f"; torch's op serves {by_torch} of them, where no variant beat it" if by_torch else ""))
-    untuned = elsewhere(families.part(manifest["family"], "op").OP,
-                        [space.fixed for space in families.get(manifest["family"]).all_spaces()])
+    untuned = elsewhere(done.op.OP, [space.fixed for space in done.family.all_spaces()]) if done.op else None
     if untuned:
         print(untuned)
     if manifest.get("binaries"):
         b = manifest["binaries"]["identity"]
         print(f"binaries for {b['arch']}, torch {b['torch']}, CUDA {b['cuda']}, Python {b['python']} "
               "(loaded without a toolchain where these match)")
-    print(f'load it with: op = tuner.load("{out}")')
-    if args.wheel:
-        from tuner.deploy import wheel
-
-        path = wheel.write(out, args.wheel, gpu_label=label)
-        print(f"wheel: {path} ({path.stat().st_size / 1e6:.1f} MB); `pip install {path}`, then "
-              f"`import {path.name.split('-')[0]}` registers torch.ops.tuner.{families.part(manifest['family'], 'op').OP.op}")
+    print(f'load it with: op = tuner.load("{done.out}")')
+    if done.wheel is not None:
+        print(f"wheel: {done.wheel} ({done.wheel.stat().st_size / 1e6:.1f} MB); `pip install {done.wheel}`, then "
+              f"`import {done.wheel.name.split('-')[0]}` registers torch.ops.tuner.{done.op.OP.op}")
     return 0
 
 

@@ -111,7 +111,11 @@ def gather(study_names: list[str], storage: str | None = None) -> tuple[list[dic
     """(the studies' winners, the GPU they were measured on): what an export writes, read once."""
     if not study_names:
         raise TunerError("no studies to export: run `tuner search` first, or name one with --study")
-    loaded = [studies.load(name, storage) for name in study_names]
+    return winners_of([studies.load(name, storage) for name in study_names])
+
+
+def winners_of(loaded: list) -> tuple[list[dict[str, Any]], dict]:
+    """(the winners of these loaded studies, the GPU they were measured on)."""
     gpus = {json.dumps(st.user_attrs.get("gpu", {}), sort_keys=True) for st in loaded}
     if len(gpus) > 1:
         raise TunerError("these studies were measured on different GPUs; export one GPU at a time (--study)")
@@ -176,12 +180,6 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = 
     tmp.write_text(json.dumps(manifest, indent=1))
     tmp.replace(out / MANIFEST)
     return out
-
-
-def studies_for(gpu_label: str, family: str, storage: str | None = None) -> list[str]:
-    """Studies of a family on one GPU (all its problems and shape buckets)."""
-    prefix = f"{family}-{gpu_label}-"
-    return sorted(s.study_name for s in studies.summaries(storage) if s.study_name.startswith(prefix))
 
 
 def read(directory: Path) -> dict:

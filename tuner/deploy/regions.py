@@ -1,28 +1,20 @@
 """Serve by measurement around the tuned problems: the export's check times the op (the nearest
 variant) against torch's op (as the op calls it: behind its guards, tuner.deploy.serving) at shapes
 around and between the problems a variant serves, and the op serves each of those shapes with
-whichever won. The binding picks the nearest of everything it
-binds (tuned problems and these shapes, in the shape key's log space; tuner_op.h), so that a call
-goes where the measurement nearest to it went, and torch's op serves beyond the family's reach
-of every one.
+whichever won. The binding picks the nearest of everything it binds (tuned problems and these
+shapes, in the shape key's log space; tuner_op.h), so that a call goes where the measurement
+nearest to it went, and torch's op serves beyond the family's reach of every one.
 
 The shapes: per dtype pair and kind, each variant-served problem's key a factor of 4 smaller and
 larger along each of its sizes, and the midpoint (geometric mean) of every two of its problems;
 not a pair whose torch op is unfused (variants serve all of it) nor a family without a baseline.
-
-    python -m tuner.deploy.regions DIR POINTS.json OUT.json    times them (a process of its own, as the check)
+tuner.deploy.serving.measure times them, in the check's process.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 from tuner import families
 
@@ -85,49 +77,3 @@ def decide(points: list[dict], ratios: dict[str, dict], slower: float) -> list[d
         worse = any(r is None or r > slower for r in cells.values())
         out.append({**p, "served_by": "torch" if worse else "variant", "checked": cells})
     return out
-
-
-def measure(directory: Path, points: list[dict], timeout: float = 1800) -> dict[str, dict]:
-    """Problem key -> the op's ratio to torch's per cell at each shape, the op loaded so that its
-    variants serve every shape (the nearest tuned problem's)."""
-    if not points:
-        return {}
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "points.json").write_text(json.dumps(points))
-        out = Path(tmp) / "ratios.json"
-        run = subprocess.run([sys.executable, "-m", "tuner.deploy.regions", str(directory), str(Path(tmp) / "points.json"),
-                              str(out)], timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        if run.returncode != 0:
-            lines = run.stderr.strip().splitlines()
-            raise RuntimeError(f"timing {directory} around its problems failed: {lines[-1] if lines else run.returncode}")
-        return json.loads(out.read_text())
-
-
-def _main(directory: str, points: str, out: str) -> None:
-    import torch
-
-    from tuner.deploy import export, serving
-    from tuner.report import bench
-
-    manifest = export.read(Path(directory))
-    run_problems, torch_row, tuned_row = serving.problems_bench(manifest["family"])
-    found = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for p in json.loads(Path(points).read_text()):
-            try:
-                rows = run_problems(Path(directory), [{"problem": p["problem"]}], Path(tmp), baseline=False)
-            except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                print(f"{export.problem_key(p['problem'])}: not measured: too big for this GPU", file=sys.stderr)
-                continue
-            except (NotImplementedError, RuntimeError) as exc:  # torch cannot run it (a bfloat16 max backward)
-                print(f"{export.problem_key(p['problem'])}: not measured: {str(exc).splitlines()[0]}", file=sys.stderr)
-                continue
-            (_, cells), = bench.ratios(rows, bench.serving_against(rows, torch_row), tuned_row)
-            found[export.problem_key(p["problem"])] = cells
-    Path(out).write_text(json.dumps(found))
-
-
-if __name__ == "__main__":
-    _main(*sys.argv[1:4])

@@ -8,8 +8,9 @@ torch's in any of the four cells goes to torch's op (`tuner export-best` writes 
 and torch's op, what a call costs where torch serves), so that a variant slower than torch's bare
 call but faster than the guarded one keeps its problem.
 
-Runs in a process of its own (`python -m tuner.deploy.serving DIR OUT.json`): it loads the export's op,
-which a process holds once, and imports torch, which export-best does not need otherwise.
+Runs in a process of its own (`python -m tuner.deploy.serving DIR POINTS.json OUT.json`), once for the
+tuned problems and the shapes around them (tuner.deploy.regions): it loads the export's op, which a
+process holds once, and imports torch, which export-best does not need otherwise.
 """
 
 from __future__ import annotations
@@ -56,42 +57,50 @@ def checkable(manifest: dict) -> str | None:
     return None
 
 
-def check(directory: Path, timeout: float = 900) -> dict[str, dict[str, float | None]]:
-    """Problem key -> tuned/torch ratio per cell, for every problem of the export a variant serves
-    and torch's op can run (where torch has no such op, e.g. a backward missing for a dtype, the variant keeps it)."""
+def measure(directory: Path, points: list[dict], timeout: float = 2700) -> dict[str, dict[str, float | None]]:
+    """Problem key -> the op's ratio to torch's per cell at each of `points` (each {"problem": ...}),
+    the op loaded so that its variants serve every shape (the nearest tuned problem's; at a tuned
+    problem its own). A shape torch's op cannot run (a backward missing for a dtype) or too big for
+    the GPU is left out, so that the variant keeps it, or the tuned problems around it decide."""
+    if not points:
+        return {}
     with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "points.json").write_text(json.dumps(points))
         out = Path(tmp) / "ratios.json"
-        run = subprocess.run([sys.executable, "-m", "tuner.deploy.serving", str(directory), str(out)], timeout=timeout,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        run = subprocess.run([sys.executable, "-m", "tuner.deploy.serving", str(directory), str(Path(tmp) / "points.json"),
+                              str(out)], timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
         if run.returncode != 0:
             lines = run.stderr.strip().splitlines()
-            raise RuntimeError(f"checking {directory} at its problems failed: {lines[-1] if lines else run.returncode}")
+            raise RuntimeError(f"timing {directory} failed: {lines[-1] if lines else run.returncode}")
         return json.loads(out.read_text())
 
 
-def _main(directory: str, out: str) -> None:
-    from tuner.report import bench
-    from tuner.deploy import export
+def _main(directory: str, points: str, out: str) -> None:
+    import torch
 
-    key = export.problem_key
+    from tuner.deploy import export
+    from tuner.report import bench
 
     manifest = export.read(Path(directory))
     run_problems, torch_row, tuned_row = problems_bench(manifest["family"])
     found = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for e in manifest["entries"]:
-            if e.get("served_by", "variant") != "variant":
-                continue
+        for p in json.loads(Path(points).read_text()):
+            key = export.problem_key(p["problem"])
             try:
-                rows = run_problems(Path(directory), [{"problem": e["problem"]}], Path(tmp))
+                rows = run_problems(Path(directory), [{"problem": p["problem"]}], Path(tmp), baseline=False)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                print(f"{key}: not measured: too big for this GPU", file=sys.stderr)
+                continue
             except (NotImplementedError, RuntimeError) as exc:  # torch cannot run it (a bfloat16 max backward)
-                print(f"{key(e['problem'])}: not checked: {str(exc).splitlines()[0]}", file=sys.stderr)
+                print(f"{key}: not measured: {str(exc).splitlines()[0]}", file=sys.stderr)
                 continue
             (_, cells), = bench.ratios(rows, bench.serving_against(rows, torch_row), tuned_row)
-            found[key(e["problem"])] = cells
+            found[key] = cells
     Path(out).write_text(json.dumps(found))
 
 
 if __name__ == "__main__":
-    _main(*sys.argv[1:3])
+    _main(*sys.argv[1:4])

@@ -39,7 +39,7 @@ def package_name(manifest: dict, gpu_label: str | None = None) -> str:
     return re.sub(r"[^a-z0-9]+", "_", f"tuned_{manifest['family']}_{gpu}".lower()).strip("_")
 
 
-def write(export_dir: Path, out_dir: Path, name: str | None = None, gpu_label: str | None = None) -> Path:
+def pack(export_dir: Path, out_dir: Path, name: str | None = None, gpu_label: str | None = None) -> Path:
     """Write the wheel of an export into `out_dir` (its package `name`, by default
     tuned_<family>_<gpu_label>); returns its path."""
     export_dir = Path(export_dir)

@@ -212,6 +212,12 @@ def summaries(url: str | None = None):
     return [] if absent(url) else optuna.get_all_study_summaries(storage(url))
 
 
+def names_on(family: str, gpu_label: str, url: str | None = None) -> list[str]:
+    """The studies of a family on one GPU (all its problems and shape buckets), by name."""
+    prefix = f"{family}-{gpu_label}-"
+    return sorted(s.study_name for s in summaries(url) if s.study_name.startswith(prefix))
+
+
 def fail_interrupted(study, st) -> list[Any]:
     """Mark trials left RUNNING by a killed `tuner search` as failed and queue their params again.
 
