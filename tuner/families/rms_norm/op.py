@@ -35,11 +35,15 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     """`torch.nn.functional.rms_norm`'s signature on the tuned op (load an export first): a call
     over the last dimension of a CUDA tensor goes to `torch.ops.tuner.rms_norm` (a variant, or
     torch's op where the export says so), every other call to F.rms_norm itself. The op's own checks
-    follow in C++: only what decides between the two is asked here (about a µs of Python)."""
-    if (input.is_cuda and isinstance(normalized_shape, (tuple, list)) and len(normalized_shape) == 1
-            and input.dim() >= 1 and normalized_shape[0] == input.size(-1) and input.dtype in runtime.dtypes(DTYPES)
-            and (weight is None or (weight.dim() == 1 and weight.size(0) == normalized_shape[0]))):
-        return runtime.entry("rms_norm")(input, weight, FLOAT32_EPS if eps is None else eps)
+    follow in C++: only what decides between the two is asked here, in as few steps as Python
+    allows (each is a fraction of a µs on the call path)."""
+    if input.is_cuda and input.dtype in runtime.dtypes(DTYPES) and input.dim():
+        try:
+            (width,) = normalized_shape  # one normalized dimension, the last
+        except (TypeError, ValueError):
+            width = None
+        if width == input.size(-1) and (weight is None or weight.shape == (width,)):
+            return runtime.entry("rms_norm")(input, weight, FLOAT32_EPS if eps is None else eps)
     import torch.nn.functional as F
 
     return F.rms_norm(input, normalized_shape, weight, eps)
