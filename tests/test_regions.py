@@ -78,6 +78,15 @@ def test_a_variant_is_weighed_against_the_op_s_own_path_to_torch_where_measured(
     assert bench.serving_against(rows[:2], "anchor: torch rms_norm") == "anchor: torch rms_norm"
 
 
+def test_a_verdict_for_torch_is_the_median_of_three_timings():
+    """One noisy wall time does not give a shape to torch's op: each cell is the median of three
+    timings, and a cell missing from any of them stays missing."""
+    runs = [{"fwd wall": 1.3, "fwd gpu": 0.8, "fwd+bwd wall": 0.9, "fwd+bwd gpu": None},
+            {"fwd wall": 0.9, "fwd gpu": 0.7, "fwd+bwd wall": 1.1, "fwd+bwd gpu": 0.6},
+            {"fwd wall": 0.95, "fwd gpu": 0.9, "fwd+bwd wall": 1.05, "fwd+bwd gpu": 0.6}]
+    assert serving.steadied(runs) == {"fwd wall": 0.95, "fwd gpu": 0.8, "fwd+bwd wall": 1.05, "fwd+bwd gpu": None}
+
+
 def test_the_op_binds_the_measured_shapes_and_the_manifest_says_so(tmp_path):
     """A shape a variant won binds the tuned problem's variant again at that shape; one torch won
     binds torch's op there; the manifest keeps them (`regions`) and says so in its words."""
