@@ -88,10 +88,17 @@ def _main(directory: str, points: str, out: str) -> None:
     run_problems, torch_row, tuned_row = problems_bench(manifest["family"])
     found = {}
     with tempfile.TemporaryDirectory() as tmp:
+        def timed(problem: dict) -> dict[str, float | None]:
+            rows = run_problems(Path(directory), [{"problem": problem}], Path(tmp), baseline=False)
+            (_, cells), = bench.ratios(rows, bench.serving_against(rows, torch_row), tuned_row)
+            return cells
+
         for p in json.loads(Path(points).read_text()):
             key = export.problem_key(p["problem"])
             try:
-                rows = run_problems(Path(directory), [{"problem": p["problem"]}], Path(tmp), baseline=False)
+                cells = timed(p["problem"])
+                if any(r is None or r > export.SLOWER for r in cells.values()):  # a verdict for torch's op: twice more
+                    cells = steadied([cells, timed(p["problem"]), timed(p["problem"])])
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 print(f"{key}: not measured: too big for this GPU", file=sys.stderr)
@@ -99,11 +106,6 @@ def _main(directory: str, points: str, out: str) -> None:
             except (NotImplementedError, RuntimeError) as exc:  # torch cannot run it (a bfloat16 max backward)
                 print(f"{key}: not measured: {str(exc).splitlines()[0]}", file=sys.stderr)
                 continue
-            (_, cells), = bench.ratios(rows, bench.serving_against(rows, torch_row), tuned_row)
-            if any(r is None or r > export.SLOWER for r in cells.values()):  # a verdict for torch's op: timed twice more
-                again = [bench.ratios(run_problems(Path(directory), [{"problem": p["problem"]}], Path(tmp), baseline=False),
-                                      bench.serving_against(rows, torch_row), tuned_row)[0][1] for _ in range(2)]
-                cells = steadied([cells, *again])
             found[key] = cells
     Path(out).write_text(json.dumps(found))
 
