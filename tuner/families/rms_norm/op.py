@@ -42,7 +42,7 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
             (width,) = normalized_shape  # one normalized dimension, the last
         except (TypeError, ValueError):
             width = None
-        if width == input.size(-1) and (weight is None or weight.shape == (width,)):
+        if width == input.size(-1) and (weight is None or getattr(weight, "shape", None) == (width,)):
             return runtime.entry("rms_norm")(input, weight, FLOAT32_EPS if eps is None else eps)
     import torch.nn.functional as F
 
