@@ -84,5 +84,7 @@ def test_page_blocks_run(page, tmp_path):
             argv, cwd = ["bash", "-euo", "pipefail", "-c", code], ROOT
         else:
             argv, cwd = [sys.executable, "-c", code], scratch
-        run = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+        # a block may build the torch binding in a fresh cache (a minute or more of nvcc on a busy
+        # 2-core machine): the limit only catches a hang
+        run = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, f"{page}:\n{code}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
