@@ -332,3 +332,65 @@ def test_a_joined_variant_takes_its_forward_and_its_backward_from_two_variants(t
     assert table(alone[0]) == table(unit[0]) == (joined.name, 1, 1, 0)  # block's forward validates, no split
     assert table(unit[1]) == (back.name, 0, 1, 32)
     assert table(unit[2]) == (block.name, 1, 1, 0)
+
+
+def _fake_nvcc(tmp_path, monkeypatch, body: str):
+    """An nvcc that logs its start and end in tmp_path/calls and writes its -o output after `body`."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "fake-nvcc"
+    fake.write_text("#!/bin/sh\n"
+                    'out=""; prev=""\nfor a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done\n'
+                    f'echo "start $$ $(date +%s.%N)" >> {calls}\n{body}\n: > "$out"\n'
+                    f'echo "end $$ $(date +%s.%N)" >> {calls}\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(toolkit, "nvcc", lambda: fake)
+    monkeypatch.setattr(toolkit, "nvcc_version", lambda: "fake")
+    return calls
+
+
+def test_builds_side_by_side_share_one_queue_of_compilers(tuner_home, fresh_cache, tmp_path, monkeypatch):
+    """A search builds its next batch while the last one's units end: the two share the cores (as many
+    compilers at once as jobs), rather than each running its own `jobs`."""
+    import threading
+
+    calls = _fake_nvcc(tmp_path, monkeypatch, "sleep 1")
+    cover = giou.covering_set()[:8]
+    results: list = []
+    threads = [threading.Thread(target=lambda part=part: results.extend(build.build(part, "sm_90", jobs=2)))
+               for part in (cover[:4], cover[4:])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8 and all(b.ok for b in results)
+    events = sorted((float(t), kind) for kind, _, t in (line.split() for line in calls.read_text().splitlines()))
+    running = most = 0
+    for _, kind in events:
+        running += 1 if kind == "start" else -1
+        most = max(most, running)
+    assert sum(kind == "start" for _, kind in events) == 4  # units of 2
+    assert most == 2
+
+
+def test_an_interrupted_build_ends_its_compilers(tuner_home, fresh_cache, tmp_path, monkeypatch):
+    import time
+
+    # the first compiler ends at once; the others would run a minute
+    calls = _fake_nvcc(tmp_path, monkeypatch, f'mkdir {tmp_path}/first 2>/dev/null || sleep 60')
+
+    def stop(builds):  # once the other two have started
+        deadline = time.monotonic() + 20
+        while calls.read_text().count("start") < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        build.build(giou.covering_set()[:3], "sm_90", jobs=3, on_ready=stop)
+    assert time.monotonic() - started < 30
+    pids = [int(line.split()[1]) for line in calls.read_text().splitlines() if line.startswith("start")]
+    assert len(pids) == 3
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)

@@ -86,8 +86,10 @@ def nvcc_version() -> str:
     return lines[-1].strip() if lines else out.strip().splitlines()[-1]
 
 
+@functools.lru_cache(maxsize=None)
 def torch_version() -> str:
-    """The installed torch's version (a build's identity: what a binary was built against)."""
+    """The installed torch's version (a build's identity: what a binary was built against); read
+    once (importlib's metadata parse costs ~6 ms, and every variant's content key asks)."""
     try:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:

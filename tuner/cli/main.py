@@ -246,7 +246,9 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--prune", type=cli_args.prune_factor, default=1.5, metavar="FACTOR",
                    help="stop timing a verified variant whose first repetitions are FACTOR x slower than the "
                         "best so far (recorded as PRUNED); 0 times every variant in full")
-    s.add_argument("--seed", type=cli_args.seed, help="the sampler's seed (0 to 2**32 - 1)")
+    s.add_argument("--seed", type=cli_args.seed, default=0,
+                   help="the sampler's seed (0 to 2**32 - 1; default 0: the same command tries the same "
+                        "variants, whose builds a later search finds done; another seed explores others)")
     s.add_argument("--import-records", type=Path, metavar="FILE",
                    help="count the measurements in FILE (same GPU, problem and objective) as finished trials")
     s.add_argument("--plant-faults", metavar="KINDS",

@@ -90,7 +90,10 @@ class Asker:
         key, me = f"tuner:seed:{self.cfg.seed}", searchers.owner()
         taken = self.storage.get_study_system_attrs(study_id).get(key)
         if taken not in (None, me):
-            self.queue = shuffled(self.space, hash((self.cfg.seed, me)) & 0xFFFF_FFFF)[::-1]
+            own = hash((self.cfg.seed, me)) & 0xFFFF_FFFF
+            self.queue = shuffled(self.space, own)[::-1]
+            if self.ranker is not None:  # its first batch's ties too
+                self.ranker = Ranker(self.space, own)
         else:
             self.storage.set_study_system_attr(study_id, key, me)
 

@@ -38,7 +38,7 @@ class SearchConfig:
     plant_faults: tuple[str, ...] = ()  # test only: variants with these faults (see the family's FAULTS)
     import_records: Path | None = None
     warm_start: bool = True  # ranked: the family's other studies in the storage say what to try first
-    seed: int | None = None
+    seed: int | None = 0  # None: a fresh random order each run
     progress: bool = True
     prune: float | None = PRUNE_FACTOR  # prune variants this much slower than the best; None: time all
     devices: str | None = None  # "all" or CUDA indices "0,1": a worker per GPU; None: device 0

@@ -85,7 +85,9 @@ class Search:
         if cfg.progress:
             book.bar = tqdm(total=cfg.trials, initial=min(done, cfg.trials), desc=self.name, unit="trial",
                             dynamic_ncols=True, leave=True, disable=None)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        # Two builds at once: the next batch's units queue behind the last one's (one compile
+        # queue, tuner.build.compile) and take each core its last units leave.
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
         pending = None  # [_Piece]: a batch's new trials, compiling while the GPU works
         waiting: list = []  # trials whose variant another process is evaluating right now
         others_deadline = None
@@ -161,6 +163,8 @@ class Search:
             self.report.winner = self.study.user_attrs["winner"]
             self.report.retimed = self.study.user_attrs.get("retimed", [])
         self.report.wall_s = time.monotonic() - started
+        # two builds overlap (a batch's units queue behind the last one's): the time any compiled
+        self.report.compile_s = self.report.busy("compile")
         self.report.worker_restarts = self.evaluator.restarts
         self.report.worker_kills = self.evaluator.killed
         return self.report
@@ -170,7 +174,6 @@ class Search:
     def _prepare(self, variants: list[Variant], whole: bool = False, ready: queue.Queue | None = None) -> dict[str, dict]:
         started = time.monotonic()
         prepared = self.evaluator.prepare(variants, whole, on_ready=ready.put if ready is not None else None)
-        self.report.compile_s += time.monotonic() - started
         self.report.spans.append(("compile", started, time.monotonic()))
         self.report.compiled += sum(1 for b in prepared.values() if b.get("compiled"))
         return prepared
