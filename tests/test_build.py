@@ -289,6 +289,42 @@ def test_a_search_compiles_only_the_kernels_its_problem_runs(tuner_home, fresh_c
     assert all(f"embedding_bag_forward_kernel<TUNER_EB_{m}>" in render.render(v) for m in ("SUM", "MEAN", "MAX"))
 
 
+@pytest.mark.parametrize("family, size, widths", [
+    ("rms_norm", "width", (4096, 4097, 64, 1 << 16)), ("cross_entropy", "vocab", (32000, 32001, 7, 128256))])
+def test_a_norm_or_loss_search_builds_the_kernels_its_size_runs(family, size, widths, tuner_home, fresh_cache):
+    """RMSNorm's and cross-entropy's searches build the kernels of their problem's width (vocabulary)
+    alone: one vector width and tail, one row walk or backward; a variant built that way names 3
+    kernels, and refuses a call at another width (the GPU tests call it); the finalists are built
+    whole and checked at the odd sizes too (`FINALISTS_WHOLE`, the check's odd sizes off for a search)."""
+    from tuner.measure import declared
+
+    module = families.get(family)
+    assert module.FINALISTS_WHOLE and module.FOCUS_RUNS_ODD_SIZES is False
+    space = list(module.space_for(module.Problem().__dict__))
+    variants = [space[i * len(space) // 6] for i in range(6)]
+    for width in widths:
+        focus = module.search_focus({**module.Problem().__dict__, size: width})
+        for v in variants:
+            source = render.render(v, focus)
+            assert "cudaErrorNotSupported" in source
+            whole = render.render(v)
+            assert source != whole
+    built = build.build(variants[:2], "sm_90", jobs=1, focus=module.search_focus(module.Problem().__dict__))
+    assert all(b.ok and len(b.registers) == 3 for b in built), [b.registers for b in built]
+
+    # a search's check runs the problem's sizes alone; a finalist's (whole), the odd sizes too
+    ev = declared.Evaluation(family)
+    seen: list = []
+    ev.cases.get = lambda key, make: key
+    ev.run_case = lambda kernel, case: (seen.append(dict(case)), ({"loss_error": 0.0, "grad_error": 0.0}, ""))[1]
+    problem = module.Problem().__dict__
+    for whole in (False, True):
+        seen.clear()
+        assert ev.check(None, problem, whole=whole)["ok"]
+        assert len(seen) == (1 + len(module.ODD_SIZES) if whole else 1)
+        assert seen[0][size] == problem[size]
+
+
 def test_a_joined_variant_takes_its_forward_and_its_backward_from_two_variants(tuner_home, fresh_cache):
     """EmbeddingBag's joined table (templates/embedding_bag/embedding_bag_joined.cu.j2): built alone
     and in a unit with another joined variant and a plain one; what the op prepares for a

@@ -153,3 +153,31 @@ def _export_of(tmp_path):
     winners = [{"variant": rms_norm.space(x, w).nearest(warp), "problem": rms_norm.Problem(300, 2048, x, w).__dict__}
                for x, w in (("bfloat16", "bfloat16"), ("bfloat16", "float32"))]
     return export.write(tmp_path / "artifact", winners, gpus.attached().describe())
+
+
+@pytest.mark.parametrize("family, size, other", [("rms_norm", "width", 4097), ("cross_entropy", "vocab", 1001)])
+def test_a_search_s_build_matches_float64_at_its_size_and_refuses_another(family, size, other, shared_home):
+    """A search builds the kernels its problem's size runs alone (`search_focus`): checked against
+    float64 there (forward and backward, the search's check); at another size, a call that needs a
+    kernel it lacks fails to launch (never runs nothing or the wrong code), one that does not is right."""
+    from tuner import families
+
+    module = families.get(family)
+    problem = module.Problem().__dict__
+    space = list(module.space_for(problem))
+    variants = [space[i * len(space) // 8] for i in range(8)]
+    evaluation = Evaluation(family)
+    refused = 0
+    for b in build.build(variants, gpus.attached().arch, focus=module.search_focus(problem)):
+        assert b.ok and len(b.registers) == 3, (b.error, b.registers)
+        kernel = evaluation.load(b.so, b.variant.name, b.entry)
+        verdict = evaluation.check(kernel, problem)
+        assert verdict["ok"], verdict["message"]
+        try:
+            verdict = evaluation.check(kernel, {**problem, "rows": 8, size: other})
+            assert verdict["ok"], verdict["message"]
+        except RuntimeError as exc:
+            assert "failed to launch" in str(exc)
+            refused += 1
+        torch.cuda.synchronize()  # the context is fine
+    assert refused >= 4  # those with vectors wider than one element

@@ -273,11 +273,12 @@ class Evaluation:
         """(problem, key, make(seed)) of an input set."""
         return problem, tuple(sorted(problem.items())), lambda s: self._case(problem, s % 2**31)
 
-    def _checks(self, problem: dict) -> list[tuple]:
+    def _checks(self, problem: dict, odd: bool = True) -> list[tuple]:
         """The input sets a check uses: the problem's at the sizes a check takes (`cases.sized`),
-        then its odd sizes."""
+        then, with `odd`, its odd sizes."""
         checked = sized(self.module, problem)
-        return [self._set({**checked, **odd}) for odd in ({}, *getattr(self.module, "ODD_SIZES", ()))]
+        odds = getattr(self.module, "ODD_SIZES", ()) if odd else ()
+        return [self._set({**checked, **sizes}) for sizes in ({}, *odds)]
 
     def check(self, kernel: DeclaredKernel, problem: dict, whole: bool = False, full: bool = False) -> dict[str, Any]:
         """The variant against float64 on the problem's input sets; `whole` (a finalist built with
@@ -286,7 +287,9 @@ class Evaluation:
         worst = {"loss_error": 0.0, "grad_error": 0.0}
         kind = self.op.kind if whole and self.op.kind in problem else None
         words = next(s.choices for s in self.op.scalars if s.name == kind) if kind else (None,)
-        checks = [c for w in words for c in self._checks(problem if w is None else {**problem, kind: w})]
+        # a search's build runs only its problem's sizes where the family says so (`search_focus`)
+        odd = whole or getattr(self.module, "FOCUS_RUNS_ODD_SIZES", True)
+        checks = [c for w in words for c in self._checks(problem if w is None else {**problem, kind: w}, odd)]
         if full and sized(self.module, problem) != problem:
             checks.append(self._set(problem))
         for p, key, make in checks:
@@ -301,7 +304,7 @@ class Evaluation:
 
     def warm(self, problem: dict) -> None:
         """The input sets, answers and timing inputs the first variants need, made while they compile."""
-        for _, key, make in self._checks(problem):
+        for _, key, make in self._checks(problem, getattr(self.module, "FOCUS_RUNS_ODD_SIZES", True)):
             self.cases.prime(key, make)
         self._timing_inputs(problem)
 

@@ -68,6 +68,17 @@ def make_inputs(rows: int, width: int, x: str = "bfloat16", weight: str = "bfloa
     return xs.to(getattr(torch, dtype_name(x))), w.to(getattr(torch, dtype_name(weight)))
 
 
+def search_focus(problem: dict) -> dict[str, int]:
+    """What a search of `problem` renders: the kernels its width runs (the vector width that divides
+    it, one of the two row walks: 3 kernels of 9). Its check then covers that width only, so the
+    finalists are built whole and checked at the odd sizes too before one wins (`FINALISTS_WHOLE`,
+    tuner.search.finalists); exports build every kernel."""
+    return {"only_width": int(problem["width"])}
+
+
+FINALISTS_WHOLE = True
+FOCUS_RUNS_ODD_SIZES = False  # a search's build runs its problem's width only (tuner/measure/declared.py)
+
 BENCH_SHAPES = ((4096, 4096), (8192, 8192), (16384, 4096))  # rows x width, `tuner bench`'s default
 
 
