@@ -25,11 +25,17 @@ def cli_part(family: str):
 
     if families.has_part(family, "cli") or getattr(families.get(family), "OP_DECLARATION", None) is None:
         return families.part(family, "cli")
+    return types.SimpleNamespace(add_bench_args=functools.partial(_declared_bench_args, family),
+                                 **{name: functools.partial(_declared, name, family) for name in
+                                    ("describe", "bench", "bench_problems")})
+
+
+def _declared(name: str, family: str, *args, **kwargs):
+    """tuner.report.declared's `name`, imported when called: it imports torch (seconds), which a
+    search's own process never needs (its workers import it) and would wait for before they start."""
     from tuner.report import declared
 
-    return types.SimpleNamespace(add_bench_args=functools.partial(_declared_bench_args, family),
-                                 **{name: functools.partial(getattr(declared, name), family) for name in
-                                    ("describe", "bench", "bench_problems")})
+    return getattr(declared, name)(family, *args, **kwargs)
 
 
 def _declared_bench_args(family: str, p) -> None:
