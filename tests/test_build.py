@@ -236,14 +236,16 @@ def test_unit_source_keeps_variants_apart():
 
 
 def test_units_are_spread_over_the_cores():
-    todo = {f"k{i}": (giou.covering_set()[0], "") for i in range(40)}
+    first = giou.covering_set()[0]
+    todo = {f"k{i}": (first, "") for i in range(40)}
     assert [len(u) for u in units.plan_units(todo, 16)] == [3] * 13 + [1]
     assert [len(u) for u in units.plan_units(todo, 2)] == [16, 16, 8]
     assert [len(u) for u in units.plan_units(dict(list(todo.items())[:3]), 16)] == [1, 1, 1]
 
 
 def test_staggered_units_grow_so_that_they_end_one_after_another():
-    todo = {f"k{i}": (giou.covering_set()[0], "") for i in range(128)}
+    first = giou.covering_set()[0]
+    todo = {f"k{i}": (first, "") for i in range(128)}
     sizes = [len(u) for u in units.plan_units(todo, 16, staggered=True)]
     assert sum(sizes) == 128 and len(sizes) == 16 and sizes == sorted(sizes)
     assert sizes[0] <= 4 and sizes[-1] >= 12 and max(sizes) <= units.MAX_PER_UNIT
