@@ -7,6 +7,7 @@ Optuna's own constraints are soft, so invalid points never enter a study.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import sys
 from dataclasses import dataclass, field
@@ -271,8 +272,13 @@ def fixed_spaces(make: Callable[..., Space], **choices: Sequence[str]):
     def all_spaces() -> list[Space]:
         return [make(**dict(zip(choices, combo))) for combo in itertools.product(*choices.values())]
 
+    @functools.lru_cache(maxsize=1)
+    def covered() -> tuple[Variant, ...]:
+        return tuple(covering(all_spaces()))
+
     def covering_set() -> list[Variant]:
-        """Every value of every dimension at least once, in every space."""
-        return covering(all_spaces())
+        """Every value of every dimension at least once, in every space (worked out once: RMSNorm's
+        takes ~0.8 s)."""
+        return list(covered())
 
     return space_for, all_spaces, covering_set
