@@ -134,3 +134,20 @@ def test_measured_shapes_decide_who_serves_a_call(tmp_path, shared_home):
         for near in ((rows, width), (rows + rows // 8, width)):
             who = torch.ops.tuner_rms_norm.served(list(near), torch.bfloat16, torch.bfloat16)
             assert (who == "torch") == (r["served_by"] == "torch"), (near, r)
+
+
+def test_export_best_lists_each_measured_shape_and_who_serves_it():
+    from tuner.cli import studies
+    from tuner.cli.target import cli_part
+
+    one = rms_norm.Problem().__dict__
+    points = regions.grid("rms_norm", [_entry(rms_norm.space(), one)])[:2]
+    keys = [binaries.problem_key(p["problem"]) for p in points]
+    measured = regions.decide(points, {keys[0]: {"fwd wall": 0.8, "fwd+bwd GPU": 0.9},
+                                       keys[1]: {"fwd wall": 1.3, "fwd+bwd GPU": None}}, export.SLOWER)
+    lines = studies.region_lines(measured, cli_part("rms_norm").describe)
+    assert lines[0].startswith("measured around them (2 shapes")
+    first, second = (points[i]["problem"] for i in (0, 1))
+    assert lines[1] == f"  bfloat16/bfloat16 {first['rows']}x{first['width']}: a variant (op / torch's op at most 0.90x, fwd+bwd GPU)"
+    assert lines[2] == f"  bfloat16/bfloat16 {second['rows']}x{second['width']}: torch's op (op / torch's op at most 1.30x, fwd wall; 1 cell(s) not timed)"
+    assert studies.region_lines([], str) == []

@@ -147,6 +147,8 @@ def cmd_export_best(args: argparse.Namespace) -> int:
     describe = cli_target.cli_part(manifest["family"]).describe
     for e in manifest["entries"]:
         print(f"{describe(e['problem'])}: {_served(e)}")
+    for line in region_lines(manifest.get("regions") or [], describe):
+        print(line)
     by_torch = sum(e.get("served_by") == "torch" for e in manifest["entries"])
     print(f"exported {len(manifest['entries'])} tuned problem(s) for {manifest['gpu'].get('gpu_name')} to {done.out}"
           + (f"; torch's op serves {by_torch} of them, where no variant beat it" if by_torch else ""))
@@ -162,6 +164,25 @@ def cmd_export_best(args: argparse.Namespace) -> int:
         print(f"wheel: {done.wheel} ({done.wheel.stat().st_size / 1e6:.1f} MB); `pip install {done.wheel}`, then "
               f"`import {done.wheel.name.split('-')[0]}` registers torch.ops.tuner.{done.op.OP.op}")
     return 0
+
+
+def region_lines(regions: list[dict], describe) -> list[str]:
+    """The shapes the export's check measured around its tuned problems (the manifest's `regions`,
+    tuner.deploy.regions), a line each: who serves calls nearest to it, and the op's slowest cell
+    against torch's op there."""
+    if not regions:
+        return []
+    lines = [f"measured around them ({len(regions)} shapes; a call is served as the nearest measured or tuned shape):"]
+    for r in regions:
+        every = r.get("checked") or {}
+        cells = {k: v for k, v in every.items() if v is not None}
+        worst = max(cells.items(), key=lambda kv: kv[1], default=None)
+        untimed = len(every) - len(cells)
+        against = (f" (op / torch's op at most {worst[1]:.2f}x, {worst[0]}" if worst else " (") + (
+            f"{'; ' if worst else ''}{untimed} cell(s) not timed)" if untimed else ")")
+        who = "a variant" if r.get("served_by") == "variant" else "torch's op"
+        lines.append(f"  {describe(r['problem'])}: {who}{against}")
+    return lines
 
 
 def _served(entry: dict) -> str:
