@@ -4,7 +4,8 @@ the pages mark as runnable without a GPU.
 The convention: a fenced block directly after the line `<!-- ci: run -->` runs here (the comment
 shows neither on the site nor on GitHub). `sh` blocks run in bash from the repository's root, with
 `tuner` being this checkout's; `python` blocks run in a scratch folder. Each page's blocks share one
-fresh TUNER_HOME and build cache, in page order, so a later block can read what an earlier one made.
+fresh TUNER_HOME and build cache, in page order, so a later block can read what an earlier one made;
+the cache's torch bindings are the run's (built once a run, conftest.py: a minute of a core each).
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ def test_page_blocks_run(page, tmp_path):
     # `tuner` is this checkout's, whatever an installed entry point points at
     (bin_dir / "tuner").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tuner "$@"\n')
     (bin_dir / "tuner").chmod(0o755)
+    # the run's torch bindings (what they are built from is in their key): variants build fresh
+    bindings = Path(os.environ["TUNER_CACHE"]) / "variants" / "_binding"
+    bindings.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cache" / "variants").mkdir(parents=True)
+    (tmp_path / "cache" / "variants" / "_binding").symlink_to(bindings, target_is_directory=True)
     env = {**os.environ, "TUNER_HOME": str(home), "TUNER_CACHE": str(tmp_path / "cache"),
            "PYTHONPATH": str(ROOT), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     for lang, code in runnable(DOCS / page):
@@ -84,7 +90,7 @@ def test_page_blocks_run(page, tmp_path):
             argv, cwd = ["bash", "-euo", "pipefail", "-c", code], ROOT
         else:
             argv, cwd = [sys.executable, "-c", code], scratch
-        # a block may build the torch binding in a fresh cache (a minute or more of nvcc on a busy
-        # 2-core machine): the limit only catches a hang
+        # a block may wait for the run's build of a torch binding (a minute or more on a busy 2-core
+        # machine): the limit only catches a hang
         run = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, f"{page}:\n{code}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
