@@ -90,7 +90,8 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
     (tmp_path / "declared_probe_abi.h").write_text(declared.header(RICH))
     source = tmp_path / "declared_probe_op.cpp"
     source.write_text(declared.op_source(RICH))
-    library = binding.compile_library(tmp_path / "build" / "tuner_declared_probe.so", [source], [tmp_path])
+    library = binding.compile_library(tmp_path / "build" / "tuner_declared_probe.so", [source], [tmp_path],
+                                      optimize=False)
     torch.ops.load_library(str(library))
     schema = torch.ops.tuner.declared_probe.default._schema
     assert [(a.name, str(a.type), a.default_value) for a in schema.arguments] == [
@@ -148,7 +149,8 @@ def test_an_input_the_variants_get_as_null_is_optional_in_every_schema_and_check
     source = tmp_path / "nullable_probe_op.cpp"
     source.write_text(declared.op_source(NULLABLE))
     (tmp_path / "nullable_probe_abi.h").write_text(header)
-    library = binding.compile_library(tmp_path / "build" / "tuner_nullable_probe.so", [source], [tmp_path])
+    library = binding.compile_library(tmp_path / "build" / "tuner_nullable_probe.so", [source], [tmp_path],
+                                      optimize=False)
     torch.ops.load_library(str(library))
     assert [str(a.type) for a in torch.ops.tuner.nullable_probe.default._schema.arguments] == [
         "Tensor", "Optional[Tensor]", "float"]
@@ -513,7 +515,8 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     (tmp_path / "bags_probe_abi.h").write_text(header)
     (tmp_path / "bags_probe_op.cpp").write_text(source)
     torch.ops.load_library(str(binding.compile_library(tmp_path / "build" / "tuner_bags_probe.so",
-                                                       [tmp_path / "bags_probe_op.cpp"], [tmp_path])))
+                                                       [tmp_path / "bags_probe_op.cpp"], [tmp_path],
+                                                       optimize=False)))
     impls = opspec.impls(BAGS, _bags_reference, None, "tuner_bags_probe")
     runtime.register_python(types_namespace(impls=impls))
     assert "Tensor? scale" in str(torch.ops.tuner.bags_probe.default._schema)

@@ -78,7 +78,8 @@ def test_cpp_and_python_read_a_declaration_s_expressions_alike(tmp_path):
     (tmp_path / "where_probe_abi.h").write_text(declared.header(WHERE))
     (tmp_path / "where_probe_op.cpp").write_text(declared.op_source(WHERE))
     torch.ops.load_library(str(binding.compile_library(tmp_path / "build" / "tuner_where_probe.so",
-                                                       [tmp_path / "where_probe_op.cpp"], [tmp_path])))
+                                                       [tmp_path / "where_probe_op.cpp"], [tmp_path],
+                                                       optimize=False)))
     impls = opspec.impls(WHERE, _where_reference, None)
     runtime.register_python(type("Spec", (), {"impls": impls}))
     x2, x1, m = torch.randn(3, 4), torch.randn(4), torch.arange(2)

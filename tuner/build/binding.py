@@ -187,9 +187,11 @@ def _build(family: str, path: Path, verbose: bool) -> None:
                     verbose)
 
 
-def compile_library(path: Path, files: list[Path], includes: list[Path], verbose: bool = False) -> Path:
+def compile_library(path: Path, files: list[Path], includes: list[Path], verbose: bool = False,
+                    optimize: bool = True) -> Path:
     """Build the library `path` (its folder: the build folder) of C++ `files` with cpp_extension,
-    against torch and CUDA's headers, `includes` and templates/common; no GPU needed."""
+    against torch and CUDA's headers, `includes` and templates/common; no GPU needed. `optimize=False`
+    (-O0: a fifth less of a core's minute, for a test's probe op that is called, never timed)."""
     import torch
 
     toolkit.export_cuda_home()
@@ -213,10 +215,10 @@ def compile_library(path: Path, files: list[Path], includes: list[Path], verbose
         name=path.stem,
         sources=[str(f) for f in files],
         extra_include_paths=[*(str(i) for i in includes), str(common_dir())],
-        extra_cflags=["-O2"],
+        extra_cflags=["-O2" if optimize else "-O0"],
         # device code (a guard) as PTX of the oldest architecture CUDA 13 has: one library for every
         # GPU, whatever the building machine has (an arch flag here keeps torch from adding its own)
-        extra_cuda_cflags=["-O2", "-gencode=arch=compute_75,code=compute_75"],
+        extra_cuda_cflags=["-O2" if optimize else "-O0", "-gencode=arch=compute_75,code=compute_75"],
         build_directory=str(path.parent),
         with_cuda=True,
         is_python_module=False,
