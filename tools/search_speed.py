@@ -7,7 +7,9 @@ time, the variants it evaluated and their rate from the command's start, and whe
 (the search's own sums of compile, verify and timing, when the GPU started, its busy time, the
 finalists). Run it again whenever the search, the measurement or the declared machinery changes, and
 compare with the table in docs/benchmarks.md. With --checkout, each family runs in every checkout
-named, in turns (`python3 -m tuner` from that folder): before and after a change in one run.
+named, in turns (`python3 -m tuner` from that folder): before and after a change in one run; the
+turns' order alternates from one family to the next (this checkout first for the first family,
+last for the second, ...), so that no side always pays a fresh machine's cold caches.
 
     python tools/search_speed.py OUT [--families giou rms_norm ...] [--checkout DIR ...] [--runs first later]
 """
@@ -103,8 +105,8 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="search-speed-"))
     lines, timelines = [HEADER], ["", "Timelines (s from the command's start):", ""]
     print(HEADER, flush=True)
-    for family in names:
-        for label, tuner, cwd in places:
+    for i, family in enumerate(names):
+        for label, tuner, cwd in (places if i % 2 == 0 else places[::-1]):
             cache = base / f"cache-{label}-{family}"
             for run in args.runs:
                 if run != RUNS[0]:
