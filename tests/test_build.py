@@ -432,3 +432,19 @@ def test_an_interrupted_build_ends_its_compilers(tuner_home, fresh_cache, tmp_pa
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
         time.sleep(0.1)
     assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+def test_a_forked_child_compiles_with_a_queue_of_its_own():
+    """A child forked after the parent compiled has none of the parent's queue threads: its builds
+    get a queue of their own rather than waiting forever on the parent's."""
+    q = build.queue_for(2)
+    assert q.submit(lambda: 1).result() == 1
+    pid = os.fork()
+    if pid == 0:  # the child: no assertion may raise past here
+        try:
+            mine = build.queue_for(2)
+            os._exit(0 if mine is not q and mine.submit(lambda: 2).result(timeout=30) == 2 else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

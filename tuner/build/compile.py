@@ -284,6 +284,17 @@ _QUEUES: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 _QUEUES_LOCK = threading.Lock()
 
 
+def _forget_queues() -> None:
+    """In a forked child: the parent's queues' threads are not there, so it makes its own."""
+    global _QUEUES_LOCK
+    _QUEUES.clear()
+    _QUEUES_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_queues)
+
+
 def queue_for(jobs: int) -> concurrent.futures.ThreadPoolExecutor:
     with _QUEUES_LOCK:
         if jobs not in _QUEUES:
