@@ -41,7 +41,6 @@ def space(logits: str = "bfloat16") -> Space:
 space_for, all_spaces, covering_set = fixed_spaces(space, logits=DTYPES)
 
 
-# rows, vocab, logits (its dtype), reduction, label_smoothing; its key "R4096-V32000-bfloat16-mean-ls0"
 def search_focus(problem: dict) -> dict[str, int]:
     """What a search of `problem` renders: the kernels its vocabulary runs (one vector width and
     tail, the variant's one backward: 3 kernels of 10). Its check then covers that vocabulary only,
@@ -53,6 +52,7 @@ def search_focus(problem: dict) -> dict[str, int]:
 FINALISTS_WHOLE = True
 FOCUS_RUNS_ODD_SIZES = False  # a search's build runs its problem's vocabulary only (tuner/measure/declared.py)
 
+# rows, vocab, logits (its dtype), reduction, label_smoothing; its key "R4096-V32000-bfloat16-mean-ls0"
 Problem = problem_class(OP_DECLARATION, FAMILY, {"rows": 4096, "vocab": 32000, "logits": "bfloat16"},
                         {"rows": "rows: tokens of the batch", "vocab": "the vocabulary (classes)"},
                         scalars=("reduction", "label_smoothing"))
