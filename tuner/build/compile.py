@@ -17,17 +17,12 @@ variant with a .json is never rebuilt (a failed compile is remembered too).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +33,7 @@ from tuner.build import toolkit
 from tuner.build.toolkit import torch_version
 from tuner.errors import BuildError
 from tuner.build.render import header_text, render, templates_dir, write_headers
+from tuner.build.queue import Running, queue_for, run_nvcc
 from tuner.build.units import namespace, plan_units, unit_name, unit_source
 from tuner.variant import Variant
 
@@ -238,7 +234,7 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
     nvcc = toolkit.nvcc()
     tmp = Path(tempfile.mkdtemp(prefix=".batch-", dir=out_dir))
     results: dict[str, Build] = {}
-    running = _Running()
+    running = Running()
     try:
         headers: dict[str, Path] = {}
         futures = {}
@@ -256,7 +252,7 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
                 headers[family] = write_headers(family, tmp / f"include-{family}")
             cmd = [nvcc, *flags(arch), f"-I{headers[family]}", f"-I{templates_dir(family)}",
                    "-o", str(tmp / f"{name}.so"), str(tmp / f"{name}.cu")]
-            futures[pool.submit(_run_nvcc, cmd, tmp / f"{name}.so.log", deadline, running)] = (name, unit)
+            futures[pool.submit(run_nvcc, cmd, tmp / f"{name}.so.log", deadline, running)] = (name, unit)
         for future in concurrent.futures.as_completed(futures):
             name, unit = futures[future]
             seconds, message = future.result()
@@ -273,81 +269,6 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-# The compile queue: one per process and core count, first come first served, shared by every
-# build running at once. A search compiles its next batch while its last one's units end: with a
-# build of its own each (one ninja run a batch, as before), the cores idled through each batch's
-# last units, staggered to give the GPU the first ones early (a default RMSNorm search's
-# compiles, 200 variants on 16 cores, kept 9.7 cores busy on average).
-_QUEUES: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
-_QUEUES_LOCK = threading.Lock()
-
-
-def _forget_queues() -> None:
-    """In a forked child: the parent's queues' threads are not there, so it makes its own."""
-    global _QUEUES_LOCK
-    _QUEUES.clear()
-    _QUEUES_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_queues)
-
-
-def queue_for(jobs: int) -> concurrent.futures.ThreadPoolExecutor:
-    with _QUEUES_LOCK:
-        if jobs not in _QUEUES:
-            _QUEUES[jobs] = concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="tuner-nvcc")
-        return _QUEUES[jobs]
-
-
-# Each compiler in a process group of its own, so that a kill reaches cicc, ptxas and the host
-# compiler under it; in this session where Python allows (3.11): a session is a scheduling group
-# (Linux's autogroup), and a compiler in one of its own would take a share of the CPU beside the
-# worker that times kernels, where in this one its `nice` leaves the worker first.
-_OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
-
-
-class _Running:
-    """A build's compilers underway, so that an interrupt ends them (each in a group of its own)."""
-
-    def __init__(self):
-        self.procs: set[subprocess.Popen] = set()
-        self.stopped = False
-        self.lock = threading.Lock()
-
-    def stop(self) -> None:
-        with self.lock:
-            self.stopped = True
-            for proc in self.procs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _run_nvcc(cmd: list[str], log: Path, deadline: float, running: _Running) -> tuple[float, str]:
-    """One unit's nvcc, its output in `log`: (seconds, "" or why it failed)."""
-    # At low priority: a search times kernels while its next batch compiles, and a timing
-    # process starved of CPU launches late, so that the GPU idles inside the timed window.
-    nice = ["nice", "-n", "10"] if shutil.which("nice") else []
-    started = time.monotonic()
-    with open(log, "w") as out, running.lock:
-        if running.stopped:
-            return 0.0, "the build was stopped"
-        proc = subprocess.Popen([*nice, *cmd], stdout=out, stderr=subprocess.STDOUT, **_OWN_GROUP)
-        running.procs.add(proc)
-    try:
-        proc.wait(timeout=max(1.0, deadline - started))
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return time.monotonic() - started, f"nvcc timed out (the build's {deadline - started:.0f} s left)"
-    finally:
-        with running.lock:
-            running.procs.discard(proc)
-    seconds = time.monotonic() - started
-    return seconds, "" if proc.returncode == 0 else f"nvcc exited with {proc.returncode}"
 
 
 def _unit_builds(unit: list[str], name: str, todo: dict[str, tuple[Variant, str]], arch: str, tmp: Path,
