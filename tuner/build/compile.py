@@ -1,7 +1,7 @@
 """Compile variants: several per translation unit (tuner.build.units), cached per variant by
 content hash. A unit that fails to compile is built again one variant per unit, so one bad
 variant costs its neighbours a retry, never their result. Units go into one compile queue
-per process (`queue_for`), as many nvcc at once as cores, first come first served: the builds a
+per process (tuner.build.queue), as many nvcc at once as cores, first come first served: the builds a
 search runs side by side (its next batch while the last one's units end) share the cores without
 oversubscribing them. `torch.utils.cpp_extension` (ninja) builds the one torch binding
 (tuner.build.binding), which calls any variant through its table.
@@ -227,7 +227,7 @@ def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, job
 
 def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path,
                    jobs: int, timeout: float, on_ready=None) -> dict[str, Build]:
-    """Each unit compiled by its own nvcc in the process's compile queue (`queue_for(jobs)`); a
+    """Each unit compiled by its own nvcc in the process's compile queue (tuner.build.queue); a
     Build per key. Only single-variant units remember failures. With `on_ready`, each unit's
     Builds are passed on (from this thread) as it ends, while the others compile; a unit that
     fails is left for the end (`_compile` builds its variants again alone)."""
@@ -255,9 +255,7 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
             futures[pool.submit(run_nvcc, cmd, tmp / f"{name}.so.log", deadline, running)] = (name, unit)
         for future in concurrent.futures.as_completed(futures):
             name, unit = futures[future]
-            seconds, message = future.result()
-            times = {f"{name}.so": seconds} if not message else {}
-            builds = _unit_builds(unit, name, todo, arch, tmp, out_dir, times, seconds, message)
+            builds = _unit_builds(unit, name, todo, arch, tmp, out_dir, *future.result())
             results.update((b.key, b) for b in builds)
             if on_ready is None:
                 continue
@@ -272,13 +270,13 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
 
 
 def _unit_builds(unit: list[str], name: str, todo: dict[str, tuple[Variant, str]], arch: str, tmp: Path,
-                 out_dir: Path, times: dict[str, float], wall: float, ninja_out: str) -> list[Build]:
-    """The Builds of one unit's variants from what its compile left in `tmp` (`times` holds the
-    unit's library where ninja logged it built); its library moves to the cache."""
+                 out_dir: Path, seconds: float, failure: str) -> list[Build]:
+    """The Builds of one unit's variants from what its compile left in `tmp` (`seconds` it took;
+    `failure`: why it failed, "" where nvcc ended well); its library moves to the cache."""
     family = todo[unit[0]][0].family
     so, log = tmp / f"{name}.so", tmp / f"{name}.so.log"
     log_text = log.read_text(errors="replace") if log.exists() else ""
-    ok = f"{name}.so" in times and so.exists()
+    ok = not failure and so.exists()
     if ok:
         os.replace(so, out_dir / so.name)
     labels = getattr(families.get(family), "KERNEL_ARGS", {})
@@ -290,9 +288,9 @@ def _unit_builds(unit: list[str], name: str, todo: dict[str, tuple[Variant, str]
         ptx = parse_ptxas(own_log, labels)
         entry = f"{families.get(family).ENTRY}_{key}" if len(unit) > 1 else None
         meta = {"name": variant.name, "params": variant.as_dict(), "key": key, "arch": arch, "ok": ok,
-                "compile_s": times.get(f"{name}.so", wall) / len(unit), **ptx,
+                "compile_s": seconds / len(unit), **ptx,
                 "so": so.name if ok else None, "entry": entry, "unit_size": len(unit),
-                "error": "" if ok else (_compiler_error(log_text) or ninja_out.strip()[-4000:])}
+                "error": "" if ok else (_compiler_error(log_text) or failure.strip()[-4000:])}
         (out_dir / f"{stem}.cu").write_text(source)
         (out_dir / f"{stem}.log").write_text(own_log)
         # A compile that never ran (timeout, kill) is not remembered, nor a failed unit's

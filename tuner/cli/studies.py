@@ -177,9 +177,10 @@ def region_lines(regions: list[dict], describe) -> list[str]:
         every = r.get("checked") or {}
         cells = {k: v for k, v in every.items() if v is not None}
         worst = max(cells.items(), key=lambda kv: kv[1], default=None)
-        untimed = len(every) - len(cells)
-        against = (f" (op / torch's op at most {worst[1]:.2f}x, {worst[0]}" if worst else " (") + (
-            f"{'; ' if worst else ''}{untimed} cell(s) not timed)" if untimed else ")")
+        parts = [f"op / torch's op at most {worst[1]:.2f}x, {worst[0]}"] if worst else []
+        if len(every) > len(cells):
+            parts.append(f"{len(every) - len(cells)} cell(s) not timed")
+        against = f" ({'; '.join(parts)})"
         who = "a variant" if r.get("served_by") == "variant" else "torch's op"
         lines.append(f"  {describe(r['problem'])}: {who}{against}")
     return lines

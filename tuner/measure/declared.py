@@ -220,6 +220,8 @@ class Evaluation:
         self.tolerance = tolerance(self.module)
         self.inputs: dict[tuple, tuple] = {}
         self.cases = Cases()
+        # a search's build runs only its problem's sizes where the family says so (`search_focus`)
+        self.search_odd = getattr(self.module, "FOCUS_RUNS_ODD_SIZES", True)
 
     def load(self, so: str, name: str, entry: str | None = None) -> DeclaredKernel:
         return DeclaredKernel(self.family, so, name, entry)
@@ -287,8 +289,7 @@ class Evaluation:
         worst = {"loss_error": 0.0, "grad_error": 0.0}
         kind = self.op.kind if whole and self.op.kind in problem else None
         words = next(s.choices for s in self.op.scalars if s.name == kind) if kind else (None,)
-        # a search's build runs only its problem's sizes where the family says so (`search_focus`)
-        odd = whole or getattr(self.module, "FOCUS_RUNS_ODD_SIZES", True)
+        odd = whole or self.search_odd
         checks = [c for w in words for c in self._checks(problem if w is None else {**problem, kind: w}, odd)]
         if full and sized(self.module, problem) != problem:
             checks.append(self._set(problem))
@@ -304,7 +305,7 @@ class Evaluation:
 
     def warm(self, problem: dict) -> None:
         """The input sets, answers and timing inputs the first variants need, made while they compile."""
-        for _, key, make in self._checks(problem, getattr(self.module, "FOCUS_RUNS_ODD_SIZES", True)):
+        for _, key, make in self._checks(problem, self.search_odd):
             self.cases.prime(key, make)
         self._timing_inputs(problem)
 

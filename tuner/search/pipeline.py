@@ -86,7 +86,7 @@ class Search:
             book.bar = tqdm(total=cfg.trials, initial=min(done, cfg.trials), desc=self.name, unit="trial",
                             dynamic_ncols=True, leave=True, disable=None)
         # Two builds at once: the next batch's units queue behind the last one's (one compile
-        # queue, tuner.build.compile) and take each core its last units leave.
+        # queue, tuner.build.queue) and take each core its last units leave.
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
         pending = None  # [_Piece]: a batch's new trials, compiling while the GPU works
         waiting: list = []  # trials whose variant another process is evaluating right now
