@@ -248,7 +248,7 @@ def test_a_file_that_is_no_measurement_log_is_one_line(home, capsys, flag, conte
 def test_export_best_refuses_a_wheel_without_binaries_before_writing(home, capsys, one_study):
     _with_study(home, one_study)
     code, _, err = run(capsys, "export-best", "--gpu", "H100", "--sources-only", "--wheel", "w")
-    assert code == 1 and "--sources-only" in error_line(err, "export-best")
+    assert code == 2 and "--sources-only" in error_line(err, "export-best")
     assert not (home / "exports").exists()
 
 
@@ -303,6 +303,12 @@ def test_a_warning_is_one_line(home, capsys, monkeypatch):
     ["search", "--gpu", "H100", "--simulate", str(REC), "--study", ""],
     ["show", "--storage", ""], ["export-best", "--gpu", "H100", "--study", " "],
     ["export-best", "--gpu", "H100", "--wheel", str(REC)], ["report", "--out", str(REC)],  # a file, not a folder
+    ["export-best", "--gpu", "H100", "--wheel", str(REC / "sub")],  # under a file: made nowhere
+    ["export-best", "--gpu", "H100", "--wheel", "w", "--sources-only"],
+    ["show", "--gpu", "NOPE"], ["report", "--gpu", "NOPE"], ["export-best", "--gpu", "NOPE"], ["bench", "--gpu", "NOPE"],
+    ["search", "--gpu", "NOPE", "--simulate", str(REC)],
+    ["show", "--gpu", "H100", "--arch", "sm_80"], ["export-best", "--gpu", "H100", "--arch", "banana"],  # no --arch
+    ["search", "--gpu", "H100", "--simulate", str(REC), "--devices", "7"], ["variants", "--pred", "int8"],
 ], ids=lambda a: " ".join(x if len(x) < 30 else "REC" for x in a))
 def test_a_value_that_cannot_mean_anything_is_a_usage_error(home, capsys, argv):
     """Exit 2, as docs/cli.md says of a command line that cannot mean anything, and nothing written."""

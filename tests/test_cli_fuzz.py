@@ -93,8 +93,8 @@ BENCH = {
     "embedding_bag": {},
     "rms_norm": {"--shapes": one_of("4096x4096", "10x", "x", "", "1x2x3", "0x5"), "--dtype": DTYPES},
 }
-TARGET = {"--gpu": one_of("H100", "h100", "L4", "auto", "V1000", "", "A10G"),
-          "--arch": one_of("sm_90", "sm_9", "", "sm_100a", "x", "sm_75")}
+GPU = {"--gpu": one_of("H100", "h100", "L4", "auto", "V1000", "", "A10G")}
+TARGET = {**GPU, "--arch": one_of("sm_90", "sm_9", "", "sm_100a", "x", "sm_75")}  # the compiling commands
 STUDY_OPTS = {"--storage": one_of(*STORAGES), "--study": one_of(STUDY, "x", "", "a/b", "ééé", "x" * 300, "--"),
               "--objective": one_of("fwd", "bwd", "fwd+bwd", "sideways")}
 RECORDINGS = one_of(F("rec"), F("rec"), F("rec"), F("small"), *FILES)
@@ -115,13 +115,13 @@ OPTIONS = {
                            "--import-records": one_of(F("small"), *FILES),
                            "--plant-faults": one_of("oob", "compile", "hang,oob", "nope", "", ","),
                            "--quiet": flag},
-    "show": lambda fam: {**TARGET, **STUDY_OPTS, **PROBLEM[fam], "--json": flag, "--top-k": num("1", "10")},
-    "export-best": lambda fam: {**TARGET, "--study": STUDY_OPTS["--study"], "--storage": STUDY_OPTS["--storage"],
+    "show": lambda fam: {**GPU, **STUDY_OPTS, **PROBLEM[fam], "--json": flag, "--top-k": num("1", "10")},
+    "export-best": lambda fam: {**GPU, "--study": STUDY_OPTS["--study"], "--storage": STUDY_OPTS["--storage"],
                                 "--out": one_of("out", F("folder"), F("binary"), "missing/deeper/out"),
                                 "--wheel": one_of("w", F("binary")), "--sources-only": flag},
-    "bench": lambda fam: {**TARGET, **BENCH[fam], "--artifact": one_of(*FILES),
+    "bench": lambda fam: {**GPU, **BENCH[fam], "--artifact": one_of(*FILES),
                           "--out": one_of("b", F("binary"), F("folder"))},
-    "report": lambda fam: {**TARGET, **STUDY_OPTS, **PROBLEM[fam], "--out": one_of("r", F("binary"), F("folder"))},
+    "report": lambda fam: {**GPU, **STUDY_OPTS, **PROBLEM[fam], "--out": one_of("r", F("binary"), F("folder"))},
     "samplers": lambda fam: {**PROBLEM[fam], "--simulate": RECORDINGS,
                              "--samplers": one_of("ranked", "random", "ranked,random", "tpe", "grid", "bogus", "",
                                                   ","),

@@ -58,7 +58,7 @@ def resolve(gpu: str | None, arch: str | None) -> str:
     if arch:
         return check_arch(arch)
     if not gpu:
-        raise GpuError("name a GPU with --gpu (e.g. --gpu L4, --gpu auto) or an architecture with --arch")
+        raise GpuNameError("name a GPU with --gpu (e.g. --gpu L4, --gpu auto) or an architecture with --arch")
     if gpu.lower() == "auto":
         return attached(asked="--gpu auto", hint="; name the target instead (--gpu H100 or --arch sm_90): "
                                                  "compiling needs no GPU").arch

@@ -97,6 +97,9 @@ def folder(text: str) -> Path:
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{_quoted(text)} is a file, not a folder")
+    above = next((p for p in path.absolute().parents if p.exists()), None)  # where it would be made
+    if above is not None and not above.is_dir():
+        raise argparse.ArgumentTypeError(f"{_quoted(text)} cannot be made: {above} is a file, not a folder")
     return path
 
 

@@ -17,7 +17,7 @@ from tuner.cli import problems as cli_problems
 from tuner.cli import target as cli_target
 from tuner.cli.build import cmd_bench, cmd_build, cmd_variants
 from tuner.cli.studies import _show, cmd_dashboard, cmd_export_best, cmd_list, cmd_report, cmd_show
-from tuner.errors import TunerError, UsageError
+from tuner.errors import GpuNameError, TunerError, UsageError
 from tuner.search.config import SAMPLERS
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -37,10 +37,13 @@ for _fn in (cmd_variants, cmd_build, cmd_show, cmd_list, cmd_export_best, cmd_be
     command(_fn)
 
 
-def _target_parser() -> argparse.ArgumentParser:
+def _target_parser(arch: bool = True) -> argparse.ArgumentParser:
+    """--gpu, and --arch for the commands that compile for it (variants, build, search); the others
+    read studies or exports named by their GPU, where an architecture means nothing."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--gpu", help="GPU name (L4, A100, H100, T4, ...) or 'auto' for the attached one")
-    p.add_argument("--arch", help="architecture such as sm_89; overrides --gpu")
+    if arch:
+        p.add_argument("--arch", help="architecture such as sm_89; overrides --gpu")
     return p
 
 
@@ -158,7 +161,9 @@ def cmd_samplers(args: argparse.Namespace) -> int:
     if args.first_seed + args.seeds > 2**32:
         raise UsageError(f"--first-seed {args.first_seed} --seeds {args.seeds}: seeds go up to 2**32 - 1")
     if args.csv is not None and (args.csv.is_dir() or not args.csv.parent.is_dir()):
-        raise TunerError(f"--csv {args.csv}: {'a folder' if args.csv.is_dir() else 'its folder does not exist'}")
+        raise TunerError(f"--csv {args.csv}: " + ("a folder" if args.csv.is_dir() else
+                                                   f"{args.csv.parent} is a file" if args.csv.parent.exists() else
+                                                   "its folder does not exist"))
     problem = cli_target.problem(args)
     best = quality.dataset_best(args.simulate, problem, args.objective)
     size = quality.space_size(problem)
@@ -203,7 +208,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     p = cli_args.Parser(prog="tuner", description="Tune CUDA kernel variants of PyTorch ops.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.commands = p.add_subparsers(dest="command", required=True)
-    target, family_opt = _target_parser(), _family_parser()
+    target, gpu_only, family_opt = _target_parser(), _target_parser(arch=False), _family_parser()
     dtypes = argparse.ArgumentParser(add_help=False)
     cli_target.add_space_args(dtypes, family or families.DEFAULT)
 
@@ -219,8 +224,9 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     problem = argparse.ArgumentParser(add_help=False)
     cli_target.add_problem_args(problem, family or families.DEFAULT)
-    problem = [family_opt, target, problem, _study_parser()]
-    s = sub.add_parser("search", parents=problem, help="search for the fastest correct variant")
+    study_opts = _study_parser()
+    s = sub.add_parser("search", parents=[family_opt, target, problem, study_opts],
+                       help="search for the fastest correct variant")
     s.add_argument("--trials", type=cli_args.count, default=200,
                    help="finished trials the study should reach (with --problems: per problem on average)")
     s.add_argument("--problems", type=Path, metavar="FILE",
@@ -256,11 +262,12 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
                         "(compile, oob, assert, hang, wrong, nan, resources)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    problem = [family_opt, gpu_only, problem, study_opts]
     s = sub.add_parser("show", parents=problem, help="print a stored study")
     s.add_argument("--json", action="store_true")
     s.add_argument("--top-k", type=cli_args.count, default=10, help="variants to list (default 10)")
 
-    s = sub.add_parser("export-best", parents=[family_opt, target], help="export the winners of a GPU's studies")
+    s = sub.add_parser("export-best", parents=[family_opt, gpu_only], help="export the winners of a GPU's studies")
     s.add_argument("--study", type=cli_args.name, help="export this study only")
     s.add_argument("--out", type=cli_args.folder, help="artifact folder (default: exports/<family>-<GPU> under $TUNER_HOME)")
     s.add_argument("--storage", type=cli_args.name, help=STORAGE_HELP)
@@ -270,9 +277,10 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
                    help="write sources only, no binaries (loading then builds them)")
     s.add_argument("--no-check", action="store_true",
                    help="skip timing the op against torch's at its problems (on the export's GPU), which gives "
-                        "torch's op every problem where the op is slower in wall or GPU time")
+                        "torch's op every problem where the op is slower in wall or GPU time (families with a "
+                        "bench of their problems: not giou)")
 
-    s = sub.add_parser("bench", parents=[family_opt, target], help="time the tuned op against what users run today")
+    s = sub.add_parser("bench", parents=[family_opt, gpu_only], help="time the tuned op against what users run today")
     s.add_argument("--artifact", type=Path, help="exported folder (default: the attached GPU's export)")
     fam.add_bench_args(s)
     s.add_argument("--problems", type=Path, metavar="FILE",
@@ -335,6 +343,7 @@ def _run(argv: list[str]) -> int:
     args = parser(_family_of(argv)).parse_args(argv)
     args.options = {a.split("=", 1)[0] for a in argv if a.startswith("--")}  # what the user gave
     try:
+        _check_target(args)
         with _one_line_warnings(args.command):
             return COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -347,6 +356,22 @@ def _run(argv: list[str]) -> int:
             raise
         print(f"tuner {args.command}: error: {_message(exc, args)}", file=sys.stderr)
         return 2 if isinstance(exc, UsageError) else 1
+
+
+def _check_target(args: argparse.Namespace) -> None:
+    """A GPU name or architecture the tool does not know exits 2 whatever the command, before it
+    reads or writes anything (`show --gpu NOPE` said only that no study had that name)."""
+    if getattr(args, "arch", None):
+        gpus.check_arch(args.arch)
+    if getattr(args, "gpu", None) and args.gpu.lower() != "auto":
+        try:
+            gpus.arch_of(args.gpu)
+        except GpuNameError as exc:
+            if hasattr(args, "arch"):
+                raise
+            raise GpuNameError(str(exc).split("; or pass --arch")[0]) from None  # this command has no --arch
+    if getattr(args, "simulate", None) and getattr(args, "devices", None) is not None and args.command == "search":
+        raise UsageError("--devices: a simulated search replays a recording and runs on no GPU; drop --devices")
 
 
 def _message(exc: Exception, args: argparse.Namespace) -> str:

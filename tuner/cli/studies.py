@@ -7,7 +7,7 @@ import json
 
 from tuner import paths
 from tuner.cli import target as cli_target
-from tuner.errors import TunerError
+from tuner.errors import TunerError, UsageError
 
 
 def _show(st, k: int) -> str:
@@ -137,7 +137,7 @@ def cmd_export_best(args: argparse.Namespace) -> int:
     from tuner.deploy import best
 
     if args.wheel and args.sources_only:
-        raise TunerError("--wheel packs the export's binaries, and --sources-only leaves them out: drop one")
+        raise UsageError("--wheel packs the export's binaries, and --sources-only leaves them out: drop one")
     label, loaded = best.studies(args.family, args.storage, study=args.study, gpu=args.gpu)  # the studies, read once
     done = best.export_best(label, loaded, args.out, binaries=not args.sources_only, check=not args.no_check,
                             wheel=args.wheel)
