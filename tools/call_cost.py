@@ -16,7 +16,10 @@ each round: host noise only adds), forward without gradients and forward+backwar
 Every way is checked against the float64 reference first. "served" says who ran the op's call: a
 variant (its kernels ran) or torch's op. One markdown table on stdout and in OUT/call_cost.md.
 
-    python tools/call_cost.py OUT giou=DIR embedding_bag=DIR ... [--problem FAMILY:key=value,...]
+    python tools/call_cost.py OUT giou=DIR embedding_bag=DIR ... [--problem FAMILY:key=value,...] [--no-baseline]
+
+`--no-baseline` loads the exports with `baseline=False`: the nearest variant serves every call of a
+tuned dtype pair, to see what a variant's call costs where torch's op would serve.
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ def per_call_us(calls: dict, rounds: int = 7, budget_s: float = 0.02) -> dict[st
     return best
 
 
-def family_rows(family: str, directory: Path, problems: list[dict]) -> list[dict]:
+def family_rows(family: str, directory: Path, problems: list[dict], baseline: bool = True) -> list[dict]:
     import torch
 
     from tuner import families, runtime
@@ -112,7 +115,7 @@ def family_rows(family: str, directory: Path, problems: list[dict]) -> list[dict
     spec = families.part(family, "op").OP
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        packet = declared._load(directory)
+        packet = declared._load(directory, baseline=baseline)
     entry = getattr(runtime, "entry", lambda op: packet)(spec.op)  # a checkout before it had none
     ways = {"torch op": spec.torch_op, "packet": packet, "entry": entry, **user_calls(family)}
     rows = []
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("exports", nargs="+", help="FAMILY=DIR: an export of that family")
     ap.add_argument("--problem", action="append", default=[], help="FAMILY:key=value,...: another problem")
     ap.add_argument("--only-given", action="store_true", help="only the --problem problems")
+    ap.add_argument("--no-baseline", action="store_true", help="load with baseline=False (the nearest variant serves)")
     args = ap.parse_args(argv)
     import torch
 
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.exports:
         family, _, directory = item.partition("=")
         problems = ([] if args.only_given else list(SMALL.get(family, ()))) + extra.get(family, [])
-        rows += family_rows(family, Path(directory), problems)
+        rows += family_rows(family, Path(directory), problems, baseline=not args.no_baseline)
     import tuner
 
     text = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}; "

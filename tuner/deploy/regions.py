@@ -6,8 +6,10 @@ shapes, in the shape key's log space; tuner_op.h), so that a call goes where the
 nearest to it went, and torch's op serves beyond the family's reach of every one.
 
 The shapes: per dtype pair and kind, each variant-served problem's key a factor of 4 smaller and
-larger along each of its sizes, and the midpoint (geometric mean) of every two of its problems;
-not a pair whose torch op is unfused (variants serve all of it) nor a family without a baseline.
+larger along each of its sizes (and 16 smaller where the family's reach goes that far: a call that
+much smaller is bound by the host, where the op's one launch and torch's path differ most), and the
+midpoint (geometric mean) of every two of its problems; not a pair whose torch op is unfused
+(variants serve all of it) nor a family without a baseline.
 tuner.deploy.serving.measure times them, in the check's process.
 """
 
@@ -19,6 +21,13 @@ import math
 from tuner import families
 
 FACTOR = 4  # around a problem: its sizes this much smaller and larger, one at a time
+
+
+def factors(reach: float) -> tuple[float, ...]:
+    """How much each key size is scaled, one at a time: 4 smaller and larger, and 16 smaller where a
+    tuned problem claims to serve that far (a reach of ln 16 or more)."""
+    far = (1 / FACTOR ** 2,) if reach >= math.log(FACTOR ** 2) - 1e-9 else ()
+    return (*far, 1 / FACTOR, FACTOR)
 MOST = 16  # shapes measured per dtype pair and kind, the nearest to a tuned problem first
 
 
@@ -47,7 +56,7 @@ def grid(family: str, entries: list[dict]) -> list[dict]:
         tuned = [tuple(spec.shape(e["problem"])[0]) for e in group]
         found = set()
         for key in tuned:
-            for d, f in itertools.product(range(len(key)), (1 / FACTOR, FACTOR)):
+            for d, f in itertools.product(range(len(key)), factors(spec.reach)):
                 found.add(key[:d] + (max(1, round(key[d] * f)),) + key[d + 1:])
         for a, b in itertools.combinations(tuned, 2):
             found.add(tuple(max(1, round(math.sqrt(x * y))) for x, y in zip(a, b)))
