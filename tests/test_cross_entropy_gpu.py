@@ -32,6 +32,27 @@ def test_covering_variants_match_float64(shared_home):
     assert not failed
 
 
+def test_reduction_none_s_gradient_is_written_by_the_backward_and_a_search_s_build_has_that_one(shared_home):
+    """A variant whose forward writes the gradient (for an output gradient of 1, which the backward
+    scales) leaves reduction none's to the backward (each row's output gradient is its own: no second
+    pass over a written gradient). A search's build for a problem of reduction none has that backward
+    alone and matches float64 there; a build for one reduction refuses the other's backward (fails to
+    launch) rather than run the wrong one."""
+    fused = [v for v in ce.space("bfloat16") if v.as_dict()["gradient"] == "forward"]
+    variants = [fused[i * len(fused) // 4] for i in range(4)]
+    evaluation = Evaluation("cross_entropy")
+    for reduction, other in (("none", "mean"), ("mean", "none")):
+        problem = {**ce.Problem(300, 2048, "bfloat16").__dict__, "reduction": reduction}
+        for b in build.build(variants, gpus.attached().arch, focus=ce.search_focus(problem)):
+            assert b.ok, b.error
+            kernel = evaluation.load(b.so, b.variant.name, b.entry)
+            verdict = evaluation.check(kernel, problem)
+            assert verdict["ok"], verdict["message"]
+            with pytest.raises(RuntimeError, match="failed to launch"):
+                evaluation.check(kernel, {**problem, "reduction": other})
+            torch.cuda.synchronize()  # the context is fine
+
+
 @pytest.fixture(scope="module")
 def op(shared_home, tmp_path_factory):
     """Two variants a dtype (a warp a row, the gradient by the backward; a block a row, the gradient

@@ -19,7 +19,8 @@ DIMS = (
     Dim("vec", (1, 2, 4, 8), "elements per load"),
     Dim("gradient", ("backward", "forward"),
         "the gradient written by the backward (the logits read again), or by the forward (a row read again at once, "
-        "from L2) for an output gradient of 1, which the backward scales where it is not 1"),
+        "from L2) for an output gradient of 1, which the backward scales where it is not 1 (a mean's or sum's; "
+        "reduction none's gradient is written by the backward unless in place)"),
     Dim("first_read", ("normal", "evict_last"), "the L2 priority of the forward's first read of a row it reads again"),
     Dim("reread", ("in_order", "reverse"), "the forward's second read of a row in order, or from its end back (the "
         "last lines read are the likeliest still in L2)"),
@@ -45,8 +46,9 @@ def search_focus(problem: dict) -> dict[str, int]:
     """What a search of `problem` renders: the kernels its vocabulary runs (one vector width and
     tail, the variant's one backward: 3 kernels of 10). Its check then covers that vocabulary only,
     so the finalists are built whole and checked at the odd sizes too before one wins
-    (`FINALISTS_WHOLE`, tuner.search.finalists); exports build every kernel."""
-    return {"only_vocab": int(problem["vocab"])}
+    (`FINALISTS_WHOLE`, tuner.search.finalists); exports build every kernel. Reduction none's
+    backward writes the gradient in every variant (`only_none`: the one backward it runs)."""
+    return {"only_vocab": int(problem["vocab"]), "only_none": int(problem.get("reduction", "mean") == "none")}
 
 
 FINALISTS_WHOLE = True
