@@ -17,7 +17,7 @@ from tuner.cli import problems as cli_problems
 from tuner.cli import target as cli_target
 from tuner.cli.build import cmd_bench, cmd_build, cmd_variants
 from tuner.cli.studies import _show, cmd_dashboard, cmd_export_best, cmd_list, cmd_report, cmd_show
-from tuner.errors import GpuNameError, TunerError, UsageError
+from tuner.errors import TunerError, UsageError
 from tuner.search.config import SAMPLERS
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -343,7 +343,7 @@ def _run(argv: list[str]) -> int:
     args = parser(_family_of(argv)).parse_args(argv)
     args.options = {a.split("=", 1)[0] for a in argv if a.startswith("--")}  # what the user gave
     try:
-        _check_target(args)
+        cli_target.check(args)
         with _one_line_warnings(args.command):
             return COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -356,22 +356,6 @@ def _run(argv: list[str]) -> int:
             raise
         print(f"tuner {args.command}: error: {_message(exc, args)}", file=sys.stderr)
         return 2 if isinstance(exc, UsageError) else 1
-
-
-def _check_target(args: argparse.Namespace) -> None:
-    """A GPU name or architecture the tool does not know exits 2 whatever the command, before it
-    reads or writes anything (`show --gpu NOPE` said only that no study had that name)."""
-    if getattr(args, "arch", None):
-        gpus.check_arch(args.arch)
-    if getattr(args, "gpu", None) and args.gpu.lower() != "auto":
-        try:
-            gpus.arch_of(args.gpu)
-        except GpuNameError as exc:
-            if hasattr(args, "arch"):
-                raise
-            raise GpuNameError(str(exc).split("; or pass --arch")[0]) from None  # this command has no --arch
-    if getattr(args, "simulate", None) and getattr(args, "devices", None) is not None and args.command == "search":
-        raise UsageError("--devices: a simulated search replays a recording and runs on no GPU; drop --devices")
 
 
 def _message(exc: Exception, args: argparse.Namespace) -> str:
