@@ -305,10 +305,8 @@ def test_a_warning_is_one_line(home, capsys, monkeypatch):
     ["export-best", "--gpu", "H100", "--wheel", str(REC)], ["report", "--out", str(REC)],  # a file, not a folder
     ["export-best", "--gpu", "H100", "--wheel", str(REC / "sub")],  # under a file: made nowhere
     ["export-best", "--gpu", "H100", "--wheel", "w", "--sources-only"],
-    ["show", "--gpu", "NOPE"], ["report", "--gpu", "NOPE"], ["export-best", "--gpu", "NOPE"], ["bench", "--gpu", "NOPE"],
-    ["search", "--gpu", "NOPE", "--simulate", str(REC)],
     ["show", "--gpu", "H100", "--arch", "sm_80"], ["export-best", "--gpu", "H100", "--arch", "banana"],  # no --arch
-    ["search", "--gpu", "H100", "--simulate", str(REC), "--devices", "7"], ["variants", "--pred", "int8"],
+    ["search", "--gpu", "H100", "--simulate", str(REC), "--devices", "7"], ["variants", "--target", "uint8"],  # no GPU
 ], ids=lambda a: " ".join(x if len(x) < 30 else "REC" for x in a))
 def test_a_value_that_cannot_mean_anything_is_a_usage_error(home, capsys, argv):
     """Exit 2, as docs/cli.md says of a command line that cannot mean anything, and nothing written."""

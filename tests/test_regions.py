@@ -3,7 +3,6 @@ between the tuned problems, who serves each from recorded ratios, and what the o
 
 import pytest
 
-from tuner import families
 from tuner.deploy import binaries, export, regions, serving
 from tuner.families import cross_entropy, embedding_bag, rms_norm
 
@@ -45,15 +44,16 @@ def test_the_grid_keeps_kinds_apart_and_changes_only_the_key_s_sizes():
     sum_ = {**embedding_bag.Problem().__dict__, "mode": "sum"}
     mean = {**sum_, "mode": "mean", "dim": 64}
     points = regions.grid("embedding_bag", [_entry(space, sum_), _entry(space, mean)])
-    assert len(points) == 12  # no midpoint between two modes
+    assert len(points) == 20  # no midpoint between two modes
     for p in points:
         tuned = sum_ if p["problem"]["mode"] == "sum" else mean
         assert p["near"] == export.problem_key(tuned)
-        assert {k for k in tuned if p["problem"][k] != tuned[k]} in ({"dim"}, {"bag_size"})
-    # its reach is ln 16: measured as far down, where small calls are bound by the host
+        assert {k for k in tuned if p["problem"][k] != tuned[k]} in ({"dim"}, {"bag_size"}, {"dim", "bag_size"})
+    # torch's path is guarded: below the tuned problem a grid to 16x smaller, where small calls
+    # are bound by the host; above it, each size 4x larger
     shapes = {(p["problem"]["dim"], p["problem"]["bag_size"]) for p in points if p["problem"]["mode"] == "sum"}
-    assert shapes == {(32, 150), (512, 150), (128, 38), (128, 600), (8, 150), (128, 9)}
-    assert regions.factors(families.part("rms_norm", "op").OP.reach) == (1 / 4, 4)  # RMSNorm's reach is ln 4: no farther ring
+    assert shapes == {(32, 150), (8, 150), (128, 38), (128, 9), (32, 38), (32, 9), (8, 38), (8, 9),
+                      (512, 150), (128, 600)}
 
 
 def test_who_serves_a_shape_is_read_from_its_ratios():

@@ -21,7 +21,8 @@ class GpuError(TunerError):
 
 
 class GpuNameError(GpuError, UsageError):
-    """An unknown GPU name or architecture on the command line: exit 2, as other usage errors."""
+    """An unknown GPU name or architecture on the command line, or neither where one is needed:
+    exit 2, as other usage errors."""
 
 
 class SpaceError(TunerError):

@@ -4,24 +4,20 @@ describe, and the study they name (shared by every command module, below all of 
 from __future__ import annotations
 
 from tuner import gpus
-from tuner.errors import GpuNameError, TunerError, UsageError
+from tuner.errors import TunerError, UsageError
 
 # options of show and report that say nothing about which study to read
 NAME_FREE = {"--storage", "--json", "--top-k", "--out", "--debug"}
 
 
 def check(args) -> None:
-    """A GPU name or architecture the tool does not know exits 2 whatever the command, before it
-    reads or writes anything (`show --gpu NOPE` said only that no study had that name)."""
+    """What a command line cannot mean, refused (exit 2) before the command reads or writes
+    anything: an architecture the tool does not know, and `--devices` beside `--simulate`. An
+    unknown `--gpu` name is refused where it must name an architecture (variants, build: through
+    `gpus.resolve`; a search: `gpus.can_search`); commands that read studies and exports take any
+    name a study was stored under (a GPU the tool has no short name for is stored by its own)."""
     if getattr(args, "arch", None):
         gpus.check_arch(args.arch)
-    if getattr(args, "gpu", None) and args.gpu.lower() != "auto":
-        try:
-            gpus.arch_of(args.gpu)
-        except GpuNameError as exc:
-            if hasattr(args, "arch"):
-                raise
-            raise GpuNameError(str(exc).split("; or pass --arch")[0]) from None  # this command has no --arch
     if getattr(args, "simulate", None) and getattr(args, "devices", None) is not None and args.command == "search":
         raise UsageError("--devices: a simulated search replays a recording and runs on no GPU; drop --devices")
 

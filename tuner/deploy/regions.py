@@ -6,10 +6,11 @@ shapes, in the shape key's log space; tuner_op.h), so that a call goes where the
 nearest to it went, and torch's op serves beyond the family's reach of every one.
 
 The shapes: per dtype pair and kind, each variant-served problem's key a factor of 4 smaller and
-larger along each of its sizes (and 16 smaller where the family's reach goes that far: a call that
-much smaller is bound by the host, where the op's one launch and torch's path differ most), and the
-midpoint (geometric mean) of every two of its problems; not a pair whose torch op is unfused
-(variants serve all of it) nor a family without a baseline.
+larger along each of its sizes, and the midpoint (geometric mean) of every two of its problems; not
+a pair whose torch op is unfused (variants serve all of it) nor a family without a baseline. Where
+torch's path carries a guard (the declaration's `guards`: a launch before torch's op), the smaller
+side is a grid: each size 1, 4 or 16 times smaller, so that small calls, bound by the host where the
+op's one launch and torch's two differ most, are served by what was measured near them.
 tuner.deploy.serving.measure times them, in the check's process.
 """
 
@@ -21,14 +22,17 @@ import math
 from tuner import families
 
 FACTOR = 4  # around a problem: its sizes this much smaller and larger, one at a time
-
-
-def factors(reach: float) -> tuple[float, ...]:
-    """How much each key size is scaled, one at a time: 4 smaller and larger, and 16 smaller where a
-    tuned problem claims to serve that far (a reach of ln 16 or more)."""
-    far = (1 / FACTOR ** 2,) if reach >= math.log(FACTOR ** 2) - 1e-9 else ()
-    return (*far, 1 / FACTOR, FACTOR)
 MOST = 16  # shapes measured per dtype pair and kind, the nearest to a tuned problem first
+
+
+def scales(sizes: int, guarded: bool) -> list[tuple[float, ...]]:
+    """How a tuned key's sizes are scaled for the shapes around it: each 4x larger and 4x smaller,
+    one at a time; where torch's path is guarded, every mix of 1, 4 and 16 times smaller instead."""
+    larger = [tuple(FACTOR if i == d else 1 for i in range(sizes)) for d in range(sizes)]
+    if not guarded:
+        return [tuple(1 / FACTOR if i == d else 1 for i in range(sizes)) for d in range(sizes)] + larger
+    down = [f for f in itertools.product((1, 1 / FACTOR, 1 / FACTOR ** 2), repeat=sizes) if any(x != 1 for x in f)]
+    return down + larger
 
 
 def grid(family: str, entries: list[dict]) -> list[dict]:
@@ -56,8 +60,8 @@ def grid(family: str, entries: list[dict]) -> list[dict]:
         tuned = [tuple(spec.shape(e["problem"])[0]) for e in group]
         found = set()
         for key in tuned:
-            for d, f in itertools.product(range(len(key)), factors(spec.reach)):
-                found.add(key[:d] + (max(1, round(key[d] * f)),) + key[d + 1:])
+            for f in scales(len(key), bool(op.guards)):
+                found.add(tuple(max(1, round(k * x)) for k, x in zip(key, f)))
         for a, b in itertools.combinations(tuned, 2):
             found.add(tuple(max(1, round(math.sqrt(x * y))) for x, y in zip(a, b)))
         found -= set(tuned)
