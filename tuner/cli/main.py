@@ -78,6 +78,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     cli_args.recording(args.import_records, "--import-records")
     if args.simulate and args.arch:
         raise UsageError("--arch: a simulated search replays the recording's GPU and compiles nothing; drop --arch")
+    if args.simulate and args.devices is not None:
+        raise UsageError("--devices: a simulated search replays a recording and runs on no GPU; drop --devices")
+    if args.arch:
+        gpus.check_arch(args.arch)  # before anything is written
     if args.problems is not None:
         if args.study:
             raise UsageError("--problems searches one study per problem, named after it: drop --study")
@@ -277,8 +281,8 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
                    help="write sources only, no binaries (loading then builds them)")
     s.add_argument("--no-check", action="store_true",
                    help="skip timing the op against torch's at its problems (on the export's GPU), which gives "
-                        "torch's op every problem where the op is slower in wall or GPU time (families with a "
-                        "bench of their problems: not giou)")
+                        "torch's op every problem where the op is slower in wall or GPU time (where the family has a "
+                        "bench of its problems; export-best says when it has none)")
 
     s = sub.add_parser("bench", parents=[family_opt, gpu_only], help="time the tuned op against what users run today")
     s.add_argument("--artifact", type=Path, help="exported folder (default: the attached GPU's export)")
@@ -343,7 +347,6 @@ def _run(argv: list[str]) -> int:
     args = parser(_family_of(argv)).parse_args(argv)
     args.options = {a.split("=", 1)[0] for a in argv if a.startswith("--")}  # what the user gave
     try:
-        cli_target.check(args)
         with _one_line_warnings(args.command):
             return COMMANDS[args.command](args)
     except KeyboardInterrupt:

@@ -4,22 +4,10 @@ describe, and the study they name (shared by every command module, below all of 
 from __future__ import annotations
 
 from tuner import gpus
-from tuner.errors import TunerError, UsageError
+from tuner.errors import TunerError
 
 # options of show and report that say nothing about which study to read
 NAME_FREE = {"--storage", "--json", "--top-k", "--out", "--debug"}
-
-
-def check(args) -> None:
-    """What a command line cannot mean, refused (exit 2) before the command reads or writes
-    anything: an architecture the tool does not know, and `--devices` beside `--simulate`. An
-    unknown `--gpu` name is refused where it must name an architecture (variants, build: through
-    `gpus.resolve`; a search: `gpus.can_search`); commands that read studies and exports take any
-    name a study was stored under (a GPU the tool has no short name for is stored by its own)."""
-    if getattr(args, "arch", None):
-        gpus.check_arch(args.arch)
-    if getattr(args, "simulate", None) and getattr(args, "devices", None) is not None and args.command == "search":
-        raise UsageError("--devices: a simulated search replays a recording and runs on no GPU; drop --devices")
 
 
 def family_cli(args):

@@ -163,7 +163,7 @@ class Search:
             self.report.winner = self.study.user_attrs["winner"]
             self.report.retimed = self.study.user_attrs.get("retimed", [])
         self.report.wall_s = time.monotonic() - started
-        # two builds overlap (a batch's units queue behind the last one's): the time any compiled
+        # two builds overlap (a batch's units queue behind the last one's): the time any build ran
         self.report.compile_s = self.report.busy("compile")
         self.report.worker_restarts = self.evaluator.restarts
         self.report.worker_kills = self.evaluator.killed
