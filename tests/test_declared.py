@@ -17,27 +17,11 @@ from tuner import declare, families, opspec
 from tuner.build import binding, declared, toolkit
 from tuner.measure import abi
 
+import probe_ops
+from probe_ops import BAGS, NULLABLE, RICH
+
 HERE = Path(__file__).parent / "families"
 
-# More than the toy uses: two tensors of several dtypes (four dtype pairs), a tensor with no
-# gradient, an optional one, scalars of each type with defaults, three outputs (one a number), a baseline, a tensor
-# saved for the backward, more table fields and scratch memory for the backward.
-RICH = declare.Op(
-    "declared_probe",
-    inputs=(declare.Tensor("x", dtypes=("float32", "bfloat16")),
-            declare.Tensor("w", dtypes=("float32", "float16"), optional=True),
-            declare.Tensor("index", dtypes=("int64",), grad=False, shape=("rows",)), declare.Scalar("eps", "float", 1e-6),
-            declare.Scalar("rounds", "int", 2), declare.Scalar("fast", "bool", False),
-            declare.Scalar("mode", "str", "mean", choices=("sum", "mean"))),
-    outputs=(declare.Tensor("y", like="x"), declare.Tensor("z", like="w"),
-             declare.Tensor("total", dtypes=("float32",), shape=())),
-    sizes={"rows": "leading(x)", "width": "x.size(-1)"},
-    baseline="std::make_tuple(x * eps, w.has_value() ? *w * static_cast<double>(rounds) : x * 0.0, "
-             "mode == \"sum\" ? x.sum() : x.mean())",
-    saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),),
-    table=("int vec", "long long (*scratch_floats)(long long rows, long long width)"),
-    scratch="vt->scratch_floats(sizes[0], sizes[1])",
-)
 
 
 def test_a_declared_header_is_rendered_where_it_is_included_and_kept_nowhere(capsys, tmp_path):
@@ -84,15 +68,10 @@ def test_a_rendered_header_is_c_and_its_mirror_lays_out_as_the_compiler_does(tmp
         "x", "w", "index", "y", "z", "total", "stat", "eps", "rounds", "fast", "mode", "rows", "width"]
 
 
-def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
+def test_the_rendered_op_compiles_and_registers_its_schemas():
     import torch
 
-    (tmp_path / "declared_probe_abi.h").write_text(declared.header(RICH))
-    source = tmp_path / "declared_probe_op.cpp"
-    source.write_text(declared.op_source(RICH))
-    library = binding.compile_library(tmp_path / "build" / "tuner_declared_probe.so", [source], [tmp_path],
-                                      optimize=False)
-    torch.ops.load_library(str(library))
+    probe_ops.library()
     schema = torch.ops.tuner.declared_probe.default._schema
     assert [(a.name, str(a.type), a.default_value) for a in schema.arguments] == [
         ("x", "Tensor", None), ("w", "Optional[Tensor]", None), ("index", "Tensor", None), ("eps", "float", 1e-6),
@@ -122,22 +101,9 @@ def test_the_rendered_op_compiles_and_registers_its_schemas(tmp_path):
         torch.ops.tuner.declared_probe(x, x.bfloat16(), torch.zeros(5, dtype=torch.long), 0.5, 3)
 
 
-# An input the variants may get as null (GIoU's num_boxes: valid slots from the targets where it is left out).
-NULLABLE = declare.Op(
-    "nullable_probe",
-    inputs=(declare.Tensor("x", dtypes=("float32",)),
-            declare.Tensor("counts", dtypes=("int64",), grad=False, shape=("rows",), optional="null"),
-            declare.Scalar("eps", "float", 1e-6)),
-    outputs=(declare.Tensor("y", like="x"),),
-    sizes={"rows": "x.size(0)"},
-    saves=(declare.Tensor("stat", dtypes=("float32",), shape=("rows",)),),
-    baseline="x * eps",
-    table=("long long (*workspace_words)(long long rows)",),
-    workspace="vt->workspace_words(sizes[0])",  # zeroed words kept between calls (a last block's sums)
-)
 
 
-def test_an_input_the_variants_get_as_null_is_optional_in_every_schema_and_checked_where_given(tmp_path):
+def test_an_input_the_variants_get_as_null_is_optional_in_every_schema_and_checked_where_given():
     import torch
 
     from tuner import opspec
@@ -146,12 +112,7 @@ def test_an_input_the_variants_get_as_null_is_optional_in_every_schema_and_check
     assert "const void* counts;" in header  # a pointer, null where the caller left it out
     assert "unsigned* workspace;" in header and "unsigned* errors;" not in header
     assert ".workspace = ws.words + 1" in declared.op_source(NULLABLE)  # after the errors' word
-    source = tmp_path / "nullable_probe_op.cpp"
-    source.write_text(declared.op_source(NULLABLE))
-    (tmp_path / "nullable_probe_abi.h").write_text(header)
-    library = binding.compile_library(tmp_path / "build" / "tuner_nullable_probe.so", [source], [tmp_path],
-                                      optimize=False)
-    torch.ops.load_library(str(library))
+    probe_ops.library()
     assert [str(a.type) for a in torch.ops.tuner.nullable_probe.default._schema.arguments] == [
         "Tensor", "Optional[Tensor]", "float"]
     assert "Tensor? counts" in str(torch.ops.tuner.nullable_probe_forward.default._schema)
@@ -452,25 +413,6 @@ def test_an_integer_input_a_saved_tensor_some_variants_write_and_statements_rend
         opspec.check(giou, opspec.bind(giou, (torch.randn(4, 5, 4), torch.zeros(4, 3, 4, dtype=torch.uint8))))
 
 
-# EmbeddingBag's parts: an output of one input's dtype with a shape of its own, a saved tensor written
-# for one word of a scalar alone, an optional input (before a differentiable one) that takes a gradient.
-BAGS = declare.Op(
-    "bags_probe",
-    inputs=(declare.Tensor("indices", dtypes=("int64",), grad=False, shape=("bags", "per")),
-            declare.Tensor("scale", like="weight", shape="indices", optional="null"),  # one an entry
-            declare.Scalar("mode", "str", choices=("sum", "max")),
-            declare.Tensor("weight", dtypes=("float32", "float64")),
-            declare.Scalar("padding_idx", "int", optional=True)),
-    outputs=(declare.Tensor("out", like="weight", shape=("bags", "dim")),),
-    sizes={"bags": "indices.size(0)", "per": "indices.size(1)", "dim": "weight.size(1)"},
-    checks=(("indices.dim() == 2", "indices must be [bags, per]"), ("weight.dim() == 2", "weight must be 2-D"),
-            ("padding_idx is None or (padding_idx >= -weight.size(0) and padding_idx < weight.size(0))",
-             "padding_idx must be within [-rows, rows)")),
-    saves=(declare.Tensor("chosen", dtypes=("int64",), shape=("bags", "dim"), when=("mode", ("max",))),),
-    work=("forward", "backward"),  # memory each pass's variant sizes from the call
-    key=("dim", "ratio(bags * per, bags)"), kind="mode",  # winners by dim and mean bag, kept by mode
-    sorted=("indices",),  # a backward may read the entries in row order
-)
 
 
 def _bags_reference(indices, scale, mode, weight, padding_idx=None):
@@ -482,7 +424,7 @@ def _bags_reference(indices, scale, mode, weight, padding_idx=None):
     return rows.sum(1) if mode == "sum" else rows.amax(1)
 
 
-def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render_and_run(tmp_path):
+def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render_and_run():
     """Autograd counts the tensors a call gives: a gradient after an optional input left out is
     still found, and the optional one's gradient is given where it is; the saved tensor has room
     at its word alone; an optional int reaches the backward. Run on CPU through the rendered
@@ -512,11 +454,7 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     assert '.chosen = saving && (mode == "max") ? chosen.data_ptr() : nullptr' in source  # inference: none
     assert "const bool weight_grad = ctx->needs_input_grad(1 + (scale.has_value() ? 1 : 0));" in source
     assert ".grad_scale = (scale_grad && scale_.defined()) ? grad_scale.data_ptr() : nullptr" in source
-    (tmp_path / "bags_probe_abi.h").write_text(header)
-    (tmp_path / "bags_probe_op.cpp").write_text(source)
-    torch.ops.load_library(str(binding.compile_library(tmp_path / "build" / "tuner_bags_probe.so",
-                                                       [tmp_path / "bags_probe_op.cpp"], [tmp_path],
-                                                       optimize=False)))
+    probe_ops.library()
     impls = opspec.impls(BAGS, _bags_reference, None, "tuner_bags_probe")
     runtime.register_python(types_namespace(impls=impls))
     assert "Tensor? scale" in str(torch.ops.tuner.bags_probe.default._schema)

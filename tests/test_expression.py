@@ -8,8 +8,10 @@ import re
 
 import pytest
 
-from tuner import declare, expression, opspec
-from tuner.build import binding, declared
+from tuner import expression, opspec
+
+import probe_ops
+from probe_ops import WHERE
 
 TENSORS, NULLABLE = {"x", "offsets", "indices"}, {"offsets", "pad"}  # pad: an optional int
 SCALARS = {"mode": "str", "k": "int", "last": "bool", "pad": "int"}
@@ -50,36 +52,20 @@ def test_an_expression_outside_the_words_says_which_part(text, why):
         expression.cpp(text, TENSORS, NULLABLE, SCALARS)
 
 
-# A conditional size, an input the caller may leave out read in a size and a check, a word compared.
-WHERE = declare.Op(
-    "where_probe",
-    inputs=(declare.Tensor("x", dtypes=("float32",)),
-            declare.Tensor("m", dtypes=("int64",), grad=False, optional="null"),
-            declare.Tensor("w", dtypes=("float32",), grad=False, shape=("rows", "given")),
-            declare.Scalar("mode", "str", "plain", choices=("plain", "count"))),
-    outputs=(declare.Tensor("y", like="x"),),
-    sizes={"rows": "x.size(0) if x.dim() == 2 else 1", "given": "m.numel() if m is not None else 0"},
-    checks=(("x.dim() == 1 or x.dim() == 2", "x must be 1-D or 2-D"),
-            ("m is None or mode == 'count'", "m is for mode count")),
-)
 
 
 def _where_reference(x, m, w, mode):
     return x.double() * (1 + w.double().sum())
 
 
-def test_cpp_and_python_read_a_declaration_s_expressions_alike(tmp_path):
+def test_cpp_and_python_read_a_declaration_s_expressions_alike():
     """The same calls refused with the same words by the rendered C++ and by tuner/opspec.py, and
     the same sizes (seen in the shape a shaped input is checked against)."""
     import torch
 
     from tuner import runtime
 
-    (tmp_path / "where_probe_abi.h").write_text(declared.header(WHERE))
-    (tmp_path / "where_probe_op.cpp").write_text(declared.op_source(WHERE))
-    torch.ops.load_library(str(binding.compile_library(tmp_path / "build" / "tuner_where_probe.so",
-                                                       [tmp_path / "where_probe_op.cpp"], [tmp_path],
-                                                       optimize=False)))
+    probe_ops.library()
     impls = opspec.impls(WHERE, _where_reference, None)
     runtime.register_python(type("Spec", (), {"impls": impls}))
     x2, x1, m = torch.randn(3, 4), torch.randn(4), torch.arange(2)
