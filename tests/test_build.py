@@ -25,9 +25,11 @@ def test_every_variant_renders_with_its_own_source():
     assert len(set(sources.values())) == len(sources)  # no two variants render alike
 
 
-@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
-def test_covering_set_compiles_and_is_never_rebuilt(arch, tuner_home, fresh_cache):
-    cover = giou.covering_set()
+# Every value of every dimension for the H100; for the L4 (sm_89) a few of them: GIoU's template has no
+# code of its own for an architecture, so another one differs in ptxas alone (a minute of the CI's cores).
+@pytest.mark.parametrize("arch,count", [("sm_89", 4), ("sm_90", None)])
+def test_covering_set_compiles_and_is_never_rebuilt(arch, count, tuner_home, fresh_cache):
+    cover = giou.covering_set()[:count]
     first = build.build(cover, arch)
     failed = [f"{b.variant.name}: {b.error}" for b in first if not b.ok]
     assert not failed, "\n".join(failed)
