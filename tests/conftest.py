@@ -10,9 +10,6 @@ if "TUNER_CACHE" not in os.environ:
     if not os.environ.get("TUNER_TEST_CACHE"):
         _made_cache = tempfile.mkdtemp(prefix="tuner-cache-")
     os.environ["TUNER_CACHE"] = os.environ.get("TUNER_TEST_CACHE") or _made_cache
-if _made_cache is not None and not os.path.exists("/dev/nvidiactl"):
-    # No GPU: the run's bindings are called on the CPU and never timed, and build a fifth faster unoptimized
-    os.environ.setdefault("TUNER_BINDING_OPTIMIZE", "0")
 
 
 # The families' torch bindings, in the order the test files first load them (SLOW_FILES below first). Each takes a minute

@@ -62,14 +62,7 @@ def _key(family: str) -> str:
     source += "".join(f.read_text() for f in _device_files(family))
     source += header_text(family)
     h = hashlib.sha256(f"{source}\0{torch_version()}\0{torch_cuda()}\0{toolkit.nvcc_version()}".encode())
-    return h.hexdigest()[:16] + ("" if optimized() else "_O0")
-
-
-def optimized() -> bool:
-    """Whether bindings build optimized: yes, unless TUNER_BINDING_OPTIMIZE=0 (the test suite sets
-    it for its own cache on a machine without a GPU, where a binding is called on the CPU and never
-    timed: a fifth less of each build's minute). Such a build is kept apart (its key ends in _O0)."""
-    return os.environ.get("TUNER_BINDING_OPTIMIZE", "1") != "0"
+    return h.hexdigest()[:16]
 
 
 def torch_cuda() -> str | None:
@@ -191,7 +184,7 @@ def _build(family: str, path: Path, verbose: bool) -> None:
         rendered.write_text(sources(family)[f"{family}_op.cpp"])
         files.insert(0, rendered)
     compile_library(path, files + _device_files(family), [write_headers(family, build_dir), templates_dir(family)],
-                    verbose, optimized())
+                    verbose)
 
 
 def compile_library(path: Path, files: list[Path], includes: list[Path], verbose: bool = False,
