@@ -5,9 +5,15 @@ import sys
 
 import pytest
 import torch
-from torchvision.ops import generalized_box_iou_loss
 
 from tuner.families import giou
+
+
+def _torchvision_giou(*args, **kwargs):
+    """torchvision's loss, imported when a test calls it (3 s of every test process's collection otherwise)."""
+    from torchvision.ops import generalized_box_iou_loss
+
+    return generalized_box_iou_loss(*args, **kwargs)
 
 
 @pytest.mark.parametrize("pred", giou.PRED_DTYPES)
@@ -18,7 +24,7 @@ def test_reference_matches_torchvision(pred, target, reduction):
     valid = giou.valid_mask(t, n)
     assert valid.any() and not valid.all()
     ours = giou.reference(p, t, n, reduction)
-    theirs = generalized_box_iou_loss(p.double()[valid], t.double()[valid], reduction=reduction)
+    theirs = _torchvision_giou(p.double()[valid], t.double()[valid], reduction=reduction)
     if reduction == "none":
         assert torch.allclose(ours[valid], theirs, rtol=1e-12, atol=1e-12)
         assert (ours[~valid] == 0).all()
@@ -32,7 +38,7 @@ def test_reference_gradient_matches_torchvision(reduction):
     valid = giou.valid_mask(t, n)
     loss, grad = giou.reference_with_grad(p, t, n, reduction)
     leaf = p.double().requires_grad_(True)
-    theirs = generalized_box_iou_loss(leaf[valid], t.double()[valid], reduction=reduction)
+    theirs = _torchvision_giou(leaf[valid], t.double()[valid], reduction=reduction)
     theirs.backward(torch.ones_like(theirs))
     assert torch.allclose(grad, leaf.grad, rtol=1e-10, atol=1e-12)
     assert (grad[~valid] == 0).all()
@@ -71,7 +77,7 @@ def test_uint8_targets_do_not_overflow():
     # Areas of uint8 boxes exceed 255: the math must be done after the upcast.
     p = torch.tensor([[[0.0, 0.0, 200.0, 200.0]]])
     t = torch.tensor([[[0, 0, 250, 250]]], dtype=torch.uint8)
-    want = generalized_box_iou_loss(p.double()[0], t.double()[0], reduction="sum")
+    want = _torchvision_giou(p.double()[0], t.double()[0], reduction="sum")
     assert torch.allclose(giou.reference(p, t, None, "sum"), want)
 
 
