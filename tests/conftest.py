@@ -12,11 +12,12 @@ if "TUNER_CACHE" not in os.environ:
     os.environ["TUNER_CACHE"] = os.environ.get("TUNER_TEST_CACHE") or _made_cache
 
 
-# The families' torch bindings, in the order the test files first load them (SLOW_FILES below first). Each takes a minute
-# of one core to build (it includes torch's headers): one background process, started by the run's
-# first process (pytest-xdist's controller under `-n`), builds them while the tests run, and a test
-# that needs one finds it built or waits for its build (`tuner.build.binding`'s lock), never builds
-# it twice. The workers inherit this process's TUNER_CACHE, so that they share what it builds.
+# The families' torch bindings, in the order the test files (SLOW_FILES below first) load them. Each
+# takes a minute of one core to build (it includes torch's headers): one background process, started
+# by the run's first process (pytest-xdist's controller under `-n`), builds them while the tests run,
+# and a test that needs one finds it built or waits for its build (`tuner.build.binding`'s lock),
+# never builds it twice. The workers inherit this process's TUNER_CACHE, so that they share what it
+# builds.
 PREBUILT = ("embedding_bag", "giou", "cross_entropy", "rms_norm")
 _prebuild = None
 
@@ -60,7 +61,7 @@ def _has_cuda() -> bool:
 
 # The files that take longest on the 2-core CI machine (their waits included: PostgreSQL searchers,
 # torch bindings built beside them), in the order pytest-xdist hands them out, before the others
-# (largest first): a long file left for the end would keep one process busy while the other idles.
+# (most tests first): a long file left for the end would keep one process busy while the other idles.
 # test_distributed's searchers time heartbeats, so they start after the heaviest compiles.
 SLOW_FILES = ("test_declared.py", "test_build.py", "test_distributed.py", "test_embedding_bag.py", "test_deploy.py",
               "test_family_plugin.py", "test_docs.py", "test_search.py", "test_rms_norm.py", "test_op_cpu.py",

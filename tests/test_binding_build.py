@@ -59,7 +59,7 @@ def test_the_lock_ends_with_a_killed_builder(fresh_cache, monkeypatch):
     assert binding.library("rms_norm").read_bytes() == b"mine"
 
 
-# A family whose binding is a hand-written op over torch's ATen headers alone: a real build (about 15 s
+# A family whose binding is a hand-written op over torch's ATen headers alone: a real build (about 25 s
 # of a core on the CI machine, where a family's full binding takes a minute), found as a family outside
 # tuner is (TUNER_FAMILY_PATH), also by the builder's own process.
 PROBE = """#include <ATen/ATen.h>
