@@ -263,14 +263,15 @@ def fixed_spaces(make: Callable[..., Space], **choices: Sequence[str]):
     """A family's `space_for(problem)`, `all_spaces()` and `covering_set()` from its
     `space(**fixed)` and the values each fixed field (a dtype, say) takes: a problem's fields
     pick its space, and every combination of values is one space. `space_for.choices` keeps the
-    fields and their values, from which the command line makes its space options."""
-    def space_for(problem: Mapping[str, Any]) -> Space:
-        return make(**{k: problem[k] for k in choices if k in problem})
+    fields and their values, from which the command line makes its space options; `flags` go to
+    `space()` as they are (the family's SPACE_FLAGS: opt-in kinds of variant)."""
+    def space_for(problem: Mapping[str, Any], **flags: bool) -> Space:
+        return make(**{k: problem[k] for k in choices if k in problem}, **flags)
 
     space_for.choices = choices  # type: ignore[attr-defined]
 
-    def all_spaces() -> list[Space]:
-        return [make(**dict(zip(choices, combo))) for combo in itertools.product(*choices.values())]
+    def all_spaces(**flags: bool) -> list[Space]:
+        return [make(**dict(zip(choices, combo)), **flags) for combo in itertools.product(*choices.values())]
 
     @functools.lru_cache(maxsize=1)
     def covered() -> tuple[Variant, ...]:

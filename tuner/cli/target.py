@@ -56,8 +56,9 @@ def _declared_bench_args(family: str, p) -> None:
 
 def add_space_args(parser, family: str) -> None:
     """The options that pick the spaces `variants` and `build` list: one per fixed field of the
-    family's spaces (`fixed_spaces`: its dtypes), its default `space()`'s, and `--all-dtypes` where
-    there are any; or the family's own (its cli part's `add_space_args`)."""
+    family's spaces (`fixed_spaces`: its dtypes), its default `space()`'s, `--all-dtypes` where
+    there are any, and a switch per opt-in kind of variant (the family's `SPACE_FLAGS`: name -> help,
+    a bool argument of `space()`); or the family's own (its cli part's `add_space_args`)."""
     import inspect
 
     from tuner import families
@@ -73,6 +74,8 @@ def add_space_args(parser, family: str) -> None:
     if fam.space_for.choices:  # a family of one space has nothing to pick
         parser.add_argument("--all-dtypes", action="store_true",
                             help=f"every ({', '.join(fam.space_for.choices)}) dtype pair")
+    for name, help in getattr(fam, "SPACE_FLAGS", {}).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", action="store_true", help=help)
 
 
 def spaces(args) -> list:
@@ -83,9 +86,10 @@ def spaces(args) -> list:
     if own is not None:
         return own(args)
     fam = families.get(args.family)
+    flags = {name: getattr(args, name) for name in getattr(fam, "SPACE_FLAGS", {})}
     if getattr(args, "all_dtypes", False):
-        return fam.all_spaces()
-    return [fam.space_for({name: getattr(args, name) for name in fam.space_for.choices})]
+        return fam.all_spaces(**flags)
+    return [fam.space_for({name: getattr(args, name) for name in fam.space_for.choices}, **flags)]
 
 
 def add_problem_args(parser, family: str) -> None:

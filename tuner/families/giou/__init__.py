@@ -48,6 +48,9 @@ CONSTRAINTS = (
 _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "uint8": "uint8_t"}
 
 
+# Opt-in kinds of variant, a switch each on the command line (tuner.cli.target): space(device_assert=True).
+SPACE_FLAGS = {"device_assert": "variants that also stop on a device-side assert when validation fails (opt-in)"}
+
 # Faults a test can plant in a variant, to check that a search survives them.
 FAULTS = ("compile", "oob", "assert", "hang", "wrong", "nan", "resources")
 

@@ -1,27 +1,12 @@
-"""GIoU's command line: its space options (the dtypes, and opt-in device asserts), how an
-export's problem reads in a line, and `tuner bench`'s options (the problem's come from its
-declared fields, tuner.cli.target)."""
+"""GIoU's command line beyond what the core makes of its declaration and fields (tuner.cli.target:
+the space options, SPACE_FLAGS included, and the problem's): how an export's problem reads in a
+line, and `tuner bench`'s options."""
 
 from __future__ import annotations
 
 import argparse
 
 from tuner.cli import args as cli_args
-from tuner.families import giou
-
-
-def add_space_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pred", default="bfloat16", help="pred dtype: float32, float16, bfloat16 (default)")
-    p.add_argument("--target", default="uint8", help="target dtype: uint8 (default), float16, bfloat16, float32")
-    p.add_argument("--all-dtypes", action="store_true", help="every (pred, target) dtype pair")
-    p.add_argument("--device-assert", action="store_true",
-                   help="variants that also stop on a device-side assert when validation fails (opt-in)")
-
-
-def spaces(args) -> list:
-    if args.all_dtypes:
-        return [giou.space(p, t, args.device_assert) for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES]
-    return [giou.space(args.pred, args.target, args.device_assert)]
 
 
 def describe(problem: dict) -> str:
