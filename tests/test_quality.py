@@ -82,6 +82,15 @@ def test_sampler_table_and_the_default_samplers_bound(tuner_home):
     assert "| ranked |" in quality.markdown(table)
 
 
+def test_runs_in_processes_give_the_same_table(tuner_home):
+    """`tuner samplers --jobs`: a run's seed decides it, wherever it runs; every run is heard of."""
+    heard = []
+    here = quality.sampler_table(DATA, PROBLEM, ["ranked"], seeds=[0, 1])
+    apart = quality.sampler_table(DATA, PROBLEM, ["ranked"], seeds=[0, 1], jobs=2,
+                                  on_run=lambda name, seed, count: heard.append((name, seed)))
+    assert here.equals(apart) and sorted(heard) == [("ranked", 0), ("ranked", 1)]
+
+
 def test_the_default_sampler_on_a_recording_it_was_not_tuned_on(tuner_home):
     """float32/float32 on the same H100: the ranked sampler's settings were chosen on bfloat16."""
     problem = giou.Problem(pred="float32", target="float32")

@@ -177,7 +177,8 @@ def cmd_samplers(args: argparse.Namespace) -> int:
     started = time.monotonic()
     table = quality.sampler_table(
         args.simulate, problem, names, seeds, args.within, args.max_trials, args.objective,
-        on_run=lambda name, seed, count: print(f"  {name} seed {seed}: {count or 'not reached'}", file=sys.stderr))
+        on_run=lambda name, seed, count: print(f"  {name} seed {seed}: {count or 'not reached'}", file=sys.stderr),
+        jobs=args.jobs or os.cpu_count() or 1)
     print(quality.markdown(table), end="")
     print(f"wall {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.csv:
@@ -310,6 +311,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
                    help="give up after this many trials (default: the size of the space)")
     s.add_argument("--objective", default="fwd+bwd", choices=("fwd", "bwd", "fwd+bwd"))
     s.add_argument("--csv", type=Path, help="also write the table here")
+    s.add_argument("--jobs", type=cli_args.jobs, help="runs at once, a process each (default: all cores)")
     s.add_argument("--fail-above", type=cli_args.percent, metavar="PCT",
                    help="exit 1 when the default sampler's (ranked) median is above PCT %% of the space")
 

@@ -86,31 +86,62 @@ def trials_to_reach(dataset: Path, problem, sampler: str, seed: int, within: flo
 
 def sampler_table(dataset: Path, problem, samplers: Iterable[str], seeds: Iterable[int] = range(20),
                   within: float = 0.03, max_trials: int | None = None, objective: str = "fwd+bwd",
-                  on_run: Callable[[str, int, int | None], None] | None = None):
+                  on_run: Callable[[str, int, int | None], None] | None = None, jobs: int = 1):
     """One row per sampler: quartiles, min and max of trials_to_reach over the seeds (NaN where
     a run that never reached decides one), the median as a share of the space, and how many
     runs reached. `on_run(sampler, seed, count)` hears of each run as it ends (a full table
-    takes minutes)."""
+    takes minutes on one core). `jobs` > 1: the runs go to that many processes (each run is
+    the same wherever it runs: its seed decides it)."""
     import pandas as pd
 
     size = space_size(problem)
     seeds = list(seeds)
+    samplers = list(samplers)
+    counts = _counts(dataset, problem, [(name, seed) for name in samplers for seed in seeds],
+                     (within, max_trials, objective), on_run, jobs)
     rows = []
     for name in samplers:
-        counts = []
-        for seed in seeds:
-            counts.append(trials_to_reach(dataset, problem, name, seed, within, max_trials, objective))
-            if on_run is not None:
-                on_run(name, seed, counts[-1])
-        ordered = sorted(math.inf if c is None else c for c in counts)
+        counts_ = [counts[(name, seed)] for seed in seeds]
+        ordered = sorted(math.inf if c is None else c for c in counts_)
         median = _quantile(ordered, 0.5)
         rows.append({
             "sampler": name, "median trials": median, "p25": _quantile(ordered, 0.25),
             "p75": _quantile(ordered, 0.75), "min": _quantile(ordered, 0.0), "max": _quantile(ordered, 1.0),
             "median % of space": round(100 * median / size, 1),
-            "reached": f"{sum(c is not None for c in counts)}/{len(seeds)}",
+            "reached": f"{sum(c is not None for c in counts_)}/{len(seeds)}",
         })
     return pd.DataFrame(rows)
+
+
+def _counts(dataset: Path, problem, runs: list[tuple[str, int]], how: tuple, on_run, jobs: int) -> dict:
+    """(sampler, seed) -> trials_to_reach(..., *how) of each run, here or in `jobs` processes."""
+    counts: dict[tuple[str, int], int | None] = {}
+    if jobs <= 1 or len(runs) <= 1:
+        for name, seed in runs:
+            counts[(name, seed)] = trials_to_reach(dataset, problem, name, seed, *how)
+            if on_run is not None:
+                on_run(name, seed, counts[(name, seed)])
+        return counts
+    import concurrent.futures
+    import multiprocessing
+
+    # spawned: a fresh interpreter imports the search alone (a forked one would copy this process's
+    # Optuna storages and threads)
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(runs)), mp_context=context) as pool:
+        pending = {pool.submit(_run, str(dataset), problem.family, dict(problem.__dict__), name, seed, how): (name, seed)
+                   for name, seed in runs}
+        for done in concurrent.futures.as_completed(pending):
+            name, seed = pending[done]
+            counts[(name, seed)] = done.result()
+            if on_run is not None:
+                on_run(name, seed, counts[(name, seed)])
+    return counts
+
+
+def _run(dataset: str, family: str, fields: dict, name: str, seed: int, how: tuple) -> int | None:
+    """One run of `sampler_table`'s, in a process of its own."""
+    return trials_to_reach(Path(dataset), families.get(family).Problem(**fields), name, seed, *how)
 
 
 def _quantile(ordered: list[float], q: float) -> float:
