@@ -101,14 +101,14 @@ def sampler_table(dataset: Path, problem, samplers: Iterable[str], seeds: Iterab
                      (within, max_trials, objective), on_run, jobs)
     rows = []
     for name in samplers:
-        counts_ = [counts[(name, seed)] for seed in seeds]
-        ordered = sorted(math.inf if c is None else c for c in counts_)
+        got = [counts[(name, seed)] for seed in seeds]
+        ordered = sorted(math.inf if c is None else c for c in got)
         median = _quantile(ordered, 0.5)
         rows.append({
             "sampler": name, "median trials": median, "p25": _quantile(ordered, 0.25),
             "p75": _quantile(ordered, 0.75), "min": _quantile(ordered, 0.0), "max": _quantile(ordered, 1.0),
             "median % of space": round(100 * median / size, 1),
-            "reached": f"{sum(c is not None for c in counts_)}/{len(seeds)}",
+            "reached": f"{sum(c is not None for c in got)}/{len(seeds)}",
         })
     return pd.DataFrame(rows)
 
