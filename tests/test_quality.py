@@ -85,10 +85,12 @@ def test_sampler_table_and_the_default_samplers_bound(tuner_home):
 def test_runs_in_processes_give_the_same_table(tuner_home):
     """`tuner samplers --jobs`: a run's seed decides it, wherever it runs; every run is heard of."""
     heard = []
-    here = quality.sampler_table(DATA, PROBLEM, ["ranked"], seeds=[0, 1])
-    apart = quality.sampler_table(DATA, PROBLEM, ["ranked"], seeds=[0, 1], jobs=2,
-                                  on_run=lambda name, seed, count: heard.append((name, seed)))
-    assert here.equals(apart) and sorted(heard) == [("ranked", 0), ("ranked", 1)]
+    # seeds 16 and 17 reach within 3 and 18 trials: short runs that count
+    here = quality.sampler_table(DATA, PROBLEM, ["ranked"], seeds=[16, 17], max_trials=20)
+    apart = quality.sampler_table(DATA, PROBLEM, ["ranked"], seeds=[16, 17], max_trials=20, jobs=2,
+                                  on_run=lambda name, seed, count: heard.append((name, seed, count)))
+    assert here.equals(apart) and here.iloc[0]["reached"] == "2/2"
+    assert sorted(heard) == [("ranked", 16, here.iloc[0]["min"]), ("ranked", 17, here.iloc[0]["max"])]
 
 
 def test_the_default_sampler_on_a_recording_it_was_not_tuned_on(tuner_home):
