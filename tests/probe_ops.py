@@ -96,7 +96,8 @@ def library() -> Path:
     files = {f"{op.name}_abi.h": declared.header(op) for op in OPS}
     files |= {f"{op.name}_op.cpp": declared.op_source(op) for op in OPS}
     files["probes.cpp"] = "".join(f'#include "{op.name}_op.cpp"\n' for op in OPS)
-    key = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(files.items())).encode()).hexdigest()[:16]
+    made = "\0".join([torch.__version__, *(f"{k}\0{v}" for k, v in sorted(files.items()))])  # a kept cache: torch too
+    key = hashlib.sha256(made.encode()).hexdigest()[:16]
     folder = paths.variants_dir() / "_probes" / key
     path = folder / f"tuner_probes_{key}.so"
     with binding._building(folder):
