@@ -101,12 +101,11 @@ def library() -> Path:
     folder = paths.variants_dir() / "_probes" / key
     path = folder / f"tuner_probes_{key}.so"
     with binding._building(folder):
-        done = path.with_name(path.name + ".done")
-        if not done.exists():
+        if not binding._done(path).exists():
             for name, text in files.items():
                 (folder / name).write_text(text)
             binding.compile_library(path, [folder / "probes.cpp"], [folder], optimize=False)
-            done.touch()
+            binding._done(path).touch()
     if str(path) not in _LOADED:
         torch.ops.load_library(str(path))
         _LOADED.append(str(path))
