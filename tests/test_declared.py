@@ -35,6 +35,9 @@ def test_a_declared_header_is_rendered_where_it_is_included_and_kept_nowhere(cap
     assert render.headers("scale_add") == {"scale_add_abi.h": text}
     assert (render.write_headers("scale_add", tmp_path) / "scale_add_abi.h").read_text() == text
     assert declared.main(["scale_add"]) == 0 and capsys.readouterr().out == text
+    assert "`python -m tuner.build.declared scale_add` prints it" in text  # the command its comment names
+    assert declared.main(["scale_add_op"]) == 2  # an unknown family: one line, no traceback
+    assert capsys.readouterr().err.startswith("error: unknown kernel family 'scale_add_op'")
     assert abi.table("scale_add")[0] == "TunerScaleAddVtable"
 
 

@@ -20,6 +20,7 @@ import textwrap
 import jinja2
 
 from tuner import declare, expression, families
+from tuner.errors import SpaceError
 
 AT = {"float32": "at::kFloat", "float16": "at::kHalf", "bfloat16": "at::kBFloat16", "float64": "at::kDouble",
       "uint8": "at::kByte", "int8": "at::kChar", "int32": "at::kInt", "int64": "at::kLong"}
@@ -237,7 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("family")
     ap.add_argument("--op", action="store_true", help="the op's C++ instead of the header")
     args = ap.parse_args(argv)
-    op = declaration(args.family)
+    try:
+        op = declaration(args.family)
+    except SpaceError as exc:  # an unknown family: one line, as every command says it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if op is None:
         print(f"family {args.family!r} declares no op (OP_DECLARATION)", file=sys.stderr)
         return 2
