@@ -57,7 +57,7 @@ def test_a_family_outside_tuner_goes_end_to_end(scale_add, tuner_home, fresh_cac
 
     assert cli.main(["export-best", "--family", "scale_add", "--gpu", "H100"]) == 0
     out = capsys.readouterr().out
-    assert "\n1048576: scale_add.b64.4 (fwd+bwd" in out  # its sizes, as the declared command line describes them
+    assert "\nn=1048576 alpha=-1.5: scale_add.b64.4 (fwd+bwd" in out  # its sizes and scalar, as listings describe them
     artifact = tuner_home / "exports" / "scale_add-H100"
     manifest = json.loads((artifact / "manifest.json").read_text())
     assert manifest["family"] == "scale_add"

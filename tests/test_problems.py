@@ -60,10 +60,11 @@ def test_captured_problems_searched_and_exported_with_the_baseline(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     out = run.stdout
     first, second = out.index("[1/2] giou"), out.index("[2/2] giou")
-    assert "B=1024 S=256: 75% of the captured time, 64 trials" in out[first:second]  # the larger share first
-    assert "B=64 S=32: 25% of the captured time, 64 trials" in out[second:]
-    big = next(line for line in out.splitlines() if line.startswith("  ") and "B=1024" in line)
-    small = next(line for line in out.splitlines() if line.startswith("  ") and "B=64" in line)
+    # the problem as tuner.space.describe writes it: its dtypes, then every other field
+    assert "bfloat16/uint8 batch=1024 slots=256 article mean: 75% of the captured time, 64 trials" in out[first:second]  # the larger share first
+    assert "batch=64 slots=32 article mean: 25% of the captured time, 64 trials" in out[second:]
+    big = next(line for line in out.splitlines() if line.startswith("  ") and "batch=1024" in line)
+    small = next(line for line in out.splitlines() if line.startswith("  ") and "batch=64" in line)
     assert big.endswith("the winner serves it") and small.endswith("torch's op serves it")
     warm = int(small.split("(")[1].split()[0])
     assert warm > 0  # the second problem's first batch began from the first one's best

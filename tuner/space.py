@@ -259,6 +259,20 @@ def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], help
     return cls
 
 
+def describe(problem_class: type, problem: Mapping[str, Any]) -> str:
+    """A problem in a line, for listings (export-best, a search of captured problems): its dtypes
+    joined by "/", then each other field of the family's Problem in its order, a word as itself and
+    a number after its name ("bfloat16/uint8 batch=1024 slots=256 article mean")."""
+    fields = [f for f in dataclasses.fields(problem_class) if f.name in problem]
+    dtypes = [str(problem[f.name]) for f in fields if f.metadata.get("option", {}).get("dtype")]
+    rest = []
+    for f in fields:
+        if not f.metadata.get("option", {}).get("dtype"):
+            v = problem[f.name]
+            rest.append(v if isinstance(v, str) else f"{f.name}={v:g}" if isinstance(v, float) else f"{f.name}={v}")
+    return " ".join(filter(None, ["/".join(dtypes), *rest]))
+
+
 def fixed_spaces(make: Callable[..., Space], **choices: Sequence[str]):
     """A family's `space_for(problem)`, `all_spaces()` and `covering_set()` from its
     `space(**fixed)` and the values each fixed field (a dtype, say) takes: a problem's fields

@@ -119,7 +119,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _captured(fam, args: argparse.Namespace) -> list[dict]:
     """The family's problems in a tuner.capture file (`--problems`); one that holds none raises."""
-    if not hasattr(fam, "bench_problems"):
+    if not cli_target.benches_problems(args.family):
         raise TunerError(f"--problems: the {args.family} family has no bench of captured problems")
     from tuner.deploy import captured
 

@@ -16,18 +16,45 @@ def family_cli(args):
 
 
 def cli_part(family: str):
-    """A family's command-line part: its cli.py, or for a family that declares its op and has none,
-    the one its declaration gives (tuner.report.declared: describe and bench)."""
+    """A family's command-line part: its cli.py where it declares no op; else the one its declaration
+    gives: `describe` (tuner.space.describe over its Problem), `tuner bench`'s options (its
+    `BENCH_OPTIONS`, else its sizes and dtype) and the bench itself (its bench.py's `bench` and
+    `bench_problems`, else tuner.report.declared's, made from the declaration)."""
     import functools
     import types
 
+    from tuner import families, space
+
+    fam = families.get(family)
+    if families.has_part(family, "cli") or getattr(fam, "OP_DECLARATION", None) is None:
+        return families.part(family, "cli")
+    part = types.SimpleNamespace(describe=functools.partial(space.describe, fam.Problem),
+                                 add_bench_args=functools.partial(_bench_args, family))
+    if families.has_part(family, "bench"):  # rows of its own (GIoU's article losses, EmbeddingBag's floors)
+        part.bench, part.bench_problems = (functools.partial(_own_bench, name, family) for name in
+                                           ("bench", "bench_problems"))
+    else:
+        part.bench, part.bench_problems = (functools.partial(_declared, name, family) for name in
+                                           ("bench", "bench_problems"))
+    return part
+
+
+def _own_bench(name: str, family: str, *args, **kwargs):
+    """The family's bench.py's `name`, imported when called (it imports torch)."""
+    from tuner import families
+
+    return getattr(families.part(family, "bench"), name)(*args, **kwargs)
+
+
+def benches_problems(family: str) -> bool:
+    """Whether `tuner bench --problems` has a bench of the family's captured problems: the
+    declaration's, or its bench.py's `bench_problems` where it has a bench of its own (imported
+    here: only `tuner bench` asks, which imports torch anyway)."""
     from tuner import families
 
     if families.has_part(family, "cli") or getattr(families.get(family), "OP_DECLARATION", None) is None:
-        return families.part(family, "cli")
-    return types.SimpleNamespace(add_bench_args=functools.partial(_declared_bench_args, family),
-                                 **{name: functools.partial(_declared, name, family) for name in
-                                    ("describe", "bench", "bench_problems")})
+        return hasattr(families.part(family, "cli"), "bench_problems")
+    return not families.has_part(family, "bench") or hasattr(families.part(family, "bench"), "bench_problems")
 
 
 def _declared(name: str, family: str, *args, **kwargs):
@@ -38,13 +65,21 @@ def _declared(name: str, family: str, *args, **kwargs):
     return getattr(declared, name)(family, *args, **kwargs)
 
 
-def _declared_bench_args(family: str, p) -> None:
-    """`tuner bench`'s options for a declared family: its sizes (`BENCH_SHAPES`, else its Problem's)
-    and the dtype of its varying tensors."""
+def _bench_args(family: str, p) -> None:
+    """`tuner bench`'s options: a family's own (`BENCH_OPTIONS`: name -> (the parser's name in
+    tuner.cli.args, default, help)), or, for a bench made from the declaration, its sizes
+    (`BENCH_SHAPES`, else its Problem's) and the dtype of its varying tensors. A family's bench.py
+    imports torch, so its options are said in the family's package, which a parser reads at once."""
     from tuner import families
     from tuner.cli import args as cli_args
 
     fam, op = families.get(family), families.get(family).OP_DECLARATION
+    if families.has_part(family, "bench"):
+        for name, (parse, default, help) in getattr(fam, "BENCH_OPTIONS", {}).items():
+            shown = ",".join("/".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in default)
+            p.add_argument(f"--{name.replace('_', '-')}", type=getattr(cli_args, parse), default=default,
+                           help=f"{help} (default {shown})")
+        return
     shapes = getattr(fam, "BENCH_SHAPES", None) or (tuple(getattr(fam.Problem(), n) for n in op.sizes),)
     shown = ",".join("x".join(str(n) for n in s) for s in shapes)
     p.add_argument("--shapes", type=cli_args.shapes, default=shapes,

@@ -26,10 +26,10 @@ def _parts(family: str):
 
 
 def describe(family: str, problem: dict) -> str:
-    """A problem in a line: its dtypes, then its sizes ("bfloat16/bfloat16 4096x4096")."""
-    _, op, _ = _parts(family)
-    dtypes = "/".join(str(problem[t.name]) for t in op.varying)
-    return f"{dtypes} {'x'.join(str(problem[n]) for n in op.sizes)}".strip()
+    """A problem in a line, as every listing writes it (tuner.space.describe)."""
+    from tuner import space
+
+    return space.describe(families.get(family).Problem, problem)
 
 
 def _load(directory: Path, baseline: bool = True):

@@ -55,6 +55,16 @@ def floors(elements: int, dtype) -> list[dict]:
             {"impl": "floor: a read of as many bytes", "fwd_kernel_us": read}]
 
 
+def bench(directory, args) -> list[dict]:
+    """`tuner bench --family embedding_bag`: the export in `directory` at CONFIGS."""
+    return run(directory, out=args.out)
+
+
+def bench_problems(directory, problems: list[dict], args) -> list[dict]:
+    """`tuner bench --family embedding_bag --problems FILE`."""
+    return run_problems(directory, problems, out=args.out)
+
+
 def run(directory: Path, out: Path | None = None, configs=CONFIGS) -> list[dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dtype pairs the artifact did not tune warn once; the rows say so

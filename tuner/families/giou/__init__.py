@@ -51,6 +51,12 @@ _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", 
 # Opt-in kinds of variant, a switch each on the command line (tuner.cli.target): space(device_assert=True).
 SPACE_FLAGS = {"device_assert": "variants that also stop on a device-side assert when validation fails (opt-in)"}
 
+# `tuner bench --family giou`'s options (bench.py's rows at each batch size and dtype pair): name ->
+# (its parser in tuner.cli.args, default, help)
+BENCH_OPTIONS = {"batches": ("sizes", (64, 256, 1024, 4096), "batch sizes, comma-separated"),
+                 "dtypes": ("pairs", (("bfloat16", "uint8"), ("float32", "float32")),
+                            "pred/target pairs, comma-separated")}
+
 # Faults a test can plant in a variant, to check that a search survives them.
 FAULTS = ("compile", "oob", "assert", "hang", "wrong", "nan", "resources")
 

@@ -137,6 +137,13 @@ VALIDATE_ROWS = {"tuned op, validate=sync": "sync", "tuned op, validate=deferred
 LOOP_MAX_BATCH = 1024  # the per-sample loop takes seconds a call beyond this; left out there
 
 
+def bench(directory, args) -> list[dict]:
+    """`tuner bench --family giou`: the export in `directory` at each of --batches and --dtypes."""
+    import tuner
+
+    return run(tuner.load(directory), args.batches, args.dtypes, out=args.out)
+
+
 def run(op, batches=(64, 256, 1024, 4096), dtypes=(("bfloat16", "uint8"), ("float32", "float32")),
         slots: int = 256, out: Path | None = None) -> list[dict]:
     rows = []
