@@ -139,6 +139,25 @@ def test_a_declared_problem_is_made_from_the_op():
     assert problem_class(_toy_op(), "toy", {"rows": 1, "cols": 2, "u": "float32"}, key=lambda q: "one")().key() == "one"
 
 
+def test_a_declared_problem_takes_fields_of_its_own():
+    """`fields`: one that shapes the inputs alone follows the dtypes (and its value the key), one
+    named as a made field replaces it; GIoU's Problem, made so, has the key of its studies."""
+    import dataclasses
+
+    from tuner.families import giou
+    from tuner.space import option, problem_class
+
+    Problem = problem_class(_toy_op(), "toy", {"rows": 64, "cols": 32, "u": "float32"}, scalars=("mode",),
+                            fields={"spread": option("wide", "how u is drawn", flag="--draw", choices=("wide", "flat")),
+                                    "cols": option(32, "columns", parse="size_or_zero")})
+    assert [f.name for f in dataclasses.fields(Problem)] == ["rows", "cols", "u", "spread", "mode"]
+    options = {f.name: f.metadata["option"] for f in dataclasses.fields(Problem)}
+    assert options["spread"]["flag"] == "--draw" and options["cols"]["parse"] == "size_or_zero"
+    assert Problem(cols=0, spread="flat").key() == "R64-C0-float32-flat-mean"
+    assert giou.Problem().key() == "B1024-S256-bfloat16-uint8-article-mean"
+    assert giou.Problem(64, 32, "float32", "float32", "full", "sum").key() == "B64-S32-float32-float32-full-sum"
+
+
 @pytest.mark.parametrize("defaults, kw, message", [
     ({"rows": 1, "u": "float32"}, {}, r"toy's problem: give defaults\['cols'\]"),
     ({"rows": 1, "cols": 2, "u": "float64"}, {}, "u's default dtype 'float64' is not one of its dtypes"),

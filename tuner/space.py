@@ -202,51 +202,64 @@ _SCALAR_TYPE = {"float": float, "int": int, "bool": bool, "str": str}
 
 
 def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], helps: Mapping[str, str] | None = None,
-                  *, scalars: Sequence[str] = (), key: Callable[[Any], str] | None = None) -> type:
+                  *, scalars: Sequence[str] = (), fields: Mapping[str, Any] | None = None,
+                  key: Callable[[Any], str] | None = None) -> type:
     """A declared family's Problem, from its op's declaration: a frozen dataclass with `family` and,
     each an `option` of the command line, an int field per size, a str field per varying tensor
     (its dtype), then a field per scalar named in `scalars` (the values a search checks and times
     at; a str scalar among its choices). Fields are named as the declaration names them, in its
-    order (sizes, then tensors), the scalars in the order given.
+    order (sizes, then tensors), then the `fields` that shape the inputs, the scalars in the order given.
 
     `defaults`: each size's and dtype's value, and a scalar's where its declared default will not
     do; `helps`: an option's help where the made one ("n: x.numel()", "x dtype") says too little.
+    `fields`: more, each an `option(...)`: one named as a made field replaces it (a parser of its
+    own), any other shapes the inputs alone (how GIoU's boxes are drawn, which make_inputs takes)
+    and follows the dtypes.
     `key()` names the problem in studies and exports: each size as its initial, upper-cased, and
-    its value, then the dtypes, then the scalars, a word as itself and a number after its name's
-    initials ("R4096-V32000-bfloat16-mean-ls0.1"); `key(problem)` instead, where given."""
+    its value, then the dtypes, the fields that shape the inputs and the scalars, a word as itself
+    and a number after its name's initials ("R4096-V32000-bfloat16-mean-ls0.1"); `key(problem)`
+    instead, where given."""
     def fail(message: str):
         raise declare.DeclarationError(f"{family}'s problem: {message}")
 
-    helps = dict(helps or {})
+    helps, given = dict(helps or {}), dict(fields or {})
     declared = {s.name: s for s in op.scalars}
     unknown = [n for n in scalars if n not in declared]
     if unknown:
         fail(f"{unknown[0]!r} is no scalar of the op (one of {', '.join(declared) or 'none'})")
-    names = [*op.sizes, *(t.name for t in op.varying), *scalars]
+    made_names = [*op.sizes, *(t.name for t in op.varying), *scalars]
+    inputs = [n for n in given if n not in made_names]  # the fields that shape the inputs alone
+    names = [*made_names, *inputs]
     stray = [n for n in [*defaults, *helps] if n not in names]
     if stray:  # a misspelt name would otherwise leave its field at a default unseen
         fail(f"{stray[0]!r} is no field of it (one of {', '.join(names)})")
-    missing = [n for n in names if defaults.get(n, getattr(declared.get(n), "default", None)) is None]
+    missing = [n for n in made_names
+               if n not in given and defaults.get(n, getattr(declared.get(n), "default", None)) is None]
     if missing:
         fail(f"give defaults[{missing[0]!r}]: the value a search tunes for unless told")
-    fields: list[tuple] = [("family", ClassVar[str], family)]
+    made: dict[str, tuple] = {}
     for n, expression in op.sizes.items():
-        fields.append((n, int, option(int(defaults[n]), helps.get(n, f"{n}: {expression}"))))
+        made[n] = (int, option(int(defaults[n]), helps.get(n, f"{n}: {expression}")))
     for t in op.varying:
         dtype = dtype_name(defaults[t.name])
         if dtype not in t.dtypes:
             fail(f"{t.name}'s default dtype {dtype!r} is not one of its dtypes {list(t.dtypes)}")
-        fields.append((t.name, str, option(dtype, helps.get(t.name, f"{t.name} dtype"), dtype=True)))
+        made[t.name] = (str, option(dtype, helps.get(t.name, f"{t.name} dtype"), dtype=True))
+    scalar_fields = {}
     for n in scalars:
         s = declared[n]
         value = _SCALAR_TYPE[s.type](defaults.get(n, s.default))  # 0 -> 0.0: capture files are checked by type
-        made = f"{n.replace('_', ' ')}: {', '.join(s.choices)}" if s.choices else n.replace("_", " ")
-        fields.append((n, _SCALAR_TYPE[s.type], option(value, helps.get(n, made), choices=s.choices or None,
-                                                       parse=_SCALAR_PARSE[s.type])))
+        words = f"{n.replace('_', ' ')}: {', '.join(s.choices)}" if s.choices else n.replace("_", " ")
+        scalar_fields[n] = (_SCALAR_TYPE[s.type], option(value, helps.get(n, words), choices=s.choices or None,
+                                                         parse=_SCALAR_PARSE[s.type]))
+    for n in inputs:
+        made[n] = (type(given[n].default), given[n])
+    made.update(scalar_fields)  # after the fields of the inputs
+    made.update({n: (made[n][0], given[n]) for n in made_names if n in given})
 
     def made_key(problem) -> str:
         parts = [n[0].upper() + str(getattr(problem, n)) for n in op.sizes]
-        parts += [getattr(problem, t.name) for t in op.varying]
+        parts += [getattr(problem, t.name) for t in op.varying] + [str(getattr(problem, n)) for n in inputs]
         for n in scalars:  # a word says what it is; a number is named by its initials ("ls0.1")
             v = getattr(problem, n)
             if not isinstance(v, str):
@@ -254,7 +267,9 @@ def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], help
             parts.append(v)
         return "-".join(parts)
 
-    cls = dataclasses.make_dataclass("Problem", fields, frozen=True, namespace={"key": key or made_key})
+    cls = dataclasses.make_dataclass("Problem", [("family", ClassVar[str], family)]
+                                     + [(n, kind, f) for n, (kind, f) in made.items()],
+                                     frozen=True, namespace={"key": key or made_key})
     cls.__module__ = sys._getframe(1).f_globals["__name__"]  # the family's: pickle finds it there as Problem
     return cls
 

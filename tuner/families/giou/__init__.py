@@ -11,10 +11,9 @@ the storage dtype; the loss is float32, the gradient has pred's dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option  # noqa: F401
+from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option, problem_class  # noqa: F401
 from tuner.variant import Variant
 
 FAMILY = "giou"  # giou.cu.j2 by convention (tuner.families.conventions); its op is declared (op.py)
@@ -99,21 +98,14 @@ def search_focus(problem: dict) -> dict[str, Any]:
 DISTRIBUTIONS = ("article", "uniform", "full")
 
 
-@dataclass(frozen=True)
-class Problem:
-    """What a kernel is tuned for: sizes, dtypes and how many boxes images hold."""
-
-    family: ClassVar[str] = FAMILY
-    batch: int = option(1024, "images per batch, B")
-    slots: int = option(256, "box slots per image, S")
-    pred: str = option("bfloat16", "pred dtype", dtype=True)
-    target: str = option("uint8", "target dtype", dtype=True)
-    distribution: str = option("article", "boxes per image: article = floor(|N(0,3)|) clipped to the slots, uniform, "
-                               "full", flag="--boxes", choices=DISTRIBUTIONS)
-    reduction: str = option("mean", "the loss's reduction", choices=REDUCTIONS)
-
-    def key(self) -> str:
-        return f"B{self.batch}-S{self.slots}-{self.pred}-{self.target}-{self.distribution}-{self.reduction}"
+# What a kernel is tuned for: sizes, dtypes, how many boxes images hold and the reduction; its key
+# "B1024-S256-bfloat16-uint8-article-mean"
+Problem = problem_class(OP_DECLARATION, FAMILY, {"batch": 1024, "slots": 256, "pred": "bfloat16", "target": "uint8"},
+                        {"batch": "images per batch, B", "slots": "box slots per image, S",
+                         "reduction": "the loss's reduction"}, scalars=("reduction",),
+                        fields={"distribution": option("article", "boxes per image: article = floor(|N(0,3)|) clipped "
+                                                       "to the slots, uniform, full", flag="--boxes",
+                                                       choices=DISTRIBUTIONS)})
 
 
 def box_counts(batch: int, slots: int, distribution: str, generator):
