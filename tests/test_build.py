@@ -80,6 +80,26 @@ def test_content_key_covers_arch_and_source():
     src = render.render(v)
     assert build.content_key(v, src, "sm_89") != build.content_key(v, src, "sm_90")
     assert build.content_key(v, src + " ", "sm_90") != build.content_key(v, src, "sm_90")
+    # a search's builds leave the host code unoptimized, an export's optimize it: two binaries
+    assert build.content_key(v, src, "sm_90", serving=True) != build.content_key(v, src, "sm_90")
+    assert build.flags("sm_90")[0] == "-O0" and build.flags("sm_90", serving=True)[0] == "-O3"
+
+
+def test_an_export_builds_its_binaries_with_optimized_host_code(monkeypatch, tmp_path):
+    """The launchers of an export's variants are on the op's call path (a search's are timed on the
+    GPU alone): binaries.build_variants asks for them optimized."""
+    from tuner.deploy import binaries
+
+    asked = {}
+
+    def fake_build(variants, arch, **kwargs):
+        asked.update(kwargs)
+        return [build.Build(v, arch, "k", ok=True, so=tmp_path / "v.so") for v in variants]
+
+    monkeypatch.setattr(build, "build", fake_build)
+    v = giou.covering_set()[0]
+    binaries.build_variants("giou", [{"variant": v.name, "params": v.as_dict()}], "sm_90")
+    assert asked["serving"] is True
 
 
 PTXAS = """\

@@ -38,9 +38,14 @@ from tuner.build.units import namespace, plan_units, unit_name, unit_source
 from tuner.variant import Variant
 
 BASE_FLAGS = (
-    "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+    "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
     "-cudart", "shared", "-Xptxas", "-v",
 )
+# nvcc's -O is the host code's level (a variant's launchers); the device code is the same at any
+# (cuobjdump's SASS and ptxas's registers of variants of every family compared at -O0 and -O3:
+# identical). A variant built to be searched is timed on the GPU alone, so its host code is not
+# optimized (a fifth of a unit's compile); an export's serves calls, whose host path a step pays.
+HOST_OPT = {False: "-O0", True: "-O3"}  # serving -> the level
 
 
 @dataclass
@@ -87,13 +92,13 @@ def gencode(arch: str) -> str:
     return f"-gencode=arch=compute_{number},code={arch}"
 
 
-def flags(arch: str) -> list[str]:
-    return [*BASE_FLAGS, gencode(arch)]
+def flags(arch: str, serving: bool = False) -> list[str]:
+    return [HOST_OPT[serving], *BASE_FLAGS, gencode(arch)]
 
 
-def content_key(variant: Variant, source: str, arch: str) -> str:
+def content_key(variant: Variant, source: str, arch: str, serving: bool = False) -> str:
     h = hashlib.sha256()
-    for part in (source, header_text(variant.family), " ".join(flags(arch)), toolkit.nvcc_version(),
+    for part in (source, header_text(variant.family), " ".join(flags(arch, serving)), toolkit.nvcc_version(),
                  torch_version(), arch):
         h.update(part.encode())
         h.update(b"\0")
@@ -166,8 +171,9 @@ def _write_json(path: Path, data: dict) -> None:
 
 def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root: Path | None = None,
           timeout: float = 900.0, sources: dict[str, str] | None = None, focus: dict | None = None,
-          on_ready: Callable[[list[Build]], None] | None = None) -> list[Build]:
+          on_ready: Callable[[list[Build]], None] | None = None, serving: bool = False) -> list[Build]:
     """Build variants for `arch`, in parallel, skipping any already built; one Build each, in order.
+    `serving`: for an export, whose host code (the launchers) is on the op's call path: optimized.
 
     Failures (template or compiler) are returned as Builds with ok=False and the
     message; only a missing toolchain raises. `sources` (variant name -> CUDA source)
@@ -188,14 +194,15 @@ def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root:
         except BuildError as exc:
             slots.append(Build(variant, arch, "", ok=False, error=exc.message))
             continue
-        key = content_key(variant, source, arch)
+        key = content_key(variant, source, arch, serving)
         cached = None if key in todo else _load_meta(out_dir / f"{variant.family}-{key}.json", variant, arch, key)
         if cached is not None:
             slots.append(cached)
         else:
             todo[key] = (variant, source)
             slots.append(key)
-    built = {b.key: b for b in _compile(todo, arch, out_dir, jobs, timeout, on_ready)} if todo else {}
+    built = {b.key: b for b in _compile(todo, arch, out_dir, jobs, timeout, flags(arch, serving), on_ready)} \
+        if todo else {}
     return [built[s] if isinstance(s, str) else s for s in slots]
 
 
@@ -214,19 +221,19 @@ def _remove_stale_batches(out_dir: Path) -> None:
 
 
 def _compile(todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path, jobs: int | None,
-             timeout: float, on_ready=None) -> list[Build]:
+             timeout: float, nvcc_flags: list[str], on_ready=None) -> list[Build]:
     jobs = jobs or os.cpu_count() or 1
     units = plan_units(todo, jobs, staggered=on_ready is not None)
-    built = _compile_units(units, todo, arch, out_dir, jobs, timeout, on_ready)
+    built = _compile_units(units, todo, arch, out_dir, jobs, timeout, nvcc_flags, on_ready)
     # A unit that failed as a whole: its variants again, one per unit, for their own verdicts.
     retry = [[k] for unit in units if len(unit) > 1 and not built[unit[0]].ok for k in unit]
     if retry:
-        built.update(_compile_units(retry, todo, arch, out_dir, jobs, timeout))
+        built.update(_compile_units(retry, todo, arch, out_dir, jobs, timeout, nvcc_flags))
     return [built[k] for k in todo]
 
 
 def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]], arch: str, out_dir: Path,
-                   jobs: int, timeout: float, on_ready=None) -> dict[str, Build]:
+                   jobs: int, timeout: float, nvcc_flags: list[str], on_ready=None) -> dict[str, Build]:
     """Each unit compiled by its own nvcc in the process's compile queue (tuner.build.queue); a
     Build per key. Only single-variant units remember failures. With `on_ready`, each unit's
     Builds are passed on (from this thread) as it ends, while the others compile; a unit that
@@ -250,7 +257,7 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
             (tmp / f"{name}.cu").write_text(text)
             if family not in headers:  # a declared op's ABI is rendered
                 headers[family] = write_headers(family, tmp / f"include-{family}")
-            cmd = [nvcc, *flags(arch), f"-I{headers[family]}", f"-I{templates_dir(family)}",
+            cmd = [nvcc, *nvcc_flags, f"-I{headers[family]}", f"-I{templates_dir(family)}",
                    "-o", str(tmp / f"{name}.so"), str(tmp / f"{name}.cu")]
             futures[pool.submit(run_nvcc, cmd, tmp / f"{name}.so.log", deadline, running)] = (name, unit)
         for future in concurrent.futures.as_completed(futures):

@@ -123,7 +123,7 @@ def build_variants(family: str, winners: list[dict], arch: str, sources: dict[st
     if not variants:
         return winners, {}
     builds = {b.variant.name: b for b in build.build(list(variants.values()), arch, jobs=jobs, root=root,
-                                                       sources=sources)}
+                                                       sources=sources, serving=True)}
     failed = [b for b in builds.values() if not b.ok]
     if failed:
         raise TunerError(f"{family}: building {failed[0].variant.name} for {arch} failed:\n{failed[0].error}")
