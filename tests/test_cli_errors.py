@@ -73,6 +73,28 @@ def test_a_folder_as_storage_is_one_line(home, capsys):
         assert "storage d: a folder" in error_line(err, argv[0])
 
 
+def test_a_device_or_pipe_as_storage_is_one_line(home, capsys):
+    """Read as a journal, /dev/zero filled the memory and a pipe waited for ever; /dev/null (read
+    empty) stands for both here."""
+    for argv in (["list"], ["show", "--study", "x"], ["search", "--gpu", "H100", "--simulate", str(REC), "--trials", "5",
+                                                     "--quiet"]):
+        for storage in ("/dev/null", "sqlite:////dev/null"):
+            code, _, err = run(capsys, *argv, "--storage", storage)
+            assert code == 1
+            assert f"storage {storage}: not a regular file" in error_line(err, argv[0])
+    assert list(home.iterdir()) == []
+
+
+def test_a_study_name_read_from_a_storage_never_leads_its_files_elsewhere(home):
+    from tuner.errors import TunerError
+    from tuner.store import study
+
+    for name in ("../../x", "/tmp/x", "a\\b", ".x", "a\nb", ""):
+        with pytest.raises(TunerError, match="cannot name a file"):
+            study.records_path(name)
+    assert study.records_path("giou-H100-B1024-fwd+bwd").name == "giou-H100-B1024-fwd+bwd.jsonl"
+
+
 def test_an_unknown_scheme_is_one_line(home, capsys):
     code, _, err = run(capsys, "list", "--storage", "foo://bar")
     assert code == 1 and "storage foo://bar: unknown scheme 'foo'" in error_line(err, "list")
@@ -301,6 +323,10 @@ def test_a_warning_is_one_line(home, capsys, monkeypatch):
     ["search", "--gpu", "H100", "--simulate", str(REC), "--plant-faults", "bogus"],
     ["search", "--gpu", "H100", "--arch", "sm_80", "--simulate", str(REC)],
     ["search", "--gpu", "H100", "--simulate", str(REC), "--study", ""],
+    # a study's name names its files: a path would lead them out of $TUNER_HOME
+    ["search", "--gpu", "H100", "--simulate", str(REC), "--study", "../x"], ["show", "--study", "/tmp/x"],
+    ["report", "--study", ".hidden"], ["export-best", "--gpu", "H100", "--study", "a\nb"],
+    ["report", "--out", ""], ["export-best", "--gpu", "H100", "--out", " "],  # blank wrote into the current folder
     ["show", "--storage", ""], ["export-best", "--gpu", "H100", "--study", " "],
     ["export-best", "--gpu", "H100", "--wheel", str(REC)], ["report", "--out", str(REC)],  # a file, not a folder
     ["export-best", "--gpu", "H100", "--wheel", str(REC / "sub")],  # under a file: made nowhere

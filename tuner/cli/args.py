@@ -85,15 +85,30 @@ whole = integer(-2**63, 2**63 - 1)  # an op's int scalar (int64_t)
 
 
 def name(text: str) -> str:
-    """A study's name or a storage: not blank (an empty one meant the default, silently)."""
+    """A storage: not blank (an empty one meant the default, silently)."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a name, got {_quoted(text)}")
     return text
 
 
+def study_name(text: str) -> str:
+    """A study's name: not blank, and a name rather than a path (it names the study's measurement
+    log and report folder: `--study ../x` wrote outside $TUNER_HOME)."""
+    from tuner.errors import TunerError
+    from tuner.store.study import plain_name
+
+    try:
+        return plain_name(name(text))
+    except TunerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def folder(text: str) -> Path:
     """A folder to write into (made where missing): not a file that is there (`--out /dev/null`), which
-    failed half-way, after the command had written what came before."""
+    failed half-way, after the command had written what came before; not blank (it wrote into the
+    current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder, got {_quoted(text)}")
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{_quoted(text)} is a file, not a folder")
@@ -179,7 +194,8 @@ def recording(path: Path | None, flag: str) -> None:
     if path is None:
         return
     if not path.is_file():
-        raise TunerError(f"{flag} {path}: {'a folder' if path.is_dir() else 'no such file'}; expected a "
+        what = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
+        raise TunerError(f"{flag} {path}: {what}; expected a "
                          "measurement log (a search's studies/<study>.jsonl)")
     try:
         with open(path, encoding="utf-8") as f:

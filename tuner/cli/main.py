@@ -60,7 +60,7 @@ def _study_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--objective", default="fwd+bwd", choices=("fwd", "bwd", "fwd+bwd"))
     p.add_argument("--storage", type=cli_args.name, help=STORAGE_HELP)
-    p.add_argument("--study", type=cli_args.name, help="study name (default: family-GPU-problem-objective)")
+    p.add_argument("--study", type=cli_args.study_name, help="study name (default: family-GPU-problem-objective)")
     return p
 
 
@@ -273,7 +273,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=cli_args.count, default=10, help="variants to list (default 10)")
 
     s = sub.add_parser("export-best", parents=[family_opt, gpu_only], help="export the winners of a GPU's studies")
-    s.add_argument("--study", type=cli_args.name, help="export this study only")
+    s.add_argument("--study", type=cli_args.study_name, help="export this study only")
     s.add_argument("--out", type=cli_args.folder, help="artifact folder (default: exports/<family>-<GPU> under $TUNER_HOME)")
     s.add_argument("--storage", type=cli_args.name, help=STORAGE_HELP)
     s.add_argument("--wheel", type=cli_args.folder, metavar="DIR",

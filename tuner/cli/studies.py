@@ -208,7 +208,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tuner.store import study
 
     st = study.load(cli_target.study_name(args), args.storage)
-    out = args.out or paths.reports_dir() / st.study_name  # made once the study is read
+    out = args.out or paths.reports_dir() / study.plain_name(st.study_name)  # made once the study is read
     importance = report.report(st, out)
     print(f"study {st.study_name}: {len(st.trials)} trials")
     if importance:

@@ -17,8 +17,14 @@ DB_NAME = "tuner.db"  # the default before the journal: still used where it is t
 
 
 def storage_url(url: str | None = None) -> str:
-    """`url` (an RDB URL, or a journal file's path), or the default: studies/tuner.journal."""
+    """`url` (an RDB URL, or a journal file's path), or the default: studies/tuner.journal. A local
+    storage that is there but not a regular file (a folder, a device, a pipe) is refused: read as a
+    journal, /dev/zero fills the memory and a pipe waits for ever."""
     if url:
+        path = url[len("sqlite:///"):].split("?")[0] if url.startswith("sqlite:///") else None if "://" in url else url
+        if path and Path(path).exists() and not Path(path).is_file():
+            what = "a folder" if Path(path).is_dir() else "not a regular file (a device or a pipe)"
+            raise TunerError(f"storage {url}: {what}; a journal or an SQLite database is a file")
         return url
     folder = paths.studies_dir()  # made by the first search that writes there, not by reading
     if (folder / DB_NAME).exists() and not (folder / JOURNAL_NAME).exists():
@@ -45,8 +51,19 @@ def absent(url: str) -> bool:
 
 
 def records_path(name: str):
-    """The measurement log of a study (what `--simulate` replays)."""
-    return paths.studies_dir() / f"{name}.jsonl"
+    """The measurement log of a study (what `--simulate` replays), in studies/: a study's name is a
+    name (one read from a shared storage too), never a path that leads elsewhere."""
+    return paths.studies_dir() / f"{plain_name(name)}.jsonl"
+
+
+def plain_name(name: str) -> str:
+    """`name` where it can name a file in a folder: no separator, no leading dot, no control
+    character; else a TunerError."""
+    if not name or "/" in name or "\\" in name or name.startswith(".") or any(ord(c) < 32 or ord(c) == 127
+                                                                              for c in name):
+        raise TunerError(f"study name {name!r} cannot name a file: no '/' or '\\', no leading '.', no control "
+                         "characters")
+    return name
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
