@@ -3,6 +3,7 @@ storages) or exit 2 (usage), never a traceback; and what a failing command leave
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -275,6 +276,29 @@ def test_export_best_refuses_a_wheel_without_binaries_before_writing(home, capsy
 
 
 # ------------------------------------------------------------------ main's handling
+
+def test_a_study_without_a_trial_is_left_out_of_its_gpus_export(home, capsys, one_study):
+    """A search stopped before its first trial (its --timeout spent at once) left a study that made
+    every export of its GPU fail (KeyError); it is left out, with a line that says so."""
+    import optuna
+
+    from tuner.store import study
+
+    _with_study(home, one_study)
+    storage = study.storage(str(home / "studies" / "tuner.journal"))
+    (made,) = optuna.get_all_study_summaries(storage)
+    empty = optuna.create_study(storage=storage, study_name="giou-H100-B64-S256-bfloat16-uint8-article-mean-fwd+bwd")
+    for k, v in made.user_attrs.items():  # the same family and GPU, another problem, no trial
+        empty.set_user_attr(k, {**v, "batch": 64} if k == "problem" else v)
+    with pytest.warns(UserWarning, match="B64-S256.*has no verified trial: left out of the export"):
+        code, out, err = run(capsys, "export-best", "--gpu", "H100", "--sources-only")
+    assert code == 0, err
+    manifest = json.loads((home / "exports" / "giou-H100" / "manifest.json").read_text())
+    assert [e["problem"]["batch"] for e in manifest["entries"]] == [1024]
+    code, _, err = run(capsys, "export-best", "--gpu", "H100", "--study",
+                       "giou-H100-B64-S256-bfloat16-uint8-article-mean-fwd+bwd", "--sources-only")
+    assert code == 1 and "has no verified trial to export" in error_line(err, "export-best")
+
 
 def test_an_unexpected_error_is_one_line_with_the_way_to_its_traceback(home, capsys, monkeypatch):
     def broken(args):

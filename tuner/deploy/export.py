@@ -15,6 +15,7 @@ import datetime
 import hashlib
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,10 @@ def default_dir(gpu: str, family: str) -> Path:
     return paths.home() / "exports" / (family + "-" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-"))
 
 
+class NoTrial(TunerError):
+    """A study that holds no verified trial (a search stopped before its first)."""
+
+
 def _winner(st) -> dict[str, Any]:
     """The study's re-timed winner, else its best verified trial (planted faults never)."""
     problem = st.user_attrs.get("problem")
@@ -53,7 +58,7 @@ def _winner(st) -> dict[str, Any]:
     frame = studies.trials_frame(st, space)
     best = studies.top(frame, 1)
     if best.empty:
-        raise TunerError(f"study {st.study_name!r} has no verified trial to export; run `tuner search` first")
+        raise NoTrial(f"study {st.study_name!r} has no verified trial to export; run `tuner search` first")
     row = best.iloc[0]
     by_name = space.by_name()
     winner = st.user_attrs.get("winner")
@@ -115,11 +120,23 @@ def gather(study_names: list[str], storage: str | None = None) -> tuple[list[dic
 
 
 def winners_of(loaded: list) -> tuple[list[dict[str, Any]], dict]:
-    """(the winners of these loaded studies, the GPU they were measured on)."""
+    """(the winners of these loaded studies, the GPU they were measured on). A study without a
+    verified trial is left out, with a warning, where others have winners: one search stopped at
+    once does not keep the GPU's other problems from their export."""
     gpus = {json.dumps(st.user_attrs.get("gpu", {}), sort_keys=True) for st in loaded}
     if len(gpus) > 1:
         raise TunerError("these studies were measured on different GPUs; export one GPU at a time (--study)")
-    return [_winner(st) for st in loaded], json.loads(gpus.pop())
+    winners, empty = [], []
+    for st in loaded:
+        try:
+            winners.append(_winner(st))
+        except NoTrial as exc:
+            empty.append((st.study_name, exc))
+    if not winners:
+        raise empty[0][1]
+    for name, _ in empty:
+        warnings.warn(f"study {name!r} has no verified trial: left out of the export", UserWarning, stacklevel=2)
+    return winners, json.loads(gpus.pop())
 
 
 def with_checks(winners: list[dict[str, Any]], checked: dict[str, dict] | None) -> list[dict[str, Any]]:

@@ -356,6 +356,8 @@ def trials_frame(study, space):
 
 def top(frame, k: int = 5):
     """The k fastest verified variants; planted-fault variants never count, even if they passed."""
+    if frame.empty:  # a study without a trial (a search stopped at once): no columns either
+        return frame
     done = frame[(frame["state"] == "COMPLETE") & (frame["fault"] == "")].drop_duplicates("variant")
     return done.sort_values("objective_us").head(k)
 
