@@ -47,6 +47,24 @@ def test_lines_that_are_not_objects_are_skipped_with_one_warning_per_run(tmp_pat
     assert _read(path) == (found, [])  # each line once per process (`tuner samplers` reads it per run)
 
 
+def test_timings_that_are_no_plain_numbers_are_never_measurements(tmp_path):
+    """json reads NaN and Infinity: a search ranked them (an export shipped a winner of "inf us");
+    such a record, or one whose timing is a word, is skipped as a damaged line is."""
+    good = {"variant": "a", "fwd": {"median_us": 3.5, "spread_us": 0.1, "min_us": 3.0, "reps": 40, "graphed": True},
+            "bwd": {"median_us": 0.0, "spread_us": 0.0}}
+    bad = [json.dumps({**good, "variant": name, **change}).encode() for name, change in (
+        ("nan", {"fwd": {"median_us": float("nan")}}), ("inf", {"bwd": {"median_us": float("inf")}}),
+        ("neg", {"fwd": {"median_us": -1e9}}), ("word", {"fwd": "fast"}), ("str", {"fwd": {"median_us": "3"}}),
+        ("bool", {"bwd": {"spread_us": True}}))]
+    path = _damaged(tmp_path / "m.jsonl", [good], bad)
+    found, said = _read(path)
+    assert [r["variant"] for r in found] == ["a"]
+    assert len(said) == 1 and "lines 2-7" in said[0] and "timings that are not finite" in said[0]
+    (tmp_path / "n.jsonl").write_bytes(b"\n".join(bad) + b"\n")
+    with pytest.raises(TunerError, match="holds no measurement"):
+        records.read_some(tmp_path / "n.jsonl", "--simulate")
+
+
 def test_a_binary_file_warns_instead_of_raising(tmp_path):
     path = tmp_path / "b.jsonl"
     path.write_bytes(bytes(range(256)) * 4)

@@ -210,3 +210,6 @@ def recording(path: Path | None, flag: str) -> None:
                 raise TunerError(f"{flag} {path}: line {number} is not a measurement (a JSON object)")
     except UnicodeDecodeError:
         raise TunerError(f"{flag} {path}: not a measurement log (not UTF-8 text)") from None
+    from tuner.store import records
+
+    records.read_some(path, flag)  # one record at least, its timings plain numbers: before any study is made

@@ -4,13 +4,15 @@ A search writes every evaluation here (studies/<study>.jsonl); `tuner search
 --simulate FILE` replays such a file instead of a GPU. Appends are flushed and
 fsynced one line at a time, so a kill loses at most the line being written, and
 a truncated last line is skipped on reading. Any other line that is not a JSON object (a cut
-line that a later append ended, bytes that are not UTF-8, an editor's mistake) is skipped with
-one RecordDamageWarning naming the file and the line, once per process.
+line that a later append ended, bytes that are not UTF-8, an editor's mistake), or whose timings
+are not finite numbers of µs at least 0 (NaN, inf, a word), is skipped with one
+RecordDamageWarning naming the file and the line, once per process: never used as a measurement.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -86,7 +88,7 @@ def read_some(path: Path, flag: str = "") -> list[dict]:
     """The records of a log that must hold at least one (a recording to replay or import)."""
     found = list(read(path, flag))
     if not found:
-        raise TunerError(f"{flag} {path}: holds no measurement (no line is a JSON object); {EXPECTED}".lstrip())
+        raise TunerError(f"{flag} {path}: holds no measurement (no line is a measurement record); {EXPECTED}".lstrip())
     return found
 
 
@@ -121,7 +123,27 @@ def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     record, why = decode(raw)
     if why:
         return None, why
-    return (record, "") if isinstance(record, dict) else (None, "not a JSON object")
+    if not isinstance(record, dict):
+        return None, "not a JSON object"
+    return (record, "") if _timed_plainly(record) else (None, "timings that are not finite µs at least 0")
+
+
+TIMES = ("median_us", "spread_us", "min_us")  # a timing's times (tuner.measure.timing.Timing)
+
+
+def _timed_plainly(record: dict) -> bool:
+    """Whether each of a record's timings (fwd, bwd) holds its times as finite numbers at least 0:
+    json reads NaN and Infinity, and a search would rank them."""
+    for kind in ("fwd", "bwd"):
+        if kind not in record:
+            continue
+        timing = record[kind]
+        if not isinstance(timing, dict):
+            return False
+        for v in (timing[t] for t in TIMES if t in timing):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                return False
+    return True
 
 
 def runs(damaged: list[tuple[int, str]]) -> Iterator[tuple[list[tuple[int, str]], str]]:
