@@ -85,6 +85,23 @@ def test_num_boxes_may_be_left_out(op):
     torch.testing.assert_close(op(p, t), giou.reference(p, t, None).float())
 
 
+def test_a_double_backward_fails_rather_than_giving_no_gradient(op):
+    """create_graph=True: the first gradients are the op's; differentiating them again raises, as torch's
+    ops without a double backward do (it gave no gradient, silently, behind autograd's warning)."""
+    p, t, n = giou.make_inputs(2, 3, "float32", "uint8", "full", seed=1)
+    leaf = p.clone().requires_grad_()
+    (g,) = torch.autograd.grad(op(leaf, t, n, "sum"), leaf, create_graph=True)
+    want = giou.reference_with_grad(p, t, n, "sum")[1]
+    torch.testing.assert_close(g.detach().double(), want, rtol=1e-5, atol=1e-6)
+    assert g.requires_grad
+    with pytest.raises(RuntimeError, match="giou_loss: its backward is not differentiable"):
+        (g ** 2).sum().backward()
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad((g ** 2).sum(), leaf)
+    (again,) = torch.autograd.grad(op(leaf, t, n, "sum"), leaf)  # first order as before
+    assert not again.requires_grad and torch.equal(again, g.detach())
+
+
 def test_num_boxes_of_any_integer_dtype(op):
     p, t, n = giou.make_inputs(4, 6, "float32", "uint8")
     want = op(p, t, n)
