@@ -51,6 +51,36 @@ def test_edited_manifest_is_refused(artifact):
         export.read(out)
 
 
+def test_an_export_that_fails_leaves_nothing_and_keeps_the_one_before(artifact, monkeypatch):
+    """Written beside its folder and moved in at the end: a compile that fails (or Ctrl-C) leaves
+    no half-written export, and an earlier export in that folder stays whole."""
+    out, report = artifact
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    winners, gpu = export.gather([report.study_name])
+
+    def failing(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(binaries, "write", failing)
+    for folder in (out, out.parent / "fresh"):
+        with pytest.raises(KeyboardInterrupt):
+            export.write(folder, winners, gpu, binaries=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["art", "studies"]  # no "fresh", no staging folder
+
+
+def test_export_best_refuses_an_unwritable_wheel_folder_before_compiling(artifact, monkeypatch):
+    from tuner.deploy import best
+    from tuner.store import study
+
+    out, report = artifact
+    monkeypatch.setattr(export, "write", lambda *a, **k: pytest.fail("wrote before the check"))
+    blocker = out.parent / "a-file"
+    blocker.write_text("")
+    with pytest.raises(TunerError, match="--wheel .*a-file/w: cannot be written"):
+        best.export_best("H100", [study.load(report.study_name)], out, wheel=blocker / "w")
+
+
 def test_not_an_artifact(tmp_path):
     with pytest.raises(TunerError, match="no manifest.json"):
         export.read(tmp_path)

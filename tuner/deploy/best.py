@@ -58,7 +58,11 @@ def export_best(label: str | None, loaded: list, out: Path | None = None, binari
     name = winners[0]["variant"].family
     family = families.get(name)
     op = families.part(name, "op") if families.has_part(name, "op") else None
-    out = export.write(out or export.default_dir(label, name), winners, gpu, binaries=binaries)
+    out = out or export.default_dir(label, name)
+    for folder, what in ((out, "the export's folder"), (wheel, "--wheel")):  # before a minute of compiling
+        if folder is not None and not _writable(Path(folder)):
+            raise TunerError(f"{what} {folder}: cannot be written here (no write permission, or a read-only place)")
+    out = export.write(out, winners, gpu, binaries=binaries)
     notes = []
     if binaries and check:
         why = serving.checkable({"family": name, "arch": gpu.get("arch")})
@@ -75,6 +79,16 @@ def export_best(label: str | None, loaded: list, out: Path | None = None, binari
 
         written.wheel = wheels.pack(out, wheel, gpu_label=label)
     return written
+
+
+def _writable(folder: Path) -> bool:
+    """Whether `folder` can be made (where missing) and written: its nearest existing folder's say."""
+    import os
+
+    there = folder.absolute()
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    return there.is_dir() and os.access(there, os.W_OK | os.X_OK)
 
 
 def _checked(family: str, out: Path, winners: list[dict]) -> tuple[list[dict], list[dict], list[str]]:

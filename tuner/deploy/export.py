@@ -14,7 +14,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import re
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -156,13 +159,27 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = 
           regions: list[dict] = ()) -> Path:
     """Write an artifact: each winner's source, the ABI header, the binaries for the GPU's
     architecture (`binaries=False`: sources only) and the manifest (written last); `regions`, the
-    shapes measured around the winners' problems and who serves each (tuner.deploy.regions)."""
+    shapes measured around the winners' problems and who serves each (tuner.deploy.regions).
+    Everything is written into a folder beside `out` and moved into it at the end, the manifest
+    last: an export that fails or is interrupted (a compile, Ctrl-C) leaves nothing in `out`."""
     out = Path(out)
     names = {w["variant"].family for w in winners}
     if len(names) != 1:
         raise TunerError(f"an artifact holds one kernel family; these winners are of {sorted(names)}")
     family = families.get(names.pop())
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _write(staging, family, winners, gpu, binaries, regions)
+        out.mkdir(exist_ok=True)
+        for f in sorted(staging.iterdir(), key=lambda p: p.name == MANIFEST):
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _write(out: Path, family, winners: list[dict[str, Any]], gpu: dict, binaries: bool, regions) -> None:
     entries = []
     for w in winners:
         v: Variant = w["variant"]
@@ -193,10 +210,7 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = 
     if binaries:
         manifest["binaries"] = _binaries.write(out, family.FAMILY, entries, gpu.get("arch"), regions)
     manifest["checksum"] = manifest_checksum(manifest)
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(out / MANIFEST)
-    return out
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
 def read(directory: Path) -> dict:
