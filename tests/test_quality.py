@@ -106,3 +106,27 @@ def test_a_run_that_never_reaches_makes_its_quantiles_unknown(tuner_home):
     row = quality.sampler_table(DATA, PROBLEM, ["tpe"], seeds=[0, 1], max_trials=cap).iloc[0]
     assert row["reached"] == "1/2" and row["min"] == min(needed)
     assert math.isnan(row["median trials"]) and math.isnan(row["max"]) and math.isnan(row["median % of space"])
+
+
+def test_an_interrupted_table_in_processes_stops_at_once(tuner_home):
+    """Ctrl-C during `tuner samplers --jobs 2`: the queued runs are dropped and the running ones
+    ended (a shutdown that waited ran every queued run first, 20 s and more, or never returned).
+    80 runs would take minutes; the command is to end within seconds of the signal."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "samplers", "--simulate", str(DATA), "--seeds", "20",
+                             "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TUNER_HOME": str(tuner_home)})
+    assert proc.stdout is not None
+    proc.stdout.readline()  # the recording's line: the table's runs have begun, or are about to
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:]
+    assert time.monotonic() - sent < 30  # margins for 2 busy cores; it took under a second alone
+    assert "Traceback" not in out and out.rstrip().endswith("tuner samplers: interrupted")

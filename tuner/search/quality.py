@@ -128,7 +128,8 @@ def _counts(dataset: Path, problem, runs: list[tuple[str, int]], how: tuple, on_
     # spawned: a fresh interpreter imports the search alone (a forked one would copy this process's
     # Optuna storages and threads)
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(runs)), mp_context=context) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(min(jobs, len(runs)), mp_context=context)
+    try:
         pending = {pool.submit(_run, str(dataset), problem.family, dict(problem.__dict__), name, seed, how): (name, seed)
                    for name, seed in runs}
         for done in concurrent.futures.as_completed(pending):
@@ -136,7 +137,26 @@ def _counts(dataset: Path, problem, runs: list[tuple[str, int]], how: tuple, on_
             counts[(name, seed)] = done.result()
             if on_run is not None:
                 on_run(name, seed, counts[(name, seed)])
+    except BaseException:  # Ctrl-C, a failed run: the queued runs are dropped and the running ones ended
+        _stop(pool)
+        raise
+    pool.shutdown()
     return counts
+
+
+def _stop(pool) -> None:
+    """End a process pool now: its queue dropped, its workers terminated (a shutdown that waits
+    ran every queued run first, 20 s and more after a Ctrl-C, or never returned)."""
+    terminate = getattr(pool, "terminate_workers", None)  # Python 3.14
+    if terminate is not None:
+        terminate()
+        return
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # before shutdown forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.terminate()
+    for process in workers:
+        process.join(timeout=10)
 
 
 def _run(dataset: str, family: str, fields: dict, name: str, seed: int, how: tuple) -> int | None:
