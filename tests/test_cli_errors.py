@@ -138,6 +138,7 @@ def test_a_missing_driver_names_the_projects_extra(home, capsys, monkeypatch):
 RANGES = [
     ["build", "--gpu", "H100", "--limit", "-3"], ["build", "--gpu", "H100", "--limit", "0"],
     ["build", "--gpu", "H100", "--jobs", "0"], ["variants", "--gpu", "H100", "--limit", "-1"],
+    *[["search", "--family", "cross_entropy", "--gpu", "H100", "--label-smoothing", v] for v in ("-0.1", "1.5")],
     *[["search", "--gpu", "H100", "--simulate", str(REC), flag, value] for flag, value in [
         ("--trials", "-5"), ("--trials", "0"), ("--trials", "1e30"), ("--trials", str(10**30)), ("--timeout", "-1"),
         ("--timeout", "0"), ("--timeout", "inf"), ("--timeout", "nan"), ("--jobs", "0"), ("--jobs", "100000"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tuner.families.cross_entropy.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
 from tuner.families.cross_entropy.spec import DTYPES, REDUCTIONS, reference  # noqa: F401
-from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, itemsize, problem_class
+from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, itemsize, option, problem_class
 
 FAMILY = "cross_entropy"
 # checked beside the problem's: a vocabulary no vector divides, a row of one class, every target ignored
@@ -57,7 +57,8 @@ FOCUS_RUNS_ODD_SIZES = False  # a search's build runs its problem's vocabulary o
 # rows, vocab, logits (its dtype), reduction, label_smoothing; its key "R4096-V32000-bfloat16-mean-ls0"
 Problem = problem_class(OP_DECLARATION, FAMILY, {"rows": 4096, "vocab": 32000, "logits": "bfloat16"},
                         {"rows": "rows: tokens of the batch", "vocab": "the vocabulary (classes)"},
-                        scalars=("reduction", "label_smoothing"))
+                        scalars=("reduction", "label_smoothing"),
+                        fields={"label_smoothing": option(0.0, "label smoothing, from 0 to 1", parse="fraction")})
 
 
 def make_inputs(rows: int, vocab: int, logits: str = "bfloat16", ignored: float = 1 / 7, device="cuda", seed: int = 0,
