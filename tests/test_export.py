@@ -81,6 +81,49 @@ def test_export_best_refuses_an_unwritable_wheel_folder_before_compiling(artifac
         best.export_best("H100", [study.load(report.study_name)], out, wheel=blocker / "w")
 
 
+def test_a_damaged_export_is_one_clear_error(artifact, tmp_path):
+    """Damage a copy of an export each way a disk or a hand can: tuner.load says what is wrong, as
+    the project's error, never a Python error of its reading (AttributeError, IsADirectoryError, ...)."""
+    import shutil
+
+    from tuner import runtime
+
+    out, _ = artifact
+    manifest = json.loads((out / export.MANIFEST).read_text())
+    so = next(p.name for p in out.iterdir() if p.name.startswith("giou-unit-") or
+              (p.suffix == ".so" and not p.name.startswith("tuner_")))
+    source = manifest["entries"][0]["source"]
+
+    def rewritten(**change):  # a manifest edited and its checksum made again to match
+        edited = {**manifest, **change}
+        edited["checksum"] = runtime.manifest_checksum(edited)
+        return json.dumps(edited)
+
+    damages = {
+        "a list": lambda d: (d / export.MANIFEST).write_text("[1, 2]"),
+        "null": lambda d: (d / export.MANIFEST).write_text("null"),
+        "manifest a folder": lambda d: ((d / export.MANIFEST).unlink(), (d / export.MANIFEST).mkdir()),
+        "a library a folder": lambda d: ((d / so).unlink(), (d / so).mkdir()),
+        "a source a folder": lambda d: ((d / source).unlink(), (d / source).mkdir()),
+        "a source not UTF-8": lambda d: (d / source).write_bytes(b"\xff\xfe" * 10),
+        "entries null": lambda d: (d / export.MANIFEST).write_text(rewritten(entries=None)),
+        "entries a word": lambda d: (d / export.MANIFEST).write_text(rewritten(entries="x")),
+        "binaries a word": lambda d: (d / export.MANIFEST).write_text(rewritten(binaries="x")),
+        "binaries without identity": lambda d: (d / export.MANIFEST).write_text(
+            rewritten(binaries={k: v for k, v in manifest["binaries"].items() if k != "identity"})),
+    }
+    for what, damage in damages.items():
+        copy = tmp_path / what.replace(" ", "-")
+        shutil.copytree(out, copy)
+        damage(copy)
+        with pytest.raises(TunerError) as caught:
+            tuner.load(copy)
+        assert str(caught.value).strip() and "\n" not in str(caught.value).strip(), what
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(TunerError, match="is not a tuned export"):
+        tuner.load(tmp_path / "a-file")
+
+
 def test_not_an_artifact(tmp_path):
     with pytest.raises(TunerError, match="no manifest.json"):
         export.read(tmp_path)

@@ -153,8 +153,12 @@ def read_manifest(directory: Path) -> dict:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:  # the message says it all: no chained traceback of the missing file
         raise RuntimeError(f"{directory} is not a tuned export: no {MANIFEST} (make one with `tuner export-best`)") from None
-    except ValueError as exc:
-        raise RuntimeError(f"{path} is not valid JSON: {exc}") from exc
+    except OSError as exc:  # a folder where the manifest or the export should be, no permission
+        raise RuntimeError(f"{directory} is not a tuned export: {path}: {exc.strerror}") from None
+    except ValueError as exc:  # not JSON, not UTF-8
+        raise RuntimeError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise RuntimeError(f"{path} is not an export's manifest (a JSON object)")
     if manifest.get("checksum") != manifest_checksum(manifest):
         raise RuntimeError(f"{path} was edited after export (its checksum does not match); refusing to load it")
     check_binaries(Path(directory), manifest)
@@ -165,12 +169,19 @@ def check_binaries(directory: Path, manifest: dict) -> None:
     binaries = manifest.get("binaries")
     if not binaries:
         return
-    files = {binaries["binding"]["file"]: binaries["binding"]["sha256"]} if binaries.get("binding") else {}
-    files.update(binaries["libraries"])
+    try:
+        files = {binaries["binding"]["file"]: binaries["binding"]["sha256"]} if binaries.get("binding") else {}
+        files.update(binaries["libraries"])
+        if not isinstance(binaries["identity"], dict):
+            raise TypeError
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise RuntimeError(f"{directory / MANIFEST}: its binaries are not described as an export writes them") from None
     for name, expected in files.items():
         path = directory / name
         if not path.exists():
             raise RuntimeError(f"export {directory} is missing {name}")
+        if not path.is_file():
+            raise RuntimeError(f"export {directory}: {name} is not a file")
         if sha256_file(path) != expected:
             raise RuntimeError(f"{path} does not match the hash in {MANIFEST}: it was edited after export; "
                                "refusing to load it")

@@ -226,11 +226,16 @@ def read(directory: Path) -> dict:
                          f"family {manifest.get('family')}; installed families: {', '.join(families.names())})")
     if manifest.get("checksum") != manifest_checksum(manifest):
         raise TunerError(f"{path} was edited after export (its checksum does not match); refusing to load it")
+    if not isinstance(manifest.get("entries"), list) or not all(isinstance(e, dict) for e in manifest["entries"]):
+        raise TunerError(f"{path}: its entries are not a list of tuned problems, as an export writes them")
     headers = families.get(manifest["family"]).HEADERS
     try:
         header = "".join((directory / name).read_text() for name in headers)
     except FileNotFoundError as exc:
         raise TunerError(f"artifact {directory} is missing {exc.filename}") from exc
+    except (OSError, UnicodeDecodeError):
+        raise TunerError(f"artifact {directory}: {', '.join(headers)} cannot be read as text: edited after export; "
+                         "refusing to load it") from None
     if sha256(header) != manifest["header_sha256"]:
         raise TunerError(f"{directory}: {', '.join(headers)} do not match the hash in {MANIFEST}: edited after "
                          "export; refusing to load it")
@@ -239,6 +244,9 @@ def read(directory: Path) -> dict:
             text = (directory / name).read_text()
         except FileNotFoundError as exc:
             raise TunerError(f"artifact {directory} is missing {name}") from exc
+        except (OSError, UnicodeDecodeError):
+            raise TunerError(f"{directory / name} cannot be read as text: edited after export; refusing to load "
+                             "it") from None
         if sha256(text) != expected:
             raise TunerError(f"{directory / name} does not match the hash in {MANIFEST}: it was edited "
                              "after export; refusing to load it")
