@@ -153,6 +153,6 @@ def test_export_best_lists_each_measured_shape_and_who_serves_it():
     lines = studies.region_lines(measured, cli_part("rms_norm").describe)
     assert lines[0].startswith("measured around them (2 shapes")
     first, second = (points[i]["problem"] for i in (0, 1))
-    assert lines[1] == f"  bfloat16/bfloat16 {first['rows']}x{first['width']}: a variant (op / torch's op at most 0.90x, fwd+bwd GPU)"
-    assert lines[2] == f"  bfloat16/bfloat16 {second['rows']}x{second['width']}: torch's op (op / torch's op at most 1.30x, fwd wall; 1 cell(s) not timed)"
+    assert lines[1] == f"  bfloat16/bfloat16 rows={first['rows']} width={first['width']}: a variant (op / torch's op at most 0.90x, fwd+bwd GPU)"
+    assert lines[2] == f"  bfloat16/bfloat16 rows={second['rows']} width={second['width']}: torch's op (op / torch's op at most 1.30x, fwd wall; 1 cell(s) not timed)"
     assert studies.region_lines([], str) == []
