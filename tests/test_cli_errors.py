@@ -96,6 +96,15 @@ def test_a_study_name_read_from_a_storage_never_leads_its_files_elsewhere(home):
     assert study.records_path("giou-H100-B1024-fwd+bwd").name == "giou-H100-B1024-fwd+bwd.jsonl"
 
 
+def test_a_measurement_log_that_cannot_be_written_fails_before_the_study_is_made(home, capsys):
+    """It failed at the first trial, leaving a study of one finished and two running trials."""
+    log = home / "studies" / "giou-H100-B1024-S256-bfloat16-uint8-article-mean-fwd+bwd.jsonl"
+    log.mkdir(parents=True)
+    code, _, err = run(capsys, "search", "--gpu", "H100", "--simulate", str(REC), "--trials", "3", "--quiet")
+    assert code == 1 and f"{log}: Is a directory" in error_line(err, "search")
+    assert sorted(p.name for p in (home / "studies").iterdir()) == [log.name]  # no journal, no study
+
+
 def test_an_unknown_scheme_is_one_line(home, capsys):
     code, _, err = run(capsys, "list", "--storage", "foo://bar")
     assert code == 1 and "storage foo://bar: unknown scheme 'foo'" in error_line(err, "list")

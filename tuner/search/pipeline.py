@@ -20,7 +20,7 @@ import threading
 import time
 
 from tuner import families, gpus, paths
-from tuner.store import searchers
+from tuner.store import records, searchers
 from tuner.store import study as studies
 from tuner.search.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
 from tuner.search.pruning import pruner
@@ -42,9 +42,10 @@ class Search:
         self.name = cfg.study_name(evaluator.gpu_label)
         self.storage = studies.storage(cfg.storage)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.records_path = studies.records_path(self.name)
+        records.writable(self.records_path)  # before the study: a log it cannot write fails now, not at a trial
         self.study = studies.create(self.name, self.storage, asking.sampler(cfg.sampler, cfg.seed),
                                     pruner(cfg.prune))
-        self.records_path = studies.records_path(self.name)
         self.report = SearchReport(self.name, self.records_path)
         self.book = Book(cfg, self.study, self.space, asking.distributions(self.space),
                          lambda: evaluator.gpu_info, self.report)

@@ -74,6 +74,14 @@ def append(path: Path, record: dict) -> None:
         os.fsync(f.fileno())
 
 
+def writable(path: Path) -> None:
+    """Make sure a log can be appended to (its folder made, the file opened for appending): an
+    OSError naming it otherwise (a folder in its place, a read-only place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab"):
+        pass
+
+
 def read(path: Path, flag: str = "") -> Iterator[dict]:
     """The records of a log, in order (see the module's docstring for the lines skipped). A path
     that is not a file is a TunerError, raised here rather than on the first record; `flag` (the
