@@ -376,6 +376,22 @@ def test_a_value_that_cannot_mean_anything_is_a_usage_error(home, capsys, argv):
     assert list(home.iterdir()) == []
 
 
+def test_an_architecture_the_installed_nvcc_does_not_compile_is_a_usage_error(home, capsys):
+    """CUDA 13 has no sm_50-sm_72: `variants` listed them and `build` counted a failed compile."""
+    from tuner.build import toolkit
+
+    known = toolkit.compute_capabilities()
+    old = next((n for n in (50, 60, 70) if known is not None and n not in known), None)
+    if old is None:
+        pytest.skip("this machine's nvcc compiles for every old architecture asked (or there is none)")
+    for argv in (["variants", "--arch", f"sm_{old}"], ["build", "--arch", f"sm_{old}", "--limit", "1"],
+                 ["search", "--gpu", "H100", "--arch", f"sm_{old}"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == ""
+        assert f"--arch sm_{old}: the installed nvcc" in error_line(err, argv[0]) and "it does sm_" in err
+    assert list(home.iterdir()) == []
+
+
 def test_a_home_that_is_a_file_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TUNER_HOME", str(tmp_path / "a-file"))
     (tmp_path / "a-file").write_text("")

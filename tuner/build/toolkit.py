@@ -87,6 +87,18 @@ def nvcc_version() -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def compute_capabilities() -> tuple[int, ...] | None:
+    """The architectures the installed nvcc compiles for (`nvcc --list-gpu-arch`: 75 ... 121 for
+    CUDA 13), or None where there is no nvcc to ask."""
+    try:
+        out = subprocess.run([str(nvcc()), "--list-gpu-arch"], capture_output=True, text=True, timeout=60)
+    except (ToolchainError, OSError, subprocess.SubprocessError):
+        return None
+    found = tuple(int(m) for m in re.findall(r"compute_(\d+)", out.stdout))
+    return found or None
+
+
+@functools.lru_cache(maxsize=None)
 def torch_version() -> str:
     """The installed torch's version (a build's identity: what a binary was built against); read
     once (importlib's metadata parse costs ~6 ms, and every variant's content key asks)."""

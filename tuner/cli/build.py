@@ -6,12 +6,13 @@ import argparse
 import json
 import os
 import random
+import re
 import sys
 import time
 
 from tuner import gpus, paths
 from tuner.cli import target as cli_target
-from tuner.errors import TunerError
+from tuner.errors import TunerError, UsageError
 
 
 def _spread(variants: list, limit: int | None) -> list:
@@ -23,10 +24,23 @@ def _spread(variants: list, limit: int | None) -> list:
     return picked[:limit]
 
 
+def compilable(arch: str) -> str:
+    """`arch` where the installed nvcc compiles for it (CUDA 13 has no sm_50-sm_72), else a usage
+    error that says which it does; as it is where no nvcc is there to ask."""
+    from tuner.build import toolkit
+
+    known = toolkit.compute_capabilities()
+    number = int(re.match(r"sm_(\d+)", arch).group(1))
+    if known is not None and number not in known:
+        raise UsageError(f"--arch {arch}: the installed nvcc ({toolkit.nvcc_version()}) does not compile for it; "
+                         f"it does sm_{', sm_'.join(map(str, sorted(known)))}")
+    return arch
+
+
 def cmd_variants(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    arch = gpus.resolve(args.gpu, args.arch)
+    arch = compilable(gpus.resolve(args.gpu, args.arch))
     rows = []
     for space in cli_target.spaces(args):
         for v in space:
@@ -61,7 +75,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from tuner import families
     from tuner.build import compile as build
 
-    arch = gpus.resolve(args.gpu, args.arch)
+    arch = compilable(gpus.resolve(args.gpu, args.arch))
     if args.covering:
         variants = families.get(args.family).covering_set()
     else:

@@ -15,7 +15,7 @@ from tuner import gpus, paths
 from tuner.cli import args as cli_args
 from tuner.cli import problems as cli_problems
 from tuner.cli import target as cli_target
-from tuner.cli.build import cmd_bench, cmd_build, cmd_variants
+from tuner.cli.build import cmd_bench, cmd_build, cmd_variants, compilable
 from tuner.cli.studies import _show, cmd_dashboard, cmd_export_best, cmd_list, cmd_report, cmd_show
 from tuner.errors import TunerError, UsageError
 from tuner.search.config import SAMPLERS
@@ -81,7 +81,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.simulate and args.devices is not None:
         raise UsageError("--devices: a simulated search replays a recording and runs on no GPU; drop --devices")
     if args.arch:
-        gpus.check_arch(args.arch)  # before anything is written
+        compilable(gpus.check_arch(args.arch))  # before anything is written
     if args.problems is not None:
         if args.study:
             raise UsageError("--problems searches one study per problem, named after it: drop --study")
