@@ -93,6 +93,25 @@ def test_report_folder_has_an_index(made):
         assert name in index and (out / name).stat().st_size > 0
 
 
+def test_a_report_that_fails_half_way_leaves_nothing(made, tmp_path, monkeypatch):
+    """Written beside its folder and moved in at the end: Ctrl-C at the plots left 4 of 7 files."""
+    from tuner.report import report
+
+    st, _, _, done = made
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_plots, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        report.report(st, tmp_path / "rep")
+    assert list(tmp_path.iterdir()) == []
+    before = {p.name: p.read_bytes() for p in done.iterdir()}
+    with pytest.raises(KeyboardInterrupt):
+        report.report(st, done)  # an earlier report stays whole
+    assert {p.name: p.read_bytes() for p in done.iterdir()} == before
+
+
 def _titles(fig) -> str:
     return fig._suptitle.get_text()
 

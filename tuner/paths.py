@@ -4,6 +4,7 @@ home: $TUNER_CACHE, else $XDG_CACHE_HOME/tuner, else ~/.cache/tuner."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -81,3 +82,23 @@ def keep_bytecode() -> bool:
     sys.pycache_prefix = str(bytecode_dir())
     sys.dont_write_bytecode = False
     return True
+
+
+@contextlib.contextmanager
+def staged(out: Path, last: str | None = None):
+    """A folder beside `out` to write into; when the block ends, its files are moved into `out`
+    (made then), `last` after the others: a command that fails or is interrupted half-way leaves
+    nothing in `out`, and what was there before stays whole."""
+    import shutil
+    import tempfile
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield staging
+        out.mkdir(exist_ok=True)
+        for f in sorted(staging.iterdir(), key=lambda p: p.name == last):
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

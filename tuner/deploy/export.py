@@ -14,10 +14,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
 import re
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -167,15 +164,8 @@ def write(out: Path, winners: list[dict[str, Any]], gpu: dict, binaries: bool = 
     if len(names) != 1:
         raise TunerError(f"an artifact holds one kernel family; these winners are of {sorted(names)}")
     family = families.get(names.pop())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with paths.staged(out, last=MANIFEST) as staging:
         _write(staging, family, winners, gpu, binaries, regions)
-        out.mkdir(exist_ok=True)
-        for f in sorted(staging.iterdir(), key=lambda p: p.name == MANIFEST):
-            os.replace(f, out / f.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tuner import paths
 from tuner.report import plots as report_plots
 from tuner.store import study as studies
 from tuner.report.tables import by_dimension, describe, index, markdown
@@ -16,7 +17,13 @@ from tuner.report.tables import by_dimension, describe, index, markdown
 
 def report(st, out: Path) -> dict:
     """Write trials.csv, importance.json, by_dimension.csv/.md, plots (PNG) and an index
-    (README.txt) of a study into `out`; returns the importances."""
+    (README.txt) of a study into `out`, all at the end (a report interrupted or failing half-way
+    leaves nothing, tuner.paths.staged); returns the importances."""
+    with paths.staged(out, last="README.txt") as staging:
+        return _report(st, staging)
+
+
+def _report(st, out: Path) -> dict:
     import optuna
 
     problem = st.user_attrs.get("problem", {})
