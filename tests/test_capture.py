@@ -254,6 +254,16 @@ def _norm(time_us=1.0, calls=1, **fields):
     ({"format": 1, "problems": [_norm(), _norm(depth=3)]}, "problem 2 is not a rms_norm problem: unknown depth"),
     ({"format": 1, "problems": [{**_norm(), "problem": {"rows": 8}}]}, "missing width, missing x, missing weight"),
     ({"format": 1, "problems": [_norm(calls=0)]}, "calls must be a whole number of at least 1, got 0"),
+    # values its command line would refuse (they passed, and a simulated search blamed its recording)
+    ({"format": 1, "problems": [_norm(rows=-5)]}, "is not a rms_norm problem: rows=-5 is below 1"),
+    ({"format": 1, "problems": [_norm(width=0)]}, "width=0 is below 1"),
+    ({"format": 1, "problems": [_norm(x="int8")]}, "is not a rms_norm problem: .*int8"),
+    ({"format": 1, "problems": [{"family": "giou", "problem": {**families.get("giou").Problem().__dict__,
+                                                              "distribution": "bogus"}, "calls": 1, "time_us": 1.0}]},
+     "distribution='bogus' is not one of article, uniform, full"),
+    ({"format": 1, "problems": [{"family": "cross_entropy", "problem": {
+        **families.get("cross_entropy").Problem().__dict__, "label_smoothing": 1.5}, "calls": 1, "time_us": 1.0}]},
+     "label_smoothing=1.5 is not a number from 0 to 1"),
     ({"format": 1, "problems": [_norm(time_us=-1.0)]}, "time_us must be a finite number of at least 0"),
     ({"format": 1, "problems": []}, "holds no problems"),
 ])

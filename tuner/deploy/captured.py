@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import families
-from tuner.errors import TunerError
+from tuner.errors import SpaceError, TunerError
 
 FORMAT = 1
 
@@ -72,6 +72,30 @@ def problems(path: str | os.PathLike, family: str) -> list[tuple[Any, float]]:
     return [(cls(**p["problem"]), p["share"]) for p in read(path, family)]
 
 
+def _values_wrong(fam, cls, given: dict) -> list[str]:
+    """What a problem's values hold that its command line would refuse: a size below 1 (0 where it
+    may be), a value outside its choices, a float that is not finite or a share outside [0, 1], a
+    dtype the family does not take (`space_for`)."""
+    wrong = []
+    for f in dataclasses.fields(cls):
+        opt, v = f.metadata.get("option", {}), given[f.name]
+        parse = opt.get("parse")
+        if opt.get("choices") and v not in opt["choices"]:
+            wrong.append(f"{f.name}={v!r} is not one of {', '.join(map(str, opt['choices']))}")
+        elif type(v) is int and parse in (None, "size") and v < 1:
+            wrong.append(f"{f.name}={v} is below 1")
+        elif type(v) is int and parse == "size_or_zero" and v < 0:
+            wrong.append(f"{f.name}={v} is below 0")
+        elif type(v) is float and (not math.isfinite(v) or (parse == "fraction" and not 0 <= v <= 1)):
+            wrong.append(f"{f.name}={v!r} is not {'a number from 0 to 1' if parse == 'fraction' else 'finite'}")
+    if not wrong:
+        try:
+            fam.space_for(given)
+        except SpaceError as exc:
+            wrong.append(str(exc))
+    return wrong
+
+
 def _checked(path: Path, index: int, entry: Any) -> dict:
     """One problem of a file, checked: a known family, exactly its Problem's fields with values of
     their defaults' types, a count and a time."""
@@ -86,6 +110,8 @@ def _checked(path: Path, index: int, entry: Any) -> dict:
     wrong = ([f"missing {f}" for f in fields if f not in given] + [f"unknown {f}" for f in given if f not in fields]
              + [f"{f}={v!r} is not {type(fields[f]).__name__}" for f, v in given.items()
                 if f in fields and type(v) is not type(fields[f])])
+    if not wrong:
+        wrong = _values_wrong(families.get(family), cls, given)
     if wrong:
         raise TunerError(f"{where} is not a {family} problem: {', '.join(wrong)}")
     calls, time_us = entry.get("calls"), entry.get("time_us")
