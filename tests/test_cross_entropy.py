@@ -84,6 +84,24 @@ def test_a_captured_run_records_its_cross_entropy_calls(tmp_path):
                                       "reduction": "mean"}, 3)]
 
 
+def test_the_binding_s_functional_form_hands_cpu_calls_to_torch(op):
+    """Once bound, TF.cross_entropy's C++ form parses F.cross_entropy's signature and hands every call
+    it does not send to the op (a CPU tensor, class weights, a legacy keyword, probabilities) to the
+    Python form: F.cross_entropy's answers and refusals."""
+    from tuner import runtime
+
+    fast = runtime._functionals["cross_entropy"]
+    x, t = ce.make_inputs(6, 10, "float32", device="cpu", seed=5)
+    for kwargs in ({}, {"reduction": "sum", "label_smoothing": 0.1}, {"weight": torch.rand(10)},
+                   {"size_average": False}, {"reduce": False}):
+        torch.testing.assert_close(fast(x, t, **kwargs), F.cross_entropy(x, t, **kwargs))
+    probabilities = torch.softmax(torch.randn(6, 10), -1)
+    torch.testing.assert_close(fast(x, probabilities, None, None, -100, None, "none"),
+                               F.cross_entropy(x, probabilities, reduction="none"))
+    with pytest.raises(ValueError, match="is not a valid value for reduction"):
+        fast(x, t, reduction="max")
+
+
 def test_the_functional_form_hands_other_calls_to_torch():
     import tuner.functional as TF
 

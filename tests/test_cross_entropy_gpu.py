@@ -130,6 +130,25 @@ def test_the_functional_form_runs_the_op_on_cuda(op):
     torch.testing.assert_close(got.double(), F.cross_entropy(x.double(), t, label_smoothing=0.1), rtol=1e-4, atol=1e-4)
 
 
+def test_the_functional_form_decides_in_the_binding(op, monkeypatch):
+    """TF.cross_entropy's calls the op takes are decided and sent in the binding's C++ (with the
+    Python form's way to the op gone, they still run the op: its very answer, in_place included);
+    class weights go to F.cross_entropy."""
+    import tuner.functional as TF
+    from tuner import runtime
+
+    x, t = ce.make_inputs(64, 512, "bfloat16", seed=6)
+    want = op(x, t, -100, 0.1, "sum")
+    monkeypatch.setattr(runtime, "entry", lambda name: pytest.fail("the Python form decided a call the op takes"))
+    torch.testing.assert_close(TF.cross_entropy(x, t, label_smoothing=0.1, reduction="sum"), want)  # a sum's order
+    leaf = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(TF.cross_entropy(leaf, t, in_place=False), leaf)
+    (g_op,) = torch.autograd.grad(op(leaf, t), leaf)
+    torch.testing.assert_close(g, g_op)
+    w = torch.rand(512, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(TF.cross_entropy(x, t, weight=w), F.cross_entropy(x, t, weight=w))
+
+
 def test_a_gradient_from_the_forward_is_given_once_and_nothing_is_saved_without_autograd(op):
     x, t = ce.make_inputs(16, 128256, "bfloat16", seed=7)  # the block-a-row variant: the forward's gradient
     x.requires_grad_()

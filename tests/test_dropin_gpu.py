@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner import gpus, opspec
+from tuner import gpus, opspec, runtime
 from tuner.deploy import export
 import tuner.functional as TF
 from tuner.families import embedding_bag as eb
@@ -116,6 +116,34 @@ def test_frozen_weight_under_compile_and_in_a_module(rms):
     assert "forward" not in norm.__dict__
     _close(got.float(), want.float(), torch.bfloat16, "grad x")
     _close(got_compiled.float(), want.float(), torch.bfloat16, "grad x, compiled")
+
+
+def test_functional_form_decides_in_the_binding(rms, monkeypatch):
+    """TF.rms_norm's calls the op takes are decided and sent in the binding's C++: with the Python
+    form's way to the op gone, such a call still runs the op (its very answer), and one the op does
+    not take (float64) is F.rms_norm's."""
+    x, w = rms_norm.make_inputs(64, 2048, "bfloat16", "float32", seed=5)
+    want = rms(x, w, 1e-6)
+    monkeypatch.setattr(runtime, "entry", lambda op: pytest.fail("the Python form decided a call the op takes"))
+    torch.testing.assert_close(TF.rms_norm(x, (2048,), w, 1e-6), want, rtol=0, atol=0)
+    torch.testing.assert_close(TF.rms_norm(x, [2048], weight=w), rms(x, w, torch.finfo(torch.float32).eps),
+                               rtol=0, atol=0)
+    xd, wd = x.double(), w.double()
+    torch.testing.assert_close(TF.rms_norm(xd, (2048,), wd, 1e-6), F.rms_norm(xd, (2048,), wd, 1e-6))
+
+
+def test_embedding_bag_functional_form_decides_in_the_binding(bag, monkeypatch):
+    """As RMSNorm's: TF.embedding_bag's calls the op takes never run the Python form; max_norm's is torch's."""
+    table = torch.randn(1000, 64, device="cuda")
+    ids = torch.randint(0, 1000, (400,), device="cuda")
+    offsets = torch.arange(0, 400, 20, device="cuda")
+    psw = torch.rand(400, device="cuda")
+    want = bag(table, ids, offsets, "sum", psw)
+    monkeypatch.setattr(runtime, "entry", lambda op: pytest.fail("the Python form decided a call the op takes"))
+    torch.testing.assert_close(TF.embedding_bag(ids, table, offsets, mode="sum", per_sample_weights=psw), want,
+                               rtol=0, atol=0)
+    torch.testing.assert_close(TF.embedding_bag(ids, table.clone(), offsets, max_norm=1.0),
+                               F.embedding_bag(ids, table.clone(), offsets, max_norm=1.0))
 
 
 # ------------------------------------------------------------ PyTorch's OpInfo samples

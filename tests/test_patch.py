@@ -120,6 +120,40 @@ def test_functional_forms_take_every_call_torch_takes():
     assert float(TF.generalized_box_iou_loss(a[:0], b[:0], "mean")) == 0.0  # no boxes: 0, as torchvision
 
 
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")
+def test_a_loaded_export_s_functional_forms_are_its_binding_s(loaded):
+    """Once an export is bound, TF.rms_norm's calls go to the binding's C++ form of it (torch's
+    argument parser, the Python form's decision); a call it does not send to the op (here every
+    call: a CPU tensor) reaches the Python form, with torch's answers and refusals, keywords, a
+    TorchFunctionMode, and torch.compile tracing the Python form."""
+    from torch.overrides import TorchFunctionMode
+
+    fast = runtime._functionals["rms_norm"]
+    assert type(fast).__name__ == "builtin_function_or_method" and fast.__name__ == "rms_norm"
+    x, w = torch.randn(2, 3, 8), torch.randn(8)
+    for args, kwargs in ((((8,), w, 1e-5), {}), (((8,),), {"weight": w}), ((), {"normalized_shape": [3, 8]}),
+                         ((torch.Size([8]), w.double()), {"eps": None})):
+        torch.testing.assert_close(fast(x, *args, **kwargs), F.rms_norm(x, *args, **kwargs))
+        torch.testing.assert_close(TF.rms_norm(x, *args, **kwargs), F.rms_norm(x, *args, **kwargs))
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        fast(x, (7,), None)
+    with pytest.raises(TypeError, match="normalized_shape"):
+        fast(x, 8, w)
+
+    class Seen(TorchFunctionMode):
+        calls: list = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        fast(x, (8,), w)
+    assert Seen.calls
+    compiled = torch.compile(lambda x, w: TF.rms_norm(x, (8,), w, 1e-6), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, w), F.rms_norm(x, (8,), w, 1e-6))
+
+
 def test_rms_norm_default_eps_is_torch_s():
     """eps=None (nn.RMSNorm's default): torch's is float32's epsilon for 16-bit x, not the dtype's."""
     x = torch.randn(4, 8, dtype=torch.float16) * 0.01

@@ -26,7 +26,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 
-from .declare_terms import SCALAR_TYPES, DeclarationError, Scalar, Tensor  # noqa: F401 (the names a declaration uses)
+from .declare_terms import SCALAR_TYPES, DeclarationError, Functional, Scalar, Tensor  # noqa: F401 (the names a declaration uses)
 from .declare_check import check
 
 
@@ -102,6 +102,9 @@ class Op:
     # torch's op gets a copy with entries outside clamped into range: a bad index never reaches
     # torch's device-side assert, which would end the process's CUDA context.
     guards: tuple = ()
+    # torch's function the op stands in for, bound for Python at its own binding's cost
+    # (tuner.functional's form of it): a Functional.
+    functional: Functional | None = None
 
     def __post_init__(self):
         check(self)

@@ -75,3 +75,20 @@ class Scalar:
     # A number the caller may leave out (`int? padding_idx=None`): the variants get it as 0 there,
     # and `<name>_given` (0 or 1) beside it; sizes and checks may ask `padding_idx is None`.
     optional: bool = False
+
+
+@dataclass(frozen=True)
+class Functional:
+    """torch's function the op stands in for (F.rms_norm), called from Python at the cost of torch's
+    own binding: the binding parses a call with `signature` (torch's PythonArgParser's, as ATen's
+    bindings write it: "rms_norm(Tensor input, IntArrayRef normalized_shape, Tensor? weight=None,
+    double? eps=None)"), and where `serves` holds (C++ of those parameters) and every tensor `call`
+    hands the op is of a dtype the op takes, calls the op with `call` (C++ of the parameters, one
+    per input of the op); any other call, one the parser refuses, and one that torch function
+    handling must see, goes to the family's Python function (`runtime.functional(op)`), which
+    decides in full. Types: tuner.build.declared.FUNCTIONAL_TYPES (an IntArrayRef is read as
+    std::optional<std::vector<int64_t>>, nullopt for anything but a list of Python ints)."""
+
+    signature: str
+    serves: str
+    call: tuple[str, ...]

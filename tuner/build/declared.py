@@ -84,6 +84,52 @@ def python_entry(op: declare.Op) -> tuple[str, list[str]]:
     return f"{name}({', '.join(args)})", reads
 
 
+# A parameter's type in torch's PythonArgParser -> its C++ type and its reader of the parsed arguments.
+# IntArrayRef is parsed as a Python object and read by `int_list` (the template's): torch's own reader
+# formats its errors with fmt, which torch does not export to extensions.
+FUNCTIONAL_TYPES = {
+    "Tensor": ("at::Tensor", "tensor"), "Tensor?": ("std::optional<at::Tensor>", "optionalTensor"),
+    "IntArrayRef": ("std::optional<std::vector<int64_t>>", "int_list"), "int64_t": ("int64_t", "toInt64"),
+    "int64_t?": ("std::optional<int64_t>", "toInt64Optional"), "double": ("double", "toDouble"),
+    "double?": ("std::optional<double>", "toDoubleOptional"), "bool": ("bool", "toBool"),
+    "bool?": ("std::optional<bool>", "toBoolOptional"), "c10::string_view": ("c10::string_view", "stringView")}
+
+
+def functional_entry(op: declare.Op) -> dict | None:
+    """What the template renders of the op's Functional (tuner.declare_terms): the signature for
+    torch's parser, each parameter's C++ read, and the condition a call must meet to go to the op:
+    the declared one, and each tensor handed to the op of a dtype it takes (an optional one: or
+    None)."""
+    f = op.functional
+    if f is None:
+        return None
+    name, _, listed = f.signature.partition("(")
+    params = [p for p in listed.rstrip(")").split(", ") if p != "*"]
+    reads = []
+    for i, text in enumerate(params):
+        kind, _, rest = text.partition(" ")
+        if kind not in FUNCTIONAL_TYPES:
+            raise declare.DeclarationError(f"op {op.name!r}: functional parameter {text!r}: its type is none of "
+                                           f"{', '.join(FUNCTIONAL_TYPES)}")
+        cpp, reader = FUNCTIONAL_TYPES[kind]
+        reads.append((cpp, rest.partition("=")[0], f"int_list(r.pyobject({i}))" if reader == "int_list"
+                      else f"r.{reader}({i})"))
+    if len(f.call) != len(op.inputs):
+        raise declare.DeclarationError(f"op {op.name!r}: functional call gives {len(f.call)} arguments, "
+                                       f"the op takes {len(op.inputs)}")
+    kinds = {n: cpp for cpp, n, _ in reads}
+    conditions = [f"({f.serves})"]
+    for expr, a in zip(f.call, op.inputs):
+        if isinstance(a, declare.Tensor) and expr in kinds:
+            optional = kinds[expr] == "std::optional<at::Tensor>"
+            takes = " || ".join(f"{expr}{'->' if optional else '.'}scalar_type() == {AT[d]}"
+                                for d in op.root(a.name).dtypes)
+            conditions.append(f"(!{expr}.has_value() || {takes})" if optional else f"({takes})")
+    parsed = f.signature.replace("IntArrayRef ", "PyObject* ")
+    return {"name": name, "signature": json.dumps(parsed), "count": len(params), "reads": reads,
+            "serves": " &&\n      ".join(conditions), "call": ", ".join(f.call)}
+
+
 def _baseline_body(op: declare.Op) -> str | None:
     """The baseline's function body: its statements as declared, or a `return` of its expression."""
     if op.baseline is None:
@@ -153,6 +199,7 @@ def context(op: declare.Op, family: str | None = None) -> dict:
     return {
         "op": op, "name": op.name, "macro": op.name.upper(), "abi": op.abi,
         "python_signature": json.dumps(python_signature), "python_reads": python_reads,
+        "functional": functional_entry(op),
         **op.structs,
         "c_scalar": {s.name: declare.SCALAR_TYPES[s.type][1] for s in op.scalars},
         "words": {s.name: "  // " + ", ".join(f"{i} {c}" for i, c in enumerate(s.choices)) if s.choices else ""

@@ -32,6 +32,13 @@ OP_DECLARATION = declare.Op(
            declare.Tensor("gradient", like="logits", gradient_of="logits", in_place="in_place")),
     baseline="at::cross_entropy_loss(logits, target, std::nullopt, reduction == \"none\" ? 0 : "
              "reduction == \"mean\" ? 1 : 2, ignore_index, label_smoothing).to(at::kFloat)",
+    functional=declare.Functional(  # cross_entropy() below, its test in C++
+        "cross_entropy(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
+        "int64_t ignore_index=-100, bool? reduce=None, c10::string_view reduction=\"mean\", "
+        "double label_smoothing=0.0, *, bool in_place=False)",
+        serves="input.is_cuda() && !weight.has_value() && !size_average.has_value() && !reduce.has_value() && "
+               "input.dim() == 2 && target.dim() == 1",
+        call=("input", "target", "ignore_index", "label_smoothing", "reduction", "in_place")),
 )
 
 
@@ -54,6 +61,7 @@ def served(input, target, weight=None, size_average=None, ignore_index: int = -1
     return input, target, ignore_index, float(label_smoothing), reduction
 
 
+@runtime.functional("cross_entropy")
 def cross_entropy(input, target, *args, in_place: bool = False, **kwargs):
     """`torch.nn.functional.cross_entropy`'s signature on the tuned op (load an export first): the
     calls it takes go to `torch.ops.tuner.cross_entropy` (a variant, or torch's op where the export

@@ -74,6 +74,15 @@ OP_DECLARATION = declare.Op(
       }
       return std::get<0>(at::embedding_bag(weight, flat, starts, false, code, false, scale,
                                            include_last_offset && indices.dim() == 1, pad));""",
+    functional=declare.Functional(  # embedding_bag() below, its test in C++
+        "embedding_bag(Tensor input, Tensor weight, Tensor? offsets=None, double? max_norm=None, double norm_type=2, "
+        "bool scale_grad_by_freq=False, c10::string_view mode=\"mean\", bool sparse=False, "
+        "Tensor? per_sample_weights=None, bool include_last_offset=False, int64_t? padding_idx=None)",
+        serves="!max_norm.has_value() && !scale_grad_by_freq && !sparse && weight.is_cuda() && !input.is_nested() && "
+               "input.device() == weight.device() && (!offsets.has_value() || offsets->device() == weight.device()) && "
+               "(!per_sample_weights.has_value() || (per_sample_weights->scalar_type() == weight.scalar_type() && "
+               "mode == \"sum\" && per_sample_weights->device() == weight.device()))",
+        call=("weight", "input", "offsets", "mode", "per_sample_weights", "include_last_offset", "padding_idx")),
 )
 
 
@@ -109,6 +118,7 @@ def torch_embedding_bag(weight, indices, offsets=None, mode: str = "mean", per_s
                            include_last_offset=include_last_offset, padding_idx=padding_idx)
 
 
+@runtime.functional("embedding_bag")
 def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float = 2.0,
                   scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
                   per_sample_weights=None, include_last_offset: bool = False, padding_idx=None):

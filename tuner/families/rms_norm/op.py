@@ -9,6 +9,8 @@ import math
 from ... import declare, opspec, runtime
 from .spec import DEFAULT_EPS, DTYPES, reference
 
+FLOAT32_EPS = 2.0 ** -23  # torch's default eps: float32's (what it computes in), for every x dtype
+
 OP_DECLARATION = declare.Op(
     "rms_norm",
     inputs=(declare.Tensor("x", dtypes=DTYPES),
@@ -21,6 +23,13 @@ OP_DECLARATION = declare.Op(
     table=("int saves_rstd", "long long (*scratch_floats)(long long rows, long long width)"),
     scratch="vt->scratch_floats(sizes[0], sizes[1])",
     baseline="at::rms_norm(x, {x.size(-1)}, weight, eps).to(x.scalar_type())",  # F.rms_norm, in x's dtype
+    # rms_norm() below, its test in C++
+    functional=declare.Functional(
+        "rms_norm(Tensor input, IntArrayRef normalized_shape, Tensor? weight=None, double? eps=None)",
+        serves="input.is_cuda() && input.dim() >= 1 && normalized_shape && normalized_shape->size() == 1 && "
+               "(*normalized_shape)[0] == input.size(-1) && (!weight.has_value() || "
+               "(weight->dim() == 1 && weight->size(0) == input.size(-1)))",
+        call=("input", "weight", f"eps.value_or({FLOAT32_EPS!r})")),
 )
 
 
@@ -31,12 +40,14 @@ def torch_rms_norm(x, weight=None, eps: float = DEFAULT_EPS):
     return torch.rms_norm(x, [x.shape[-1]], weight, eps).to(x.dtype)
 
 
+@runtime.functional("rms_norm")
 def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     """`torch.nn.functional.rms_norm`'s signature on the tuned op (load an export first): a call
     over the last dimension of a CUDA tensor goes to `torch.ops.tuner.rms_norm` (a variant, or
     torch's op where the export says so), every other call to F.rms_norm itself. The op's own checks
     follow in C++: only what decides between the two is asked here, in as few steps as Python
-    allows (each is a fraction of a µs on the call path)."""
+    allows; once an export is bound, the binding's C++ form of this function decides first
+    (OP_DECLARATION's `functional`), at torch's own call cost."""
     if input.is_cuda and input.dtype in runtime.dtypes(DTYPES) and input.dim():
         try:
             (width,) = normalized_shape  # one normalized dimension, the last
@@ -47,9 +58,6 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     import torch.nn.functional as F
 
     return F.rms_norm(input, normalized_shape, weight, eps)
-
-
-FLOAT32_EPS = 2.0 ** -23  # torch's default eps: float32's (what it computes in), for every x dtype
 
 
 FUNCTIONS = {"rms_norm": rms_norm}
