@@ -84,6 +84,14 @@ def keep_bytecode() -> bool:
     return True
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path` where it exists, else its nearest existing parent: where making it would start."""
+    there = Path(path).absolute()
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    return there
+
+
 @contextlib.contextmanager
 def staged(out: Path, last: str | None = None):
     """A folder beside `out` to write into; when the block ends, its files are moved into `out`

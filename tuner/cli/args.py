@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from tuner import paths
 from tuner.errors import TunerError
 
 
@@ -112,8 +113,8 @@ def folder(text: str) -> Path:
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{_quoted(text)} is a file, not a folder")
-    above = next((p for p in path.absolute().parents if p.exists()), None)  # where it would be made
-    if above is not None and not above.is_dir():
+    above = paths.nearest_existing(path)  # where it would be made
+    if not above.is_dir():
         raise argparse.ArgumentTypeError(f"{_quoted(text)} cannot be made: {above} is a file, not a folder")
     return path
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from types import ModuleType
 
-from tuner import families, gpus
+from tuner import families, gpus, paths
 from tuner.deploy import export, regions, serving
 from tuner.errors import TunerError
 from tuner.store import study as stores
@@ -85,9 +85,7 @@ def _writable(folder: Path) -> bool:
     """Whether `folder` can be made (where missing) and written: its nearest existing folder's say."""
     import os
 
-    there = folder.absolute()
-    while not there.exists() and there != there.parent:
-        there = there.parent
+    there = paths.nearest_existing(folder)
     return there.is_dir() and os.access(there, os.W_OK | os.X_OK)
 
 
