@@ -286,6 +286,17 @@ def test_read_takes_one_family_and_shares_by_calls_without_times(tmp_path):
     assert [(p.rows, share) for p, share in tuner.deploy.captured.problems(untimed, "rms_norm")] == [(2, 0.75), (1, 0.25)]
 
 
+def test_a_problem_listed_twice_is_one_with_both_counts(tmp_path):
+    """Captures of two runs joined (or a file edited by hand) name a problem twice: it is read once,
+    its calls, time and ops added up, so that a search runs it once with its whole share."""
+    twice = [{**_norm(time_us=10.0, rows=1), "ops": {"F.rms_norm": 1}}, _norm(time_us=20.0, rows=2),
+             {**_norm(time_us=30.0, calls=2, rows=1), "ops": {"F.rms_norm": 2, "nn.RMSNorm": 1}}]
+    got = tuner.deploy.captured.read(_write(tmp_path / "s.json", twice))
+    assert [(p["key"], p["calls"], p["time_us"], p["share"]) for p in got] == [
+        ("R1-W64-float32-float32", 3, 40.0, 40 / 60), ("R2-W64-float32-float32", 1, 20.0, 20 / 60)]
+    assert got[0]["ops"] == {"F.rms_norm": 3, "nn.RMSNorm": 1}
+
+
 def test_import_tuner_and_reading_a_capture_leave_torch_alone(tmp_path):
     """`tuner search --problems` reads the file before its worker has started CUDA."""
     path = _write(tmp_path / "s.json", [_norm()])

@@ -131,6 +131,28 @@ def test_a_damaged_journal_is_no_traceback(home, capsys):
     assert err.splitlines()[-1].startswith("tuner show: error: no study 'x' in bad.journal")
 
 
+@pytest.mark.filterwarnings("ignore::tuner.store.journal_records.JournalDamageWarning")  # the damage, on purpose
+def test_records_of_the_wrong_types_are_damage_not_a_crash(home, capsys, one_study):
+    """Valid JSON of the wrong types (a trial's value a string, a result that is no object, a
+    spill count that is no number): show, list and report skip or ignore them, in one warning."""
+    import json
+
+    lines = [json.loads(line) for line in one_study.read_text().splitlines()]
+    tells = [r for r in lines if r["op_code"] == 6]
+    tells[1]["values"] = ["x"]
+    results = [r for r in lines if r["op_code"] == 8 and "result" in r["user_attr"]]
+    results[2]["user_attr"] = {"result": "oops"}
+    results[3]["user_attr"]["result"]["spill_bytes"] = "many"
+    (home / "typed.journal").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    for argv in (["show"], ["list"], ["report", "--out", "rep"]):
+        code, out, err = run(capsys, *argv, "--storage", "typed.journal")
+        assert code == 0 and "error" not in err, err
+    assert (home / "rep" / "trials.csv").exists()
+    from tuner.store import journal_records
+
+    assert journal_records.parse(json.dumps(tells[1]).encode())[1] == "values of the wrong type"
+
+
 def test_a_missing_driver_names_the_projects_extra(home, capsys, monkeypatch):
     from tuner.store import journal
 
@@ -367,6 +389,12 @@ def test_a_warning_is_one_line(home, capsys, monkeypatch):
     ["export-best", "--gpu", "H100", "--wheel", "w", "--sources-only"],
     ["show", "--gpu", "H100", "--arch", "sm_80"], ["export-best", "--gpu", "H100", "--arch", "banana"],  # no --arch
     ["search", "--gpu", "H100", "--simulate", str(REC), "--devices", "7"], ["variants", "--target", "uint8"],  # no GPU
+    # options that undo each other: one of them would be ignored
+    ["build", "--gpu", "H100", "--covering", "--limit", "3"], ["build", "--gpu", "H100", "--covering", "--pred",
+                                                              "float16"],
+    ["variants", "--gpu", "H100", "--all-dtypes", "--pred", "float16"],
+    ["samplers", "--simulate", str(REC), "--samplers", "random", "--fail-above", "5"],
+    ["bench", "--dtypes", "int8/uint8"], ["bench", "--family", "rms_norm", "--dtype", "int8"],  # before the GPU
 ], ids=lambda a: " ".join(x if len(x) < 30 else "REC" for x in a))
 def test_a_value_that_cannot_mean_anything_is_a_usage_error(home, capsys, argv):
     """Exit 2, as docs/cli.md says of a command line that cannot mean anything, and nothing written."""

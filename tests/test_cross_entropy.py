@@ -88,9 +88,9 @@ def test_the_binding_s_functional_form_hands_cpu_calls_to_torch(op):
     """Once bound, TF.cross_entropy's C++ form parses F.cross_entropy's signature and hands every call
     it does not send to the op (a CPU tensor, class weights, a legacy keyword, probabilities) to the
     Python form: F.cross_entropy's answers and refusals."""
-    from tuner import runtime
+    from tuner import entries
 
-    fast = runtime._functionals["cross_entropy"]
+    fast = entries._functionals["cross_entropy"]
     x, t = ce.make_inputs(6, 10, "float32", device="cpu", seed=5)
     for kwargs in ({}, {"reduction": "sum", "label_smoothing": 0.1}, {"weight": torch.rand(10)},
                    {"size_average": False}, {"reduce": False}):

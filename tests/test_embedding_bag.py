@@ -248,9 +248,9 @@ def test_the_gather_ceiling_tool_compiles(tmp_path):
 def test_the_binding_s_functional_form_hands_cpu_calls_to_torch(op):
     """Once bound, TF.embedding_bag's C++ form parses F.embedding_bag's signature and hands every
     call it does not send to the op (here each: a CPU table) to the Python form: torch's answers."""
-    from tuner import runtime
+    from tuner import entries
 
-    fast = runtime._functionals["embedding_bag"]
+    fast = entries._functionals["embedding_bag"]
     weight = torch.randn(10, 4)
     ids, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4])
     for kwargs in ({}, {"max_norm": 1.0}, {"scale_grad_by_freq": True}, {"mode": "max", "padding_idx": 2},

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner import runtime
+from tuner import entries, runtime
 from tuner.deploy import patching
 from tuner.errors import TunerError
 import tuner.functional as TF
@@ -118,6 +118,14 @@ def test_functional_forms_take_every_call_torch_takes():
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, tv.generalized_box_iou_loss(a.to(dtype), b.to(dtype), "mean"))
     assert float(TF.generalized_box_iou_loss(a[:0], b[:0], "mean")) == 0.0  # no boxes: 0, as torchvision
+    with pytest.raises(IndexError, match="shape of the mask"):  # torchvision's refusal: it broadcasts boxes2 alone
+        TF.generalized_box_iou_loss(a[:1], b, "none")
+    torch.testing.assert_close(TF.generalized_box_iou_loss(a, b[:1]), tv.generalized_box_iou_loss(a, b[:1]))
+    far = torch.tensor([[0.0, 0.0, 1e20, 1e20], [0.0, 0.0, 1.0, 1.0]], requires_grad=True)  # overflows float32
+    apart = torch.tensor([[3e20, 3e20, 4e20, 4e20], [0.5, 0.5, 2.0, 2.0]])
+    got = torch.autograd.grad(TF.generalized_box_iou_loss(far, apart, "sum"), far)[0]
+    want = torch.autograd.grad(tv.generalized_box_iou_loss(far, apart, "sum"), far)[0]
+    torch.testing.assert_close(got, want, equal_nan=True)
 
 
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")
@@ -128,7 +136,7 @@ def test_a_loaded_export_s_functional_forms_are_its_binding_s(loaded):
     TorchFunctionMode, and torch.compile tracing the Python form."""
     from torch.overrides import TorchFunctionMode
 
-    fast = runtime._functionals["rms_norm"]
+    fast = entries._functionals["rms_norm"]
     assert type(fast).__name__ == "builtin_function_or_method" and fast.__name__ == "rms_norm"
     x, w = torch.randn(2, 3, 8), torch.randn(8)
     for args, kwargs in ((((8,), w, 1e-5), {}), (((8,),), {"weight": w}), ((), {"normalized_shape": [3, 8]}),

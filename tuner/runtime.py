@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import entries
+from .entries import entry, functional  # noqa: F401 (what the families' functions call, as runtime.<name>)
+
 VALIDATE = {"deferred": 0, "sync": 1, "async": 2}  # the bindings' codes
 # The control ops a binding offers this runtime (templates/common/tuner_op.h); 4: stage(variant,
 # int pair, int[] shape, int kind, str tuned_for), set_reach(pair, reach), publish(reference, reach),
@@ -89,10 +92,6 @@ class Loaded:
 
 
 _loaded: dict[str, Loaded] = {}  # family -> what this copy of the runtime bound last
-_entries: dict[str, Callable] = {}  # op -> its binding's own Python function (`python_entry`)
-_compiling: Callable[[], bool] = bool  # torch.compiler.is_compiling once an op is bound (looked up once)
-_python_forms: dict[str, Callable] = {}  # op -> its family's Python function with torch's signature
-_functionals: dict[str, Callable] = {}  # op -> that function as its binding offers it (`functional_entry`)
 
 
 # ----------------------------------------------------------------- identity and checks
@@ -209,72 +208,6 @@ def load_binding(path: Path, namespace: str):
     return getattr(torch.ops, namespace)
 
 
-def python_entry(binding: Path, op: str) -> Callable:
-    """The op as its binding offers it to Python (`tuner_python_<op>`, templates/common/declared_op.cpp.j2):
-    torch's argument parser and the dispatcher, as ATen's functions are called, without the
-    `torch.ops` packet's generic parsing (a few µs a call); the packet where the binding has none."""
-    import torch
-
-    packet = getattr(torch.ops.tuner, op)
-    path = {Path(p).name: p for p in torch.ops.loaded_libraries}.get(Path(binding).name, str(binding))
-    try:
-        make = getattr(ctypes.PyDLL(path), f"tuner_python_{op}")
-    except (OSError, AttributeError):  # a binding without its own entry (a hand-written op)
-        return packet
-    make.restype, make.argtypes = ctypes.py_object, [ctypes.py_object]
-    return make(packet)
-
-
-def functional_entry(binding: Path, op: str) -> Callable | None:
-    """The family's Python function with torch's signature (`functional`) as the op's binding
-    offers it (`tuner_functional_<op>`, from the declaration's Functional): torch's argument parser
-    and the checks in C++, the Python function for every call they do not send to the op. None
-    where either is missing."""
-    import torch
-
-    slow = _python_forms.get(op)
-    if slow is None:
-        return None
-    path = {Path(p).name: p for p in torch.ops.loaded_libraries}.get(Path(binding).name, str(binding))
-    try:
-        make = getattr(ctypes.PyDLL(path), f"tuner_functional_{op}")
-    except (OSError, AttributeError):  # a binding rendered before its op declared one
-        return None
-    make.restype, make.argtypes = ctypes.py_object, [ctypes.py_object]
-    return make(slow)
-
-
-def functional(op: str) -> Callable[[Callable], Callable]:
-    """A family's function with torch's signature on its op (tuner.functional's, e.g. rms_norm), from
-    its Python form (`slow`, which decides every call: the op or torch's function): once an export
-    is bound, calls go to the binding's C++ form of it (the same decision before Python runs a
-    line; torch's call cost where torch serves), and to `slow` before that and under torch.compile
-    (which traces what it calls)."""
-    def wrap(slow: Callable) -> Callable:
-        _python_forms[op] = slow
-
-        @functools.wraps(slow)
-        def call(*args, **kwargs):
-            fast = _functionals.get(op)
-            if fast is None or _compiling():
-                return slow(*args, **kwargs)
-            return fast(*args, **kwargs)
-        return call
-    return wrap
-
-
-def entry(op: str) -> Callable:
-    """The function Python code calls the loaded op through (tuner.functional does): the binding's
-    own (`python_entry`), or `torch.ops.tuner.<op>` where none is bound or torch.compile traces the
-    caller (the packet is what a graph records)."""
-    found = _entries.get(op)
-    if found is not None and not _compiling():
-        return found
-    import torch
-
-    return getattr(torch.ops.tuner, op)
-
-
 def torch_path(family: str) -> Callable | None:
     """The loaded op's own path to torch's op, whatever the bound table says (the baseline behind
     the declaration's guards, `torch.ops.tuner_<family>.baseline`): what a call costs where torch's
@@ -343,12 +276,8 @@ def bind(spec: OpSpec, binding: Path, bound: list[dict], libraries: dict[str, Pa
     if validate not in VALIDATE:
         raise ValueError(f"validate must be one of {tuple(VALIDATE)}: 'async' raises on a later call without "
                          "syncing, 'sync' raises at once (a sync per call), 'deferred' at check_errors()")
-    global _compiling
     ops = load_binding(binding, spec.namespace)
-    _entries[spec.op], _compiling = python_entry(binding, spec.op), torch.compiler.is_compiling
-    fast = _functionals.get(spec.op) or functional_entry(binding, spec.op)  # made once: the C++ keeps its first
-    if fast is not None:
-        _functionals[spec.op] = fast
+    entries.bind(binding, spec.op)
     ops.set_error_module(__name__)  # the C++ raises this module's KernelInputError
     register_python(spec)
     handles = []

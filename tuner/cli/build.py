@@ -69,6 +69,13 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _dtype_options(args) -> set[str]:
+    """The names of the family's dtype options (`--pred`, ...)."""
+    from tuner import families
+
+    return set(getattr(getattr(families.get(args.family), "space_for", None), "choices", {}))
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -77,6 +84,10 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     arch = compilable(gpus.resolve(args.gpu, args.arch))
     if args.covering:
+        mixed = sorted(o for o in args.options if o in ("--limit", "--all-dtypes") or o[2:] in _dtype_options(args))
+        if mixed:
+            raise UsageError(f"--covering builds its own set (every value of every dimension, every dtype pair): "
+                             f"drop {' and '.join(mixed)}, or --covering")
         variants = families.get(args.family).covering_set()
     else:
         variants = _spread([v for s in cli_target.spaces(args) for v in s], args.limit)

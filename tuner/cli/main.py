@@ -16,6 +16,7 @@ from tuner.cli import args as cli_args
 from tuner.cli import problems as cli_problems
 from tuner.cli import target as cli_target
 from tuner.cli.build import cmd_bench, cmd_build, cmd_variants, compilable
+from tuner.cli.samplers import cmd_samplers
 from tuner.cli.studies import _show, cmd_dashboard, cmd_export_best, cmd_list, cmd_report, cmd_show
 from tuner.errors import TunerError, UsageError
 from tuner.search.config import SAMPLERS
@@ -32,8 +33,9 @@ def command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
     return fn
 
 
-# the commands that live in cli_build and cli_studies; search and samplers register with @command below
-for _fn in (cmd_variants, cmd_build, cmd_show, cmd_list, cmd_export_best, cmd_bench, cmd_report, cmd_dashboard):
+# the commands that live in cli_build, cli_studies and cli_samplers; search registers with @command below
+for _fn in (cmd_variants, cmd_build, cmd_show, cmd_list, cmd_export_best, cmd_bench, cmd_report, cmd_dashboard,
+            cmd_samplers):
     command(_fn)
 
 
@@ -149,47 +151,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     if not cfg.simulate and report.spans:
         print(report.pipeline(started))
     print(f"measurements: {report.records_path}")
-    return 0
-
-
-@command
-def cmd_samplers(args: argparse.Namespace) -> int:
-    from tuner import search
-    from tuner.search import quality
-
-    names = [n for n in args.samplers.split(",") if n]
-    unknown = [n for n in names if n not in search.SAMPLERS]
-    if unknown or not names:
-        raise UsageError(f"--samplers: unknown {unknown or 'none given'}; known: {', '.join(search.SAMPLERS)}")
-    cli_args.recording(args.simulate, "--simulate")
-    if args.first_seed + args.seeds > 2**32:
-        raise UsageError(f"--first-seed {args.first_seed} --seeds {args.seeds}: seeds go up to 2**32 - 1")
-    if args.csv is not None and (args.csv.is_dir() or not args.csv.parent.is_dir()):
-        raise TunerError(f"--csv {args.csv}: " + ("a folder" if args.csv.is_dir() else
-                                                   f"{args.csv.parent} is a file" if args.csv.parent.exists() else
-                                                   "its folder does not exist"))
-    problem = cli_target.problem(args)
-    best = quality.dataset_best(args.simulate, problem, args.objective)
-    size = quality.space_size(problem)
-    print(f"{args.simulate}: best {args.objective} {best:.2f} us; a run reaches at <= {best * (1 + args.within):.2f} us "
-          f"(within {args.within:.0%}); {size} variants", file=sys.stderr)
-    seeds = range(args.first_seed, args.first_seed + args.seeds)
-    started = time.monotonic()
-    table = quality.sampler_table(
-        args.simulate, problem, names, seeds, args.within, args.max_trials, args.objective,
-        on_run=lambda name, seed, count: print(f"  {name} seed {seed}: {count or 'not reached'}", file=sys.stderr),
-        jobs=args.jobs or os.cpu_count() or 1)
-    print(quality.markdown(table), end="")
-    print(f"wall {time.monotonic() - started:.0f} s", file=sys.stderr)
-    if args.csv:
-        table.to_csv(args.csv, index=False)
-    default = search.SearchConfig.sampler
-    if args.fail_above is not None and default in names:
-        share = table.loc[table["sampler"] == default, "median % of space"].iloc[0]
-        if not share <= args.fail_above:  # NaN (not reached) fails too
-            print(f"tuner samplers: {default}'s median is {share}% of the space, above {args.fail_above}%",
-                  file=sys.stderr)
-            return 1
     return 0
 
 

@@ -4,7 +4,7 @@ describe, and the study they name (shared by every command module, below all of 
 from __future__ import annotations
 
 from tuner import gpus
-from tuner.errors import TunerError
+from tuner.errors import TunerError, UsageError
 
 # options of show and report that say nothing about which study to read
 NAME_FREE = {"--storage", "--json", "--top-k", "--out", "--debug"}
@@ -77,16 +77,38 @@ def _bench_args(family: str, p) -> None:
     if families.has_part(family, "bench"):
         for name, (parse, default, help) in getattr(fam, "BENCH_OPTIONS", {}).items():
             shown = ",".join("/".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in default)
-            p.add_argument(f"--{name.replace('_', '-')}", type=getattr(cli_args, parse), default=default,
-                           help=f"{help} (default {shown})")
+            kind = _dtype_pairs(fam) if parse == "pairs" else getattr(cli_args, parse)
+            p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=f"{help} (default {shown})")
         return
     shapes = getattr(fam, "BENCH_SHAPES", None) or (tuple(getattr(fam.Problem(), n) for n in op.sizes),)
     shown = ",".join("x".join(str(n) for n in s) for s in shapes)
     p.add_argument("--shapes", type=cli_args.shapes, default=shapes,
                    help=f"{'x'.join(n.upper() for n in op.sizes)}, comma-separated (default {shown})")
     if op.varying:
-        p.add_argument("--dtype", default="bfloat16", help=f"{', '.join(t.name for t in op.varying)} dtype "
-                                                           f"(default bfloat16)")
+        takes = [d for d in op.varying[0].dtypes if all(d in t.dtypes for t in op.varying)]
+        p.add_argument("--dtype", default="bfloat16", choices=takes,
+                       help=f"{', '.join(t.name for t in op.varying)} dtype (default bfloat16)")
+
+
+def _dtype_pairs(fam):
+    """The parser of a family bench's dtype pairs (`--dtypes bfloat16/uint8,...`): each a dtype of
+    each of its spaces' dtype fields, in their order, so that a pair no variant takes is refused
+    with the usage, before a GPU is looked for."""
+    import argparse
+
+    from tuner.cli import args as cli_args
+
+    fields = list(getattr(getattr(fam, "space_for", None), "choices", {}).items())
+
+    def parse(text: str):
+        found = cli_args.pairs(text)
+        for pair in found:
+            wrong = [(name, d, values) for (name, values), d in zip(fields, pair) if d not in values]
+            if wrong:
+                name, d, values = wrong[0]
+                raise argparse.ArgumentTypeError(f"{'/'.join(pair)}: {d} is no {name} dtype ({', '.join(values)})")
+        return found
+    return parse
 
 
 def add_space_args(parser, family: str) -> None:
@@ -123,6 +145,9 @@ def spaces(args) -> list:
     fam = families.get(args.family)
     flags = {name: getattr(args, name) for name in getattr(fam, "SPACE_FLAGS", {})}
     if getattr(args, "all_dtypes", False):
+        given = [f"--{name}" for name in fam.space_for.choices if f"--{name}" in getattr(args, "options", ())]
+        if given:
+            raise UsageError(f"--all-dtypes lists every dtype pair: drop {' and '.join(given)}, or --all-dtypes")
         return fam.all_spaces(**flags)
     return [fam.space_for({name: getattr(args, name) for name in fam.space_for.choices}, **flags)]
 

@@ -59,11 +59,29 @@ def read(path: str | os.PathLike, family: str | None = None) -> list[dict]:
         raise TunerError(f"capture file {path} has format {found!r}; this tuner reads format {FORMAT}")
     if not isinstance(doc.get("problems"), list):
         raise TunerError(f"capture file {path} has no list of problems")
-    problems = [_checked(path, i, p) for i, p in enumerate(doc["problems"], 1)]
+    problems = _merged([_checked(path, i, p) for i, p in enumerate(doc["problems"], 1)])
     problems = [p for p in problems if family is None or p["family"] == family]
     if not problems:
         raise TunerError(f"capture file {path} holds no {family + ' ' if family else ''}problems")
     return with_shares(sorted(problems, key=lambda p: (-p["time_us"], -p["calls"])))
+
+
+def _merged(problems: list[dict]) -> list[dict]:
+    """One entry per problem: a problem listed twice (captures of two runs joined, a file edited by
+    hand) has its calls, time and ops added up, so that it is searched once, with its whole share."""
+    found: dict[tuple, dict] = {}
+    for p in problems:
+        key = (p["family"], json.dumps(p["problem"], sort_keys=True))
+        if key not in found:
+            found[key] = {**p, "ops": dict(p["ops"]) if isinstance(p["ops"], dict) else {}}
+            continue
+        into = found[key]
+        into["calls"] += p["calls"]
+        into["time_us"] += p["time_us"]
+        for op, n in (p["ops"] if isinstance(p["ops"], dict) else {}).items():
+            if isinstance(n, int) and isinstance(into["ops"].get(op, 0), int):
+                into["ops"][op] = into["ops"].get(op, 0) + n
+    return list(found.values())
 
 
 def problems(path: str | os.PathLike, family: str) -> list[tuple[Any, float]]:

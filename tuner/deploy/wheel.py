@@ -3,7 +3,7 @@
 The wheel holds one package, `tuned_<family>_<gpu>` (PKG below):
 
     PKG/__init__.py                    importing it registers the family's op in torch.ops.tuner
-    PKG/runtime.py                     a copy of tuner/runtime.py
+    PKG/runtime.py, PKG/entries.py     copies of tuner/runtime.py and entries.py
     PKG/declare.py, PKG/opspec.py,     copies of tuner's: a declared op's Python side
     PKG/declare_terms.py, PKG/declare_check.py, PKG/expression.py
     PKG/families/<family>/op.py        copies of the family's op side (op.py, spec.py): the
@@ -30,7 +30,7 @@ from tuner.deploy import export as artifacts
 from tuner.errors import TunerError
 
 OP_FILES = ("op.py", "spec.py")  # a family's op side: torch alone (tuner/families/<name>/)
-CORE_FILES = ("runtime.py", "declare.py", "declare_terms.py", "declare_check.py", "expression.py", "opspec.py")  # what op.py may import of tuner (torch alone)
+CORE_FILES = ("runtime.py", "entries.py", "declare.py", "declare_terms.py", "declare_check.py", "expression.py", "opspec.py")  # what op.py may import of tuner (torch alone)
 
 
 def package_name(manifest: dict, gpu_label: str | None = None) -> str:

@@ -125,7 +125,7 @@ def by_dimension(frame, dims: list[str], order: dict | None = None):
                 row.update(best_objective_us=round(float(best["objective_us"]), 2),
                            best_fwd_us=_round(best.get("fwd_us")), regs_fwd=regs,
                            median_regs_fwd=_round(part["regs_fwd"].median(), 1),
-                           spill_bytes=int(best.get("spill_bytes") or 0),
+                           spill_bytes=int(_round(best.get("spill_bytes"), 0) or 0),
                            occupancy=occupancy(regs, best.get("block_size")))
             rows.append(row)
     table = pd.DataFrame(rows)

@@ -24,6 +24,19 @@ FIELDS: dict[int, tuple[str, ...]] = {
     6: ("trial_id", "state", "values"), 7: ("trial_id", "step", "intermediate_value"),
     8: ("trial_id", "user_attr"), 9: ("trial_id", "system_attr"), 10: ()}
 
+# The types Optuna's replay stores as given (a value of another type replays, then breaks every
+# reader of the study: a trial whose value is a string cannot be compared with the others).
+_NUMBER = (int, float)
+TYPES: dict[str, Any] = {
+    "directions": lambda v: isinstance(v, list) and all(type(d) is int for d in v),
+    "user_attr": lambda v: isinstance(v, dict), "system_attr": lambda v: isinstance(v, dict),
+    "state": lambda v: type(v) is int, "step": lambda v: type(v) is int,
+    "values": lambda v: v is None or (isinstance(v, list) and all(isinstance(x, _NUMBER) and not isinstance(x, bool)
+                                                                  for x in v)),
+    "intermediate_value": lambda v: v is None or (isinstance(v, _NUMBER) and not isinstance(v, bool)),
+    "param_name": lambda v: isinstance(v, str), "datetime_start": lambda v: v is None or isinstance(v, str),
+    "datetime_complete": lambda v: v is None or isinstance(v, str)}
+
 _warned: set[tuple[str, int]] = set()  # (journal, line) warned about in this process
 
 
@@ -40,6 +53,9 @@ def parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
             or not all(isinstance(record.get(key, 0), int) for key in ("study_id", "trial_id"))
             or not isinstance(record.get("study_name", ""), str)):
         return None, "not a record"
+    wrong = next((key for key, fits in TYPES.items() if key in record and not fits(record[key])), None)
+    if wrong:
+        return None, f"{wrong} of the wrong type"
     return record, ""
 
 

@@ -341,17 +341,29 @@ def trials_frame(study, space):
     rows = []
     for t in study.get_trials(deepcopy=False):
         a = facts(t)
+        variant = _text(a.get("variant"))
         rows.append({
-            "number": t.number, "state": t.state.name, "variant": a.get("variant", ""),
-            **params.get(a.get("variant"), {d: t.params.get(d) for d in dims}),
+            "number": t.number, "state": t.state.name, "variant": variant,
+            **params.get(variant, {d: t.params.get(d) for d in dims}),
             "objective_us": t.value if t.value is not None else float("nan"),
-            "fwd_us": a.get("fwd_us"), "fwd_spread_us": a.get("fwd_spread_us"),
-            "bwd_us": a.get("bwd_us"), "bwd_spread_us": a.get("bwd_spread_us"),
-            "regs_fwd": a.get("regs_fwd"), "regs_bwd": a.get("regs_bwd"), "spill_bytes": a.get("spill_bytes"),
-            "compile_s": a.get("compile_s"), "reason": a.get("reason", ""), "duplicate_of": a.get("duplicate_of"),
-            "fault": a.get("fault", ""),
+            **{k: _number(a.get(k)) for k in NUMBERS},
+            "reason": _text(a.get("reason")), "duplicate_of": _number(a.get("duplicate_of")),
+            "fault": _text(a.get("fault")),
         })
     return pd.DataFrame(rows)
+
+
+# A trial's recorded numbers and words as the tables read them: a value of another type (a journal
+# edited by hand, another tool's attribute of the same name) reads as missing, not as a crash.
+NUMBERS = ("fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us", "regs_fwd", "regs_bwd", "spill_bytes", "compile_s")
+
+
+def _number(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _text(v) -> str:
+    return v if isinstance(v, str) else ""
 
 
 def top(frame, k: int = 5):

@@ -62,8 +62,8 @@ def generalized_box_iou_loss(boxes1, boxes2, reduction: str = "none", eps: float
     """`torchvision.ops.generalized_box_iou_loss`'s signature and meaning on the tuned op (load an
     export first): boxes [N, 4] or [4], every box a real one (no padding), the loss in float32
     (float64 for float64 boxes), as torchvision gives it. A CUDA call in the op's dtypes, with no gradient wanted for boxes2, goes to
-    `torch.ops.tuner.giou_loss` as one image of N boxes; every other call is computed as
-    torchvision writes it (spec.giou_loss_elementwise)."""
+    `torch.ops.tuner.giou_loss` as one image of N boxes; every other call to torchvision's function
+    itself, or, where torchvision is not installed, computed as it writes it (spec.giou_loss_elementwise)."""
     import torch
 
     from .spec import giou_loss_elementwise
@@ -74,6 +74,13 @@ def generalized_box_iou_loss(boxes1, boxes2, reduction: str = "none", eps: float
     named = boxes1.dtype in runtime.dtypes(PRED_DTYPES) and boxes2.dtype in runtime.dtypes(TARGET_DTYPES)
     if not (boxes1.is_cuda and named and boxes1.shape == boxes2.shape and boxes1.dim() in (1, 2)
             and boxes1.shape[-1] == 4 and boxes2.device == boxes1.device and not boxes2.requires_grad):
+        try:  # torchvision's own function where it is installed: its answers, gradients and refusals
+            from torchvision.ops import generalized_box_iou_loss as torchvision_s
+        except ImportError:
+            torchvision_s = None
+        if torchvision_s is not None:
+            return torchvision_s(boxes1, boxes2, reduction, eps)
+
         def upcast(t):  # torchvision's _upcast_non_float: anything but float32/float64 computes in float32
             return t if t.dtype in (torch.float32, torch.float64) else t.float()
         loss = giou_loss_elementwise(upcast(boxes1), upcast(boxes2), eps)
