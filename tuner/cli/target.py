@@ -25,12 +25,12 @@ def cli_part(family: str):
 
     from tuner import families, space
 
-    fam = families.get(family)
-    if families.has_part(family, "cli") or getattr(fam, "OP_DECLARATION", None) is None:
+    kind = _bench_kind(family)
+    if kind == "cli":
         return families.part(family, "cli")
-    part = types.SimpleNamespace(describe=functools.partial(space.describe, fam.Problem),
+    part = types.SimpleNamespace(describe=functools.partial(space.describe, families.get(family).Problem),
                                  add_bench_args=functools.partial(_bench_args, family))
-    if families.has_part(family, "bench"):  # rows of its own (GIoU's article losses, EmbeddingBag's floors)
+    if kind == "own":  # rows of its own (GIoU's article losses, EmbeddingBag's floors)
         part.bench, part.bench_problems = (functools.partial(_own_bench, name, family) for name in
                                            ("bench", "bench_problems"))
     else:
@@ -52,9 +52,19 @@ def benches_problems(family: str) -> bool:
     here: only `tuner bench` asks, which imports torch anyway)."""
     from tuner import families
 
+    kind = _bench_kind(family)
+    return kind == "declared" or hasattr(families.part(family, "cli" if kind == "cli" else "bench"), "bench_problems")
+
+
+def _bench_kind(family: str) -> str:
+    """Where a family's command-line part and bench come from: "cli", its cli.py (a family that keeps
+    one, or declares no op); "own", its declaration with a bench.py of its own rows; "declared", its
+    declaration alone."""
+    from tuner import families
+
     if families.has_part(family, "cli") or getattr(families.get(family), "OP_DECLARATION", None) is None:
-        return hasattr(families.part(family, "cli"), "bench_problems")
-    return not families.has_part(family, "bench") or hasattr(families.part(family, "bench"), "bench_problems")
+        return "cli"
+    return "own" if families.has_part(family, "bench") else "declared"
 
 
 def _declared(name: str, family: str, *args, **kwargs):

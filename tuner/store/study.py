@@ -21,7 +21,7 @@ def storage_url(url: str | None = None) -> str:
     storage that is there but not a regular file (a folder, a device, a pipe) is refused: read as a
     journal, /dev/zero fills the memory and a pipe waits for ever."""
     if url:
-        path = url[len("sqlite:///"):].split("?")[0] if url.startswith("sqlite:///") else None if "://" in url else url
+        path = local_path(url)
         if path and Path(path).exists() and not Path(path).is_file():
             what = "a folder" if Path(path).is_dir() else "not a regular file (a device or a pipe)"
             raise TunerError(f"storage {url}: {what}; a journal or an SQLite database is a file")
@@ -41,13 +41,20 @@ def shown(url: str) -> str:
     return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
 
 
+def local_path(url: str) -> str | None:
+    """The file a storage URL names on this machine (a journal's path, an SQLite database's), or
+    None (a server's; an in-memory database)."""
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):].split("?")[0]
+        return None if path in ("", ":memory:") else path
+    return None if "://" in url else url
+
+
 def absent(url: str) -> bool:
     """A journal file or SQLite database that does not exist yet: it holds no study, and reading it
     must not create it."""
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):].split("?")[0]
-        return path not in ("", ":memory:") and not Path(path).exists()
-    return "://" not in url and not Path(url).exists()
+    path = local_path(url)
+    return path is not None and not Path(path).exists()
 
 
 def records_path(name: str):
