@@ -33,7 +33,7 @@ def load(out, validate: str = "async", baseline: bool = True):
 
     name = f"tuned_test_{next(_count)}"
     folder = Path(tempfile.mkdtemp(prefix="wheel-"))
-    whl = wheel.pack(out, folder, name=name)
+    whl = wheel.pack(out, folder, export.read(out), name=name)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
                     str(folder / "site"), str(whl)], check=True, timeout=300)
     sys.path.insert(0, str(folder / "site"))

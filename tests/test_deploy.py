@@ -50,7 +50,7 @@ def eb_export(tmp_path_factory):
         validation="hoisted", mapping="warp", vec=4, unroll=2, block_size=128, staging="direct", backward="atomic"),
         "problem": eb.Problem(rows=1000, dim=64, bags=32, bag_size=8).__dict__}]
     export.write(out / "export", winners, GPU)
-    return out / "export", wheels.pack(out / "export", out / "wheels", gpu_label="H100")
+    return out / "export", wheels.pack(out / "export", out / "wheels", export.read(out / "export"), gpu_label="H100")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def rms_export(tmp_path_factory):
         threads_per_row=32, block_size=128, vec=4, unroll=1, rstd="saved", grad_weight="atomic", bwd_blocks=8,
         walk="blocks"), "problem": rms_norm.Problem(rows=64, width=512, x="float32", weight="float32").__dict__}]
     export.write(out / "export", winners, GPU)
-    return out / "export", wheels.pack(out / "export", out / "wheels", gpu_label="H100")
+    return out / "export", wheels.pack(out / "export", out / "wheels", export.read(out / "export"), gpu_label="H100")
 
 
 @pytest.fixture(scope="module")

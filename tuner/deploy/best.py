@@ -77,7 +77,7 @@ def export_best(label: str | None, loaded: list, out: Path | None = None, binari
     if wheel is not None:
         from tuner.deploy import wheel as wheels
 
-        written.wheel = wheels.pack(out, wheel, gpu_label=label)
+        written.wheel = wheels.pack(out, wheel, written.manifest, gpu_label=label)
     return written
 
 

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from tuner import families
 from tuner.version import __version__
-from tuner.deploy import export as artifacts
 from tuner.errors import TunerError
 
 OP_FILES = ("op.py", "spec.py")  # a family's op side: torch alone (tuner/families/<name>/)
@@ -39,11 +38,12 @@ def package_name(manifest: dict, gpu_label: str | None = None) -> str:
     return re.sub(r"[^a-z0-9]+", "_", f"tuned_{manifest['family']}_{gpu}".lower()).strip("_")
 
 
-def pack(export_dir: Path, out_dir: Path, name: str | None = None, gpu_label: str | None = None) -> Path:
+def pack(export_dir: Path, out_dir: Path, manifest: dict, name: str | None = None, gpu_label: str | None = None
+         ) -> Path:
     """Write the wheel of an export into `out_dir` (its package `name`, by default
-    tuned_<family>_<gpu_label>); returns its path."""
+    tuned_<family>_<gpu_label>); returns its path. `manifest`: the export's (tuner.deploy.export.read
+    gives it, its binaries checked; export-best hands down the one it has just written)."""
     export_dir = Path(export_dir)
-    manifest = artifacts.read(export_dir)
     built = manifest.get("binaries")
     if not built:
         raise TunerError(f"{export_dir} holds no binaries (exported with sources only); export it again "
