@@ -98,7 +98,7 @@ def test_an_export_builds_its_binaries_with_optimized_host_code(monkeypatch, tmp
 
     monkeypatch.setattr(build, "build", fake_build)
     v = giou.covering_set()[0]
-    binaries.build_variants("giou", [{"variant": v.name, "params": v.as_dict()}], "sm_90")
+    binaries.build_variants(families.get("giou"), [{"variant": v.name, "params": v.as_dict()}], "sm_90")
     assert asked["serving"] is True
 
 

@@ -146,13 +146,25 @@ def _entry(pred, target, batch, slots, **params):
             "params": v.as_dict()}
 
 
+def _bound(family: str, entries: list[dict]) -> list[dict]:
+    from tuner import families
+
+    return binaries.bound(families.get(family), families.part(family, "op").OP, entries)
+
+
+def _serving(family: str, entries: list[dict]) -> dict[str, str]:
+    from tuner import families
+
+    return binaries.serving(families.get(family), families.part(family, "op").OP, entries)
+
+
 def test_every_dtype_pair_is_bound():
     """Tuned pairs bind their winners; an untuned pair the nearest problem's parameters rendered for
     it, marked with the pair they were tuned for."""
     entries = [_entry("bfloat16", "uint8", 1024, 256, block_size=512),
                _entry("bfloat16", "uint8", 64, 256, block_size=128),
                _entry("float32", "float32", 1024, 256, block_size=64)]
-    bound = binaries.bound("giou", entries)
+    bound = _bound("giou", entries)
     pairs = {}
     for b in bound:
         pairs.setdefault((b["params"]["pred"], b["params"]["target"]), []).append(b)
@@ -177,7 +189,7 @@ def test_pairs_torch_does_not_fuse_are_bound_with_the_tuned_parameters():
 
     rms = [entry(rms_norm.space(), rms_norm.Problem().__dict__),
            entry(rms_norm.space(), {**rms_norm.Problem().__dict__, "rows": 64}, "torch")]
-    bound = binaries.bound("rms_norm", rms)
+    bound = _bound("rms_norm", rms)
     pairs = {}
     for b in bound:
         pairs.setdefault((b["problem"]["x"], b["problem"]["weight"]), []).append(b)
@@ -188,16 +200,16 @@ def test_pairs_torch_does_not_fuse_are_bound_with_the_tuned_parameters():
         assert all(b["tuned_for"] == "bfloat16/bfloat16" and b["params"]["x"] == pair[0] for b in pairs[pair])
         assert len(pairs[pair]) == 2  # the problem torch's fused op won too: its unfused one would not
     ce = cross_entropy.space()
-    bound = binaries.bound("cross_entropy", [entry(ce, cross_entropy.Problem().__dict__)])
+    bound = _bound("cross_entropy", [entry(ce, cross_entropy.Problem().__dict__)])
     assert sorted(b["params"]["logits"] for b in bound) == sorted(cross_entropy.DTYPES)
     # the manifest's words for it, per pair
-    said = binaries.serving("rms_norm", rms)
+    said = _serving("rms_norm", rms)
     assert said["bfloat16/bfloat16"] == ("variants within 4x of their tuned problems, torch's op farther; torch's op "
                                          "near 64 x 4096, where it was faster")
     assert said["bfloat16/float32"] == ("variants at every shape (torch's op is unfused here); parameters tuned for "
                                         "bfloat16/bfloat16")
     assert said["float16/float16"] == "torch's op (no variant was tuned for this pair)"
-    assert set(binaries.serving("cross_entropy", [entry(ce, cross_entropy.Problem().__dict__)]).values()) == {
+    assert set(_serving("cross_entropy", [entry(ce, cross_entropy.Problem().__dict__)]).values()) == {
         "variants at every shape (torch's op is unfused here)",
         "variants at every shape (torch's op is unfused here); parameters tuned for bfloat16"}
 
@@ -218,7 +230,7 @@ def test_a_joined_winner_is_exported_and_its_nearest_point_taken_by_halves(tmp_p
     assert entry["variant"] == joined.name and entry["params"] == joined.as_dict()
     source = (out / entry["source"]).read_text()
     assert source.count("embedding_bag.bfloat16.int64.kernel.block.8.1.b256.direct.sorted") >= 2
-    bound = binaries.bound("embedding_bag", [entry])
+    bound = _bound("embedding_bag", [entry])
     assert [b["variant"] for b in bound] == [joined.name]  # untuned pairs are torch's: nothing bound for them
     # where a family has no baseline, an untuned pair binds each half moved to its nearest valid point
     # (float32: 8 elements per load is over 16 bytes there)

@@ -100,7 +100,10 @@ def test_the_op_binds_the_measured_shapes_and_the_manifest_says_so(tmp_path):
     entries = [_entry(space, problem)]
     points = regions.grid("rms_norm", entries)
     decided = [{**p, "served_by": who, "checked": {}} for p, who in zip(points, ("variant", "torch", "variant", "torch"))]
-    bound = [b for b in binaries.bound("rms_norm", entries, decided) if (b["problem"]["x"], b["problem"]["weight"]) == ("bfloat16", "bfloat16")]
+    from tuner.families.rms_norm import op
+
+    bound = [b for b in binaries.bound(rms_norm, op.OP, entries, decided)
+             if (b["problem"]["x"], b["problem"]["weight"]) == ("bfloat16", "bfloat16")]
     assert [b.get("served_by", "variant") for b in bound] == ["variant", "variant", "torch", "variant", "torch"]
     assert bound[1]["variant"] == bound[0]["variant"] and bound[1]["problem"] == points[0]["problem"]
     assert bound[2]["problem"] == points[1]["problem"] and "variant" not in bound[2]

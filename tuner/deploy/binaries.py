@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tuner import families, paths, runtime
+from tuner import paths, runtime
 from tuner.build import binding
 from tuner.build import compile as build
 from tuner.build import toolkit
@@ -30,7 +30,7 @@ def problem_key(problem: dict) -> str:
     return json.dumps(problem, sort_keys=True)
 
 
-def bound(family: str, entries: list[dict], regions: list[dict] = ()) -> list[dict[str, Any]]:
+def bound(fam, spec, entries: list[dict], regions: list[dict] = ()) -> list[dict[str, Any]]:
     """The winners an op binds, in the order the binding gets them: per dtype pair of the family,
     its tuned entries (those the baseline serves, `served_by` "torch", without a variant), then the
     shapes measured around them (`regions`, tuner.deploy.regions: torch's op, or the variant of the
@@ -39,9 +39,7 @@ def bound(family: str, entries: list[dict], regions: list[dict] = ()) -> list[di
     and torch's op for it is fused (`OpSpec.unfused`); else every entry's parameters are rendered for
     it (the nearest valid point; of a joined variant, each half's; where torch's op is unfused, also
     those of a problem torch's fused op won), with `tuned_for` naming the pair they were tuned for and
-    the problem given the pair's own dtypes."""
-    fam = families.get(family)
-    spec = families.part(family, "op").OP
+    the problem given the pair's own dtypes. `fam`: the family's module, `spec` its op's OpSpec."""
     baseline = spec.baseline
     out = []
     for space in fam.all_spaces():
@@ -66,18 +64,16 @@ def bound(family: str, entries: list[dict], regions: list[dict] = ()) -> list[di
             if baseline and e.get("served_by") == "torch" and not unfused:  # torch beat the tuned pair's winner
                 out.append({"problem": {**e["problem"], **space.fixed}, "served_by": "torch"})
                 continue
-            v = _nearest(space, Variant.of(family, e["params"]))
+            v = _nearest(space, Variant.of(fam.FAMILY, e["params"]))
             out.append({"problem": {**e["problem"], **space.fixed}, "variant": v.name, "params": v.as_dict(),
                         "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))})
     return out
 
 
-def serving(family: str, entries: list[dict], regions: list[dict] = ()) -> dict[str, str]:
+def serving(fam, spec, entries: list[dict], regions: list[dict] = ()) -> dict[str, str]:
     """Who serves each dtype pair's calls, in words (the manifest's `serving`, by pair "x/weight"),
     as `bound` binds them and the binding chooses: the same rule, said once per pair."""
-    fam = families.get(family)
-    spec = families.part(family, "op").OP
-    binds = bound(family, entries)
+    binds = bound(fam, spec, entries)
     said = {}
     for space in fam.all_spaces():
         mine = [b for b in binds if fam.space_for(b["problem"]).fixed == space.fixed]
@@ -115,34 +111,35 @@ def _nearest(space, v: Variant) -> Variant:
     return space.nearest({d.name: params[d.name] for d in space.dims if d.name in params})
 
 
-def build_variants(family: str, winners: list[dict], arch: str, sources: dict[str, str] | None = None,
+def build_variants(fam, winners: list[dict], arch: str, sources: dict[str, str] | None = None,
                    jobs: int | None = None, root: Path | None = None) -> tuple[list[dict], dict[str, Path]]:
-    """Build the bound winners for `arch` (cached); returns them with the `library` and `entry`
-    of each (none for a problem the baseline serves), and the libraries by name."""
-    variants = {w["variant"]: Variant.of(family, w["params"]) for w in winners if "variant" in w}
+    """Build the bound winners of the family `fam` (its module) for `arch` (cached); returns them
+    with the `library` and `entry` of each (none for a problem the baseline serves), and the
+    libraries by name."""
+    variants = {w["variant"]: Variant.of(fam.FAMILY, w["params"]) for w in winners if "variant" in w}
     if not variants:
         return winners, {}
     builds = {b.variant.name: b for b in build.build(list(variants.values()), arch, jobs=jobs, root=root,
                                                        sources=sources, serving=True)}
     failed = [b for b in builds.values() if not b.ok]
     if failed:
-        raise TunerError(f"{family}: building {failed[0].variant.name} for {arch} failed:\n{failed[0].error}")
-    entry = families.get(family).ENTRY
+        raise TunerError(f"{fam.FAMILY}: building {failed[0].variant.name} for {arch} failed:\n{failed[0].error}")
+    entry = fam.ENTRY
     placed = [{**w, "library": builds[w["variant"]].so.name, "entry": builds[w["variant"]].entry or entry}
               if "variant" in w else w for w in winners]
     return placed, {b.so.name: b.so for b in builds.values()}
 
 
-def write(out: Path, family: str, entries: list[dict], arch: str, regions: list[dict] = ()) -> dict[str, Any]:
+def write(out: Path, fam, spec, entries: list[dict], arch: str, regions: list[dict] = ()) -> dict[str, Any]:
     """Build and copy an export's binaries into `out`; returns the manifest's `binaries`.
     The variants of one export are compiled together (one translation unit of up to 16)."""
-    winners = bound(family, entries, regions)
-    placed, libraries = build_variants(family, winners, arch, jobs=1, root=paths.cache_dir() / "exports")
+    winners = bound(fam, spec, entries, regions)
+    placed, libraries = build_variants(fam, winners, arch, jobs=1, root=paths.cache_dir() / "exports")
     hashes = {}
     for name, path in libraries.items():
         shutil.copyfile(path, out / name)
         hashes[name] = runtime.sha256_file(out / name)
-    lib = binding.library(family)
+    lib = binding.library(fam.FAMILY)
     shutil.copyfile(lib, out / lib.name)
     return {
         "identity": {**runtime.identity(), "arch": arch, "nvcc": toolkit.nvcc_version(), "compiler": compiler()},

@@ -195,10 +195,11 @@ def _write(out: Path, family, winners: list[dict[str, Any]], gpu: dict, binaries
         "entries": entries,
         **({"regions": list(regions)} if regions else {}),
     }
+    spec = families.part(family.FAMILY, "op").OP if families.has_part(family.FAMILY, "op") else None
     if getattr(family, "OP_DECLARATION", None) is not None:  # who serves each dtype pair, in words
-        manifest["serving"] = _binaries.serving(family.FAMILY, entries, regions)
+        manifest["serving"] = _binaries.serving(family, spec, entries, regions)
     if binaries:
-        manifest["binaries"] = _binaries.write(out, family.FAMILY, entries, gpu.get("arch"), regions)
+        manifest["binaries"] = _binaries.write(out, family, spec, entries, gpu.get("arch"), regions)
     manifest["checksum"] = manifest_checksum(manifest)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
 

@@ -47,7 +47,7 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
         raise TunerError(f"{directory} holds the {name} family, not {family}")
     if manifest["header_sha256"] != artifacts.sha256(header_text(name)):
         raise TunerError(f"{directory} was exported by a tuner with another kernel ABI; export it again")
-    spec = families.part(name, "op").OP
+    fam, spec = families.get(name), families.part(name, "op").OP
     if validate not in runtime.VALIDATE:
         raise TunerError(f"validate must be one of {tuple(runtime.VALIDATE)}: 'async' raises on a later call "
                          "without syncing, 'sync' raises at once (a sync per call), 'deferred' at check_errors()")
@@ -65,7 +65,7 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
         _can_build(directory, why)
         binding_path = binding.library(name)
 
-    winners = built["bound"] if built else binaries.bound(name, manifest["entries"], manifest.get("regions", []))
+    winners = built["bound"] if built else binaries.bound(fam, spec, manifest["entries"], manifest.get("regions", []))
     libraries: dict[str, Path] = {}
     reference = False
     arch = runtime.attached_arch()
@@ -81,7 +81,7 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
             libraries = {lib: directory / lib for lib in built["libraries"]}
         elif not reference:  # the binding's branch above said why (or the warning on another arch)
             sources = {e["variant"]: (directory / e["source"]).read_text() for e in manifest["entries"]}
-            winners, libraries = binaries.build_variants(name, winners, arch, sources=sources)
+            winners, libraries = binaries.build_variants(fam, winners, arch, sources=sources)
     return runtime.bind(spec, binding_path, winners, libraries, validate=validate, reference=reference,
                         baseline=baseline)
 
