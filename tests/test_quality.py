@@ -118,9 +118,11 @@ def test_an_interrupted_table_in_processes_stops_at_once(tuner_home):
     import sys
     import time
 
+    # SIGINT as a terminal delivers it, whatever this run inherited (a shell's background job ignores it)
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "samplers", "--simulate", str(DATA), "--seeds", "20",
                              "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "TUNER_HOME": str(tuner_home)})
+                            env={**os.environ, "TUNER_HOME": str(tuner_home)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     proc.stdout.readline()  # the recording's line: the table's runs have begun, or are about to
     time.sleep(2)
