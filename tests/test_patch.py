@@ -134,7 +134,7 @@ def test_a_loaded_export_s_functional_forms_are_its_binding_s(loaded):
     argument parser, the Python form's decision); a call it does not send to the op (here every
     call: a CPU tensor) reaches the Python form, with torch's answers and refusals, keywords, a
     TorchFunctionMode, and torch.compile tracing the Python form."""
-    from torch.overrides import TorchFunctionMode
+    from modes import Recording
 
     fast = entries._functionals["rms_norm"]
     assert type(fast).__name__ == "builtin_function_or_method" and fast.__name__ == "rms_norm"
@@ -148,16 +148,9 @@ def test_a_loaded_export_s_functional_forms_are_its_binding_s(loaded):
     with pytest.raises(TypeError, match="normalized_shape"):
         fast(x, 8, w)
 
-    class Seen(TorchFunctionMode):
-        calls: list = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.calls.append(func)
-            return func(*args, **(kwargs or {}))
-
-    with Seen():
+    with Recording() as seen:
         fast(x, (8,), w)
-    assert Seen.calls
+    assert seen.calls
     compiled = torch.compile(lambda x, w: TF.rms_norm(x, (8,), w, 1e-6), fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x, w), F.rms_norm(x, (8,), w, 1e-6))
 

@@ -105,7 +105,7 @@ def test_the_bindings_python_entry_is_the_op(op):
     """runtime.entry: the op through torch's argument parser, as ATen's functions are called (no
     torch.ops packet): the packet's answers, gradients, defaults, keywords and errors; a call that
     torch function handling must see goes through the packet."""
-    from torch.overrides import TorchFunctionMode
+    from modes import Recording
 
     entry = runtime.entry("rms_norm")
     assert entry is not op and entry.__name__ == "rms_norm"
@@ -124,16 +124,9 @@ def test_the_bindings_python_entry_is_the_op(op):
     with pytest.raises(TypeError, match="eps"):
         entry(x, w, "small")
 
-    class Seen(TorchFunctionMode):
-        calls: list = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.calls.append(func)
-            return func(*args, **(kwargs or {}))
-
-    with Seen():
+    with Recording() as seen:
         torch.testing.assert_close(entry(x, w), op(x, w))
-    assert op in Seen.calls
+    assert op in seen.calls
 
 
 def test_calls_no_variant_takes_are_torch_s(op):

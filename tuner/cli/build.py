@@ -69,13 +69,6 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _dtype_options(args) -> set[str]:
-    """The names of the family's dtype options (`--pred`, ...)."""
-    from tuner import families
-
-    return set(getattr(getattr(families.get(args.family), "space_for", None), "choices", {}))
-
-
 def cmd_build(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -84,7 +77,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     arch = compilable(gpus.resolve(args.gpu, args.arch))
     if args.covering:
-        mixed = sorted(o for o in args.options if o in ("--limit", "--all-dtypes") or o[2:] in _dtype_options(args))
+        dtypes = cli_target.dtype_fields(families.get(args.family))
+        mixed = sorted(o for o in args.options if o in ("--limit", "--all-dtypes") or o[2:] in dtypes)
         if mixed:
             raise UsageError(f"--covering builds its own set (every value of every dimension, every dtype pair): "
                              f"drop {' and '.join(mixed)}, or --covering")

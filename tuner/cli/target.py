@@ -108,7 +108,7 @@ def _dtype_pairs(fam):
 
     from tuner.cli import args as cli_args
 
-    fields = list(getattr(getattr(fam, "space_for", None), "choices", {}).items())
+    fields = list(dtype_fields(fam).items())
 
     def parse(text: str):
         found = cli_args.pairs(text)
@@ -119,6 +119,11 @@ def _dtype_pairs(fam):
                 raise argparse.ArgumentTypeError(f"{'/'.join(pair)}: {d} is no {name} dtype ({', '.join(values)})")
         return found
     return parse
+
+
+def dtype_fields(fam) -> dict[str, tuple[str, ...]]:
+    """A family's dtype fields (`space_for`'s: "pred" -> its dtypes, ...); none for a family of one space."""
+    return dict(getattr(getattr(fam, "space_for", None), "choices", {}))
 
 
 def add_space_args(parser, family: str) -> None:

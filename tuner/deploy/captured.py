@@ -73,14 +73,13 @@ def _merged(problems: list[dict]) -> list[dict]:
     for p in problems:
         key = (p["family"], json.dumps(p["problem"], sort_keys=True))
         if key not in found:
-            found[key] = {**p, "ops": dict(p["ops"]) if isinstance(p["ops"], dict) else {}}
+            found[key] = {**p, "ops": dict(p["ops"])}
             continue
         into = found[key]
         into["calls"] += p["calls"]
         into["time_us"] += p["time_us"]
-        for op, n in (p["ops"] if isinstance(p["ops"], dict) else {}).items():
-            if isinstance(n, int) and isinstance(into["ops"].get(op, 0), int):
-                into["ops"][op] = into["ops"].get(op, 0) + n
+        for op, n in p["ops"].items():
+            into["ops"][op] = into["ops"].get(op, 0) + n
     return list(found.values())
 
 
@@ -138,4 +137,11 @@ def _checked(path: Path, index: int, entry: Any) -> dict:
     if type(time_us) not in (int, float) or not math.isfinite(time_us) or time_us < 0:
         raise TunerError(f"{where}: time_us must be a finite number of at least 0, got {time_us!r}")
     return {"family": family, "problem": dict(given), "key": cls(**given).key(), "calls": calls,
-            "time_us": float(time_us), "ops": entry.get("ops", {})}
+            "time_us": float(time_us), "ops": _ops(entry.get("ops"))}
+
+
+def _ops(ops: Any) -> dict[str, int]:
+    """The torch functions a problem was captured from, with their call counts (what is not one is dropped)."""
+    if not isinstance(ops, dict):
+        return {}
+    return {k: n for k, n in ops.items() if isinstance(k, str) and type(n) is int}

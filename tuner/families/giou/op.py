@@ -7,6 +7,8 @@ runtime, declare and opspec (relatively), so an exported wheel carries them as t
 
 from __future__ import annotations
 
+import functools
+
 from ... import declare, opspec, runtime
 from .spec import DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES, eager, reference, valid_mask
 
@@ -74,11 +76,8 @@ def generalized_box_iou_loss(boxes1, boxes2, reduction: str = "none", eps: float
     named = boxes1.dtype in runtime.dtypes(PRED_DTYPES) and boxes2.dtype in runtime.dtypes(TARGET_DTYPES)
     if not (boxes1.is_cuda and named and boxes1.shape == boxes2.shape and boxes1.dim() in (1, 2)
             and boxes1.shape[-1] == 4 and boxes2.device == boxes1.device and not boxes2.requires_grad):
-        try:  # torchvision's own function where it is installed: its answers, gradients and refusals
-            from torchvision.ops import generalized_box_iou_loss as torchvision_s
-        except ImportError:
-            torchvision_s = None
-        if torchvision_s is not None:
+        torchvision_s = _torchvision_loss()
+        if torchvision_s is not None:  # its answers, gradients and refusals
             return torchvision_s(boxes1, boxes2, reduction, eps)
 
         def upcast(t):  # torchvision's _upcast_non_float: anything but float32/float64 computes in float32
@@ -93,6 +92,17 @@ def generalized_box_iou_loss(boxes1, boxes2, reduction: str = "none", eps: float
     loss = runtime.entry("giou_loss")(boxes1.reshape(1, n, 4), boxes2.reshape(1, n, 4), _count(n, boxes1.device),
                                         reduction, eps)
     return loss.reshape(boxes1.shape[:-1]) if reduction == "none" else loss
+
+
+@functools.cache
+def _torchvision_loss():
+    """torchvision's generalized_box_iou_loss where it is installed, else None (looked up once: a
+    failed import searches the path again at every call)."""
+    try:
+        from torchvision.ops import generalized_box_iou_loss
+    except ImportError:
+        return None
+    return generalized_box_iou_loss
 
 
 _counts: dict = {}
