@@ -110,6 +110,22 @@ def test_a_graph_times_what_direct_repetitions_time():
     assert t.graphed and t.reps == 64 and t.median_us == pytest.approx(sorted(direct)[1], rel=0.25), t
 
 
+def test_a_search_times_a_steady_kernel_until_its_median_is_known():
+    """`take_until(precision=...)`: a chunk at a time after `min_reps`, stopping once the median is
+    known within ±precision; without one, the whole count (as `bench`)."""
+    import torch
+
+    src = torch.randn(16 * 1024 * 1024, device="cuda")  # 64 MB: a copy of ~50 µs, steady
+    dst = torch.empty_like(src)
+    flush = timing.L2Flush()
+    steady = timing.Repetitions(lambda: dst.copy_(src), flush=flush)
+    t = steady.take_until(precision=0.02, min_reps=16, budget_ms=1000, max_reps=192, graph=True)
+    assert t.graphed and 16 <= t.reps < 192 and timing.median_known(steady.samples, 0.02), t
+    counted = timing.Repetitions(lambda: dst.copy_(src), flush=flush)
+    t = counted.take_until(min_reps=16, budget_ms=1000, max_reps=64, graph=True)
+    assert t.reps == 64, t
+
+
 CANNOT_BE_CAPTURED = r"""
 import torch
 from tuner.measure import timing

@@ -11,7 +11,15 @@ named, in turns (`python3 -m tuner` from that folder): before and after a change
 turns' order alternates from one family to the next (this checkout first for the first family,
 last for the second, ...), so that no side always pays a fresh machine's cold caches.
 
+Python's bytecode is not the build cache: a pip install leaves it beside the sources, and the
+first search of a user's machine finds it. Images that install without it (PYTHONDONTWRITEBYTECODE,
+as the GPU hosts here) make tuner keep it in its cache (`tuner.paths.keep_bytecode`), which a fresh
+cache would not have: so a short warm-up search of each checkout fills one bytecode folder first,
+copied into every fresh cache (`--bytecode none`: not copied, every first search compiles torch's
+and Optuna's sources as well, 2-3 s of its start on those hosts).
+
     python tools/search_speed.py OUT [--families giou rms_norm ...] [--checkout DIR ...] [--runs first later]
+                                     [--bytecode kept|none]
 """
 
 from __future__ import annotations
@@ -56,11 +64,12 @@ def parse(log: str) -> dict:
     return found
 
 
-def search(tuner: list[str], cwd: str | None, family: str, home: Path, cache: Path, log: Path) -> dict:
+def search(tuner: list[str], cwd: str | None, family: str, home: Path, cache: Path, log: Path,
+           extra: tuple[str, ...] = ()) -> dict:
     env = {**os.environ, "TUNER_HOME": str(home), "TUNER_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     with open(log, "w") as out:
-        code = subprocess.call([*tuner, "search", "--gpu", "auto", "--family", family, "--quiet"], cwd=cwd,
+        code = subprocess.call([*tuner, "search", "--gpu", "auto", "--family", family, "--quiet", *extra], cwd=cwd,
                                env=env, stdout=out, stderr=subprocess.STDOUT)
     wall = time.monotonic() - started
     return {"wall": wall, "code": code, **parse(log.read_text(errors="replace"))}
@@ -94,6 +103,8 @@ def main() -> int:
     ap.add_argument("--families", nargs="+", help="default: every installed family")
     ap.add_argument("--checkout", nargs="+", default=[], help="run each family from these checkouts too, in turns")
     ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    ap.add_argument("--bytecode", choices=("kept", "none"), default="kept",
+                    help="kept (default): each fresh cache starts with Python's bytecode, as a pip install leaves it")
     args = ap.parse_args()
 
     from tuner import families
@@ -104,6 +115,12 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="search-speed-"))
     lines, timelines = [HEADER], ["", "Timelines (s from the command's start):", ""]
+    bytecode = base / "bytecode-cache"
+    if args.bytecode == "kept":  # every checkout's imports, torch's and Optuna's among them
+        for label, tuner, cwd in places:
+            search(tuner, cwd, names[0], base / f"home-warm-{label}", bytecode, args.out / f"warm-{label}.log",
+                   ("--trials", "8"))
+            wait_for_binding(names[0])
     print(HEADER, flush=True)
     for i, family in enumerate(names):
         for label, tuner, cwd in (places if i % 2 == 0 else places[::-1]):
@@ -112,6 +129,8 @@ def main() -> int:
                 if run != RUNS[0]:
                     wait_for_binding(family)
                 home = base / f"home-{label}-{family}-{run}"
+                if run == RUNS[0] and (bytecode / "bytecode").is_dir() and not (cache / "bytecode").exists():
+                    shutil.copytree(bytecode / "bytecode", cache / "bytecode", symlinks=True)
                 r = search(tuner, cwd, family, home, cache, args.out / f"{label}-{family}-{run}.log")
                 line = row(family if len(places) == 1 else f"{family} ({label})", run, r)
                 lines.append(line)

@@ -94,7 +94,7 @@ class Child:
                 return {**result, **probe, "status": "pruned", "time_s": time.monotonic() - started}
         cfg = job.get("timing", {})
         for k, r in reps.items():
-            result[k] = r.take(r.count(**cfg) - len(r.samples), graph=graph).as_dict()
+            result[k] = r.take_until(graph=graph, **cfg).as_dict()
         flagged = family.errors(kernel)  # generated inputs are valid: a flag here is a kernel bug
         if flagged:
             return {**result, "reason": "wrong result", "message": f"validation flagged valid inputs ({flagged})"}

@@ -5,7 +5,8 @@ search probes a variant before timing it). Each repetition first writes a
 buffer larger than L2 (so the kernel reads its inputs from memory, as it does in a
 training step), then records events around the call alone. Repetitions continue
 until both `min_reps` and `budget_ms` of measured time are reached (capped by
-`max_reps`); the median and the spread (interquartile range) are returned.
+`max_reps`), or, in a search (`Repetitions.take_until(precision=...)`), until the median is
+known well enough to rank by; the median and the spread (interquartile range) are returned.
 
 A search's variants are timed by replaying a CUDA graph of GRAPH_CHUNK repetitions
 (`bench(..., graph=True)`, `Repetitions.take(..., graph=True)`): the host then pays one launch a
@@ -17,6 +18,7 @@ its timing. A call that cannot be captured is timed repetition by repetition.
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -238,14 +240,15 @@ def _capture(fn: Callable[[], object], flush: L2Flush) -> tuple | None:
 
 
 def _replay(captured: tuple, reps: int) -> list[float]:
-    """`reps` timings in µs from replays of a captured chunk (`_capture`)."""
+    """At least `reps` timings in µs from replays of a captured chunk (`_capture`): whole chunks,
+    each one's repetitions all kept (they ran on the GPU either way)."""
     graph, events = captured
     samples: list[float] = []
     while len(samples) < reps:
         graph.replay()
         events[-1][1].synchronize()
         samples += _elapsed(events)
-    return samples[:reps]
+    return samples
 
 
 def _end_failed_capture(graph, stream) -> None:
@@ -275,6 +278,19 @@ def _end_failed_capture(graph, stream) -> None:
             except RuntimeError:
                 pass
     torch.cuda.current_stream().wait_stream(stream)
+
+
+def median_known(samples: list[float], precision: float) -> bool:
+    """Whether the median of `samples` is known within ±`precision` of it: its 95% confidence
+    interval from order statistics (distribution-free: the ranks n/2 ± 0.98 √n, a binomial's
+    normal approximation) no wider than that. Few samples never are."""
+    n = len(samples)
+    if n < 8:
+        return False
+    s = sorted(samples)
+    half = 0.98 * math.sqrt(n)
+    lo, hi = max(math.floor(n / 2 - half) - 1, 0), min(math.ceil(n / 2 + half), n - 1)
+    return (s[hi] - s[lo]) / 2 <= precision * statistics.median(s)
 
 
 def _summary(samples: list[float], graphed: bool = False) -> Timing:
@@ -318,6 +334,19 @@ class Repetitions:
             else:
                 self.samples += _samples(self.fn, self.flush, reps, self.estimate)
         return _summary(self.samples, graphed=bool(self._captured))
+
+    def take_until(self, precision: float | None = None, min_reps: int = 50, budget_ms: float = 25.0,
+                   max_reps: int = 2000, graph: bool = False) -> Timing:
+        """Repetitions up to `count(min_reps, budget_ms, max_reps)` in all; with `precision`, a
+        chunk at a time after `min_reps`, stopping where the median is known within ±precision of
+        it (`median_known`): a steady kernel stops early, a noisy one takes its whole count."""
+        cap = self.count(min_reps, budget_ms, max_reps)
+        if precision is None:
+            return self.take(cap - len(self.samples), graph=graph)
+        timed = self.take(min(min_reps, cap) - len(self.samples), graph=graph)
+        while len(self.samples) < cap and not median_known(self.samples, precision):
+            timed = self.take(min(GRAPH_CHUNK, cap - len(self.samples)), graph=graph)
+        return timed
 
 
 def bench(fn: Callable[[], object], *, flush: L2Flush | None = None, warmup: int = 3, min_reps: int = 50,

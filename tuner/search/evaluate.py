@@ -19,13 +19,15 @@ from tuner.errors import GpuError, TunerError
 from tuner.variant import Variant
 
 
-# Repetitions of a variant in the search: at least 32, at most 192, about 4 ms of measured time a
-# call, each behind an L2 flush (~19 µs on an H100): ~5 ms of GPU work per call of an 8 µs kernel,
-# 32 of a 0.4 ms one (the default EmbeddingBag backward: 64 were most of its search's GPU time),
-# replayed from a captured graph (`timing.Repetitions`, the probe's repetitions among them), where
-# the host queued them one by one at ~50 µs a repetition before. The median of 192 moves by a few
-# hundredths of a µs; the finalists are timed again with more (`Evaluator.retime`).
-SEARCH_TIMING = {"min_reps": 32, "max_reps": 192, "budget_ms": 4.0}
+# Repetitions of a variant in the search: 16 (one captured chunk), then a chunk at a time until the
+# median is known within ±1% (its 95% confidence interval, `timing.median_known`), at most 192 or
+# about 4 ms of measured time a call, each behind an L2 flush (~19 µs on an H100). The search only
+# ranks variants (the finalists are timed again with more, `Evaluator.retime`), and a tie within 1%
+# is settled there: a steady kernel (EmbeddingBag's 0.4 ms backward, RMSNorm's bandwidth-bound
+# rows) stops at 16, where 32 were most of its search's GPU time; an 8 µs GIoU kernel whose
+# repetitions spread by 5% takes ~96 where it took 192. Replayed from a captured graph
+# (`timing.Repetitions`, the probe's repetitions among them).
+SEARCH_TIMING = {"min_reps": 16, "max_reps": 192, "budget_ms": 4.0, "precision": 0.01}
 
 
 def _build_result(b: build.Build) -> dict:
