@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tuner.measure import timing
+from tuner.measure import graphs, timing
 
 pytestmark = pytest.mark.gpu
 
@@ -165,14 +165,14 @@ def test_graphs_one_after_another_leave_random_numbers_working(monkeypatch):
 
     x = torch.randn(1024, device="cuda")
     captured = []
-    real = timing._capture
+    real = graphs.capture
 
     def counted(*args):
         graph = real(*args)
         captured.append(graph is not None)
         return graph
 
-    monkeypatch.setattr(timing, "_capture", counted)
+    monkeypatch.setattr(graphs, "capture", counted)
     for _ in range(4):
         timing.bench(lambda: x.mul_(1.0), min_reps=48, max_reps=48, budget_ms=0, graph=True)
         torch.rand(16, device="cuda")
