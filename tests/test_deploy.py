@@ -273,7 +273,7 @@ def test_another_setup_is_built_from_sources_or_refused_clearly(giou_export, sta
     real = runtime.identity()
     monkeypatch.setattr(runtime, "identity", lambda: {**real, "torch": "9.9.9"})
     with pytest.warns(UserWarning, match=r"torch 9\.9\.9 here.*building it from its sources"):
-        assert tuner.load(export_dir) is torch.ops.tuner.giou_loss
+        assert str(tuner.load(export_dir)) == "tuner.giou_loss"
     monkeypatch.setattr(deploy.binaries, "toolchain_missing", lambda: "no CUDA toolkit found")
     with pytest.raises(TunerError, match=r"torch 9\.9\.9 here, .* in the export.*Export it again.*install a CUDA"):
         tuner.load(export_dir)

@@ -65,10 +65,20 @@ def test_a_family_outside_tuner_goes_end_to_end(scale_add, tuner_home, fresh_cac
     assert (artifact / "scale_add_abi.h").is_file()
 
     op = tuner.load(artifact)
-    assert op is torch.ops.tuner.scale_add
+    assert isinstance(op, torch._ops.OpOverloadPacket) and str(op) == "tuner.scale_add"
     assert tuner.load(gpu="H100", family="scale_add") is op
     x, y = torch.randn(1000), torch.randn(1000)
     torch.testing.assert_close(op(x, y, 2.5), 2.5 * x + y)
+    # its calls go to the binding's own entry, not through the packet's generic parsing; the
+    # packet's parts are the op's (its schema, its overloads)
+    from tuner import entries
+
+    called, real = [], entries._entries["scale_add"]
+    assert real is not torch.ops.tuner.scale_add
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(entries._entries, "scale_add", lambda *a, **k: called.append(1) or real(*a, **k))
+        torch.testing.assert_close(op(x, y, alpha=2.5), 2.5 * x + y)
+    assert called == [1] and op.default._schema == torch.ops.tuner.scale_add.default._schema
     # The op is native: schema, CUDA and Autograd kernels from the C++ rendered from the family's
     # declaration (on the core's tuner_op.h machinery), CPU and fake from the runtime.
     dump = torch._C._dispatch_dump("tuner::scale_add")

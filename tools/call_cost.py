@@ -9,7 +9,8 @@ each round: host noise only adds), forward without gradients and forward+backwar
 - `F`: torch's own function as a user calls it (F.rms_norm, F.cross_entropy, F.embedding_bag);
 - `torch op`: the family's baseline, torch's op with what the op's contract adds (cross-entropy's
   float32 loss);
-- `packet`: `torch.ops.tuner.<op>` (what `tuner.load` returns);
+- `packet`: what `tuner.load` returns (`torch.ops.tuner.<op>`; since 2026-12-02 its calls go to
+  the binding's entry, `tuner.entries.loaded`);
 - `entry`: the binding's own Python function (`tuner.runtime.entry`);
 - `TF`: `tuner.functional`'s function with torch's signature (what `tuner.patch` calls).
 

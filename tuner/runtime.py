@@ -287,7 +287,7 @@ def bind(spec: OpSpec, binding: Path, bound: list[dict], libraries: dict[str, Pa
         ops.publish(reference, spec.reach if spec.baseline and baseline else 0.0)
         ops.set_check(VALIDATE[validate])
     _loaded[spec.family] = Loaded(spec, ops, bound, reference, handles)
-    return getattr(torch.ops.tuner, spec.op)
+    return entries.loaded(spec.op)
 
 
 def stage(spec: OpSpec, ops, bound: list[dict], libraries: dict[str, Path]) -> list:

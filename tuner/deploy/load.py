@@ -24,7 +24,8 @@ FALLBACKS = ("rebuild", "reference")
 
 def load(directory: str | Path | None = None, *, gpu: str | None = None, family: str | None = None,
          validate: str = "async", fallback: str = "rebuild", prebuilt: bool = True, baseline: bool = True):
-    """Load a tuned artifact and return its family's op (`torch.ops.tuner.<op>`).
+    """Load a tuned artifact and return its family's op (`torch.ops.tuner.<op>`, called through its
+    binding's own entry: tuner.entries.loaded).
 
     `load("DIR")` loads an exported folder, whatever family it holds; `load(gpu="auto")` (or
     `gpu="H100"`) finds the default export of that GPU under $TUNER_HOME/exports, of `family`
