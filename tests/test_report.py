@@ -14,6 +14,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 from tuner.report import plots as report_plots
 from tuner.report import tables as report_tables
 from tuner.store import study  # noqa: E402
+from tuner.store import trials  # noqa: E402
 from tuner.cli.main import main  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl"
@@ -34,7 +35,7 @@ def made(tmp_path_factory):
         assert main(["report", "--study", name, "--storage", storage, "--out", str(home / "rep")]) == 0
         st = study.load(name, storage)
     space = study.family_of(st).space_for(st.user_attrs["problem"])
-    frame = study.trials_frame(st, space)
+    frame = trials.trials_frame(st, space)
     states = frame["state"].value_counts()
     assert states.get("PRUNED", 0) and states.get("FAIL", 0)  # both kinds of left-out trial are there
     return st, space, frame, home / "rep"

@@ -15,6 +15,7 @@ from tuner import errors, search
 from tuner.store import journal
 from tuner.store import records
 from tuner.store import study
+from tuner.store import trials
 from tuner.errors import GpuError
 from tuner.families import giou
 from tuner.search import asking
@@ -353,7 +354,7 @@ def test_finalists_that_fail_their_whole_check_never_win(small, monkeypatch, cap
                               seed=1, sampler="grid", top_k=3)
     report = search.run(cfg)
     st = study.load(report.study_name)
-    by_speed = list(study.top(study.trials_frame(st, fam.space()), 8)["variant"])
+    by_speed = list(trials.top(trials.trials_frame(st, fam.space()), 8)["variant"])
     assert rounds == [by_speed[:3], by_speed[3:6]]
     assert set(st.user_attrs["rejected"]) == set(by_speed[:3])
     assert report.winner["variant"] == by_speed[3] and export._winner(st)["variant"].name == by_speed[3]
@@ -387,7 +388,7 @@ def test_the_likely_finalists_are_built_whole_while_the_last_batch_is_evaluated(
                                             progress=False, seed=1, sampler="grid", top_k=3, batch=4, prune=False))
     st = study.load(report.study_name)
     first = [t.user_attrs["variant"] for t in st.get_trials() if t.number < 4]
-    ok = study.top(study.trials_frame(st, fam.space()), 8)
+    ok = trials.top(trials.trials_frame(st, fam.space()), 8)
     early = sorted(ok[ok["variant"].isin(first)]["variant"][:3])
     assert [b for b in builds if b[0]] == [(True, early), (True, sorted(ok["variant"][:3]))]
     # the search's own builds came first, in two batches of 4, then the ahead one with the last batch
@@ -400,7 +401,7 @@ def test_no_winner_when_every_finalist_fails_its_whole_check(small, monkeypatch)
     report = search.run(search.SearchConfig(gpu="H100", problem=fam.Problem(), trials=8, simulate=path,
                                             progress=False, seed=1, sampler="grid", top_k=3))
     st = study.load(report.study_name)
-    complete = list(study.top(study.trials_frame(st, fam.space()), 8)["variant"])
+    complete = list(trials.top(trials.trials_frame(st, fam.space()), 8)["variant"])
     assert sum(rounds, []) == complete and max(map(len, rounds)) == 3 and report.winner is None
     assert set(st.user_attrs["rejected"]) == set(complete) and len(complete) >= 4
 

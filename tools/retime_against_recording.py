@@ -13,6 +13,7 @@ import json
 
 def main() -> None:
     from tuner.store import study as studies
+    from tuner.store import trials
     from tuner.search.evaluate import LiveEvaluator
     from tuner.families import giou
 
@@ -24,8 +25,8 @@ def main() -> None:
     problem = giou.Problem()
     st = studies.load(studies.study_name("giou", "H100", problem.key(), "fwd+bwd"))
     space = giou.space_for(problem.__dict__)
-    frame = studies.trials_frame(st, space)
-    top = list(studies.top(frame, args.top)["variant"])
+    frame = trials.trials_frame(st, space)
+    top = list(trials.top(frame, args.top)["variant"])
     recs = [json.loads(line) for line in open(args.recording)]
     ok = sorted((r for r in recs if r["status"] == "ok" and r["problem"] == problem.key()),
                 key=lambda r: r["fwd"]["median_us"] + r["bwd"]["median_us"])

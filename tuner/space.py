@@ -78,6 +78,7 @@ class Space:
         odd = [n for n in [*self.fixed, *self.flags, *(d.name for d in self.dims)] if not n.isidentifier()]
         if odd:  # templates read them as variables; a joined variant's backward keys have a colon
             raise SpaceError(f"{family}: parameter names must be identifiers, not {odd}")
+        self._all: tuple[Variant, ...] | None = None  # every variant, made on the first walk (`__iter__`)
 
     def violations(self, params: Mapping[str, Any]) -> list[str]:
         """Reasons `params` is not a point of this space (empty when it is)."""
@@ -110,11 +111,13 @@ class Space:
         return Variant.of(self.family, {**self.fixed, **tuned, **self.flags})
 
     def __iter__(self) -> Iterator[Variant]:
-        names = [d.name for d in self.dims]
-        for values in itertools.product(*(d.values for d in self.dims)):
-            params = dict(zip(names, values))
-            if all(c.check(params) for c in self.constraints):
-                yield self._variant(params)
+        # made once: a search walks its space at every ask and table (EmbeddingBag's: 7,296 variants,
+        # each checked against the constraints and named)
+        if self._all is None:
+            names = [d.name for d in self.dims]
+            points = (dict(zip(names, values)) for values in itertools.product(*(d.values for d in self.dims)))
+            self._all = tuple(self._variant(p) for p in points if all(c.check(p) for c in self.constraints))
+        return iter(self._all)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
@@ -60,7 +61,7 @@ class Variant:
         params.update(changes)
         return Variant.of(self.family, params)
 
-    @property
+    @functools.cached_property  # read thousands of times a search (queues, studies, tables by name)
     def name(self) -> str:
         halves = self.halves()
         if halves:

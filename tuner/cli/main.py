@@ -66,6 +66,19 @@ def _study_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _import_meanwhile(module: str) -> None:
+    """Import `module` in a thread of its own: a command that needs it at its end imports it while
+    it waits (a search on its compilers and GPUs). numpy first loads on one BLAS thread (the
+    search's ranker: tuner.search.ranking.one_blas_thread)."""
+    import importlib
+    import threading
+
+    from tuner.search import ranking
+
+    ranking.one_blas_thread()
+    threading.Thread(target=importlib.import_module, args=(module,), name=f"tuner-import-{module}", daemon=True).start()
+
+
 @command
 def cmd_search(args: argparse.Namespace) -> int:
     from tuner import families, paths, search
@@ -116,6 +129,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             return cli_problems.search(cfg, captured, args, started)
         finally:
             worker.discard_ahead()
+    _import_meanwhile("pandas")  # the tables after the search (0.2-0.4 s), while it waits on its GPU
     try:
         report = search.run(cfg)
     finally:

@@ -14,6 +14,9 @@ from tuner.errors import TunerError, UsageError
 
 def cmd_samplers(args: argparse.Namespace) -> int:
     from tuner import search
+    from tuner.search import ranking
+
+    ranking.one_blas_thread()  # before the simulations load numpy (tuner.search.quality)
     from tuner.search import quality
 
     names = [n for n in args.samplers.split(",") if n]

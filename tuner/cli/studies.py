@@ -11,10 +11,10 @@ from tuner.errors import TunerError, UsageError
 
 
 def _show(st, k: int) -> str:
-    from tuner.store import study
+    from tuner.store import study, trials
 
     space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
-    frame = study.trials_frame(st, space)
+    frame = trials.trials_frame(st, space)
     lines = [f"study {st.study_name}"]
     gpu = st.user_attrs.get("gpu", {})
     if gpu:
@@ -25,7 +25,7 @@ def _show(st, k: int) -> str:
     counts = frame["state"].value_counts().to_dict()
     reasons = frame.loc[frame["state"] == "FAIL", "reason"].value_counts().to_dict()
     lines.append(f"  trials: {counts}; failures by reason: {reasons or 'none'}")
-    best = study.top(frame, k)
+    best = trials.top(frame, k)
     if best.empty:
         return "\n".join(lines + ["  no verified variant yet"])
     cols = [d.name for d in space.dims] + ["objective_us", "fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us",
@@ -61,12 +61,12 @@ def _show(st, k: int) -> str:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from tuner.store import journal
-    from tuner.store import study
+    from tuner.store import study, trials
 
     st = study.load(cli_target.study_name(args), args.storage)
     if args.json:
         space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
-        frame = study.trials_frame(st, space)
+        frame = trials.trials_frame(st, space)
         print(json.dumps({"study": st.study_name, "attrs": st.user_attrs,
                           "trials": json.loads(frame.to_json(orient="records"))}, indent=1, default=str))
     else:

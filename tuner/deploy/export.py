@@ -23,6 +23,7 @@ from tuner import families, paths, runtime
 from tuner.version import __version__
 from tuner.deploy import binaries as _binaries
 from tuner.store import study as studies
+from tuner.store import trials
 from tuner.errors import TunerError
 from tuner.store.records import served_by
 from tuner.build.render import header_text, headers, render, templates_dir
@@ -55,8 +56,8 @@ def _winner(st) -> dict[str, Any]:
         raise TunerError(f"study {st.study_name!r} was not made by `tuner search` (no problem recorded)")
     family = studies.family_of(st)
     space = family.space_for(problem)
-    frame = studies.trials_frame(st, space)
-    best = studies.top(frame, 1)
+    frame = trials.trials_frame(st, space)
+    best = trials.top(frame, 1)
     if best.empty:
         raise NoTrial(f"study {st.study_name!r} has no verified trial to export; run `tuner search` first")
     row = best.iloc[0]

@@ -12,6 +12,7 @@ from pathlib import Path
 from tuner import paths
 from tuner.report import plots as report_plots
 from tuner.store import study as studies
+from tuner.store import trials
 from tuner.report.tables import by_dimension, describe, index, markdown
 
 
@@ -28,7 +29,7 @@ def _report(st, out: Path) -> dict:
 
     problem = st.user_attrs.get("problem", {})
     space = studies.family_of(st).space_for(problem)
-    frame = studies.trials_frame(st, space)
+    frame = trials.trials_frame(st, space)
     about = describe(st, frame)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "trials.csv", index=False)

@@ -26,7 +26,7 @@ import sys
 
 from tuner import families
 from tuner.measure import cases
-from tuner.store import study as studies
+from tuner.store import trials
 from tuner.store import records
 from tuner.store.records import BASELINE, BASELINE_EXTRA, objective_value
 from tuner.search.config import SearchConfig, SearchReport
@@ -53,8 +53,8 @@ def joined(by_name: dict[str, Variant], measured: dict[str, tuple[float, float]]
 
 def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchReport) -> None:
     """`prepare(variants, whole)` builds (or finds built) what the evaluator times."""
-    frame = studies.trials_frame(study, space)
-    if frame.empty or not (frame["state"] == "COMPLETE").any():
+    done = trials.fastest(study)
+    if not done:
         return
     join = joins(cfg, space)
     family = families.get(space.family)
@@ -64,10 +64,9 @@ def retime(cfg: SearchConfig, study, space, evaluator, prepare, report: SearchRe
     checked = whole or cases.sized(family, cfg.problem.__dict__) != cfg.problem.__dict__
     rejected: dict[str, str] = dict(study.user_attrs.get("rejected", {}))
     by_name = space.by_name()
-    done = studies.top(frame, len(frame))
-    ranked = [by_name[name] for name in done["variant"] if name in by_name]
-    measured = {r.variant: (r.fwd_us, r.bwd_us) for r in done.itertuples()
-                if r.variant in by_name and r.fwd_us == r.fwd_us and r.bwd_us == r.bwd_us}  # not NaN
+    ranked = [by_name[r["variant"]] for r in done if r["variant"] in by_name]
+    measured = {r["variant"]: (r["fwd_us"], r["bwd_us"]) for r in done
+                if r["variant"] in by_name and all(t is not None and t == t for t in (r["fwd_us"], r["bwd_us"]))}  # not NaN
     extra = joined(by_name, measured) if join else None
     rows: list[dict] = []
     baseline = None  # the torch op's timings in the same turns as the finalists

@@ -24,6 +24,7 @@ from tuner.store import records, searchers
 from tuner.store import study as studies
 from tuner.search.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
 from tuner.search.pruning import pruner
+from tuner.search.ranking import one_blas_thread
 from tuner.store.records import objective_value
 from tuner.search import asking, finalists, heartbeat
 from tuner.search.config import SearchConfig, SearchReport
@@ -342,6 +343,7 @@ def make_evaluator(cfg: SearchConfig) -> Evaluator:
 
 def run(cfg: SearchConfig) -> SearchReport:
     started = time.monotonic()
+    one_blas_thread()  # before Optuna loads numpy: the ranker's fits share the cores with the compilers
     report = finished(cfg)
     if report is not None:
         report.wall_s = time.monotonic() - started

@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 
 from tuner import families, search
 from tuner.store import records
+from tuner.search import ranking
 from tuner.search.evaluate import SimulatedEvaluator
 
 
@@ -128,7 +129,8 @@ def _counts(dataset: Path, problem, runs: list[tuple[str, int]], how: tuple, on_
     # spawned: a fresh interpreter imports the search alone (a forked one would copy this process's
     # Optuna storages and threads)
     context = multiprocessing.get_context("spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(min(jobs, len(runs)), mp_context=context)
+    pool = concurrent.futures.ProcessPoolExecutor(min(jobs, len(runs)), mp_context=context,
+                                                initializer=ranking.one_blas_thread)  # a process a core
     try:
         pending = {pool.submit(_run, str(dataset), problem.family, dict(problem.__dict__), name, seed, how): (name, seed)
                    for name, seed in runs}

@@ -17,9 +17,34 @@ after a first batch from `spread`, 3.8-5.5% on three recordings and three seed s
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Sequence
 
 RIDGE = 2.0
+# numpy's BLAS libraries read their thread counts when numpy loads (pip's: OpenBLAS; conda's: MKL)
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def one_blas_thread() -> None:
+    """Load numpy with its BLAS on one thread, where it is not loaded yet. The model's products and
+    its solve are of a few hundred features: ~1 ms a fit on one thread, where OpenBLAS's threads,
+    sharing the cores with a search's compilers, took 20-300 ms (a 2-core machine, GIoU's 204
+    features). The variables are set for numpy's load alone: processes started later (a search's
+    GPU workers) get the caller's environment. A caller's own setting is kept."""
+    if "numpy" in sys.modules:
+        return
+    saved = {k: os.environ.get(k) for k in BLAS_THREADS}
+    for k in BLAS_THREADS:
+        os.environ.setdefault(k, "1")
+    try:
+        import numpy  # noqa: F401
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class Ranker:

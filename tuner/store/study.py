@@ -332,55 +332,6 @@ def interrupted(t) -> bool:
     return t.state.name == "FAIL" and t.user_attrs.get("reason") in (None, "interrupted")
 
 
-# ------------------------------------------------------------------ tables
-
-COLUMNS = ["number", "state", "objective_us", "fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us",
-           "regs_fwd", "regs_bwd", "spill_bytes", "reason"]
-
-
-def trials_frame(study, space):
-    """All trials as a pandas DataFrame: the variant's parameters (what ran, which may be the
-    repair of what the sampler proposed), timings, registers, reason."""
-    import pandas as pd
-
-    dims = [d.name for d in space.dims]
-    params = {v.name: space.tuned(v) for v in space}
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        a = facts(t)
-        variant = _text(a.get("variant"))
-        rows.append({
-            "number": t.number, "state": t.state.name, "variant": variant,
-            **params.get(variant, {d: t.params.get(d) for d in dims}),
-            "objective_us": t.value if t.value is not None else float("nan"),
-            **{k: _number(a.get(k)) for k in NUMBERS},
-            "reason": _text(a.get("reason")), "duplicate_of": _number(a.get("duplicate_of")),
-            "fault": _text(a.get("fault")),
-        })
-    return pd.DataFrame(rows)
-
-
-# A trial's recorded numbers and words as the tables read them: a value of another type (a journal
-# edited by hand, another tool's attribute of the same name) reads as missing, not as a crash.
-NUMBERS = ("fwd_us", "fwd_spread_us", "bwd_us", "bwd_spread_us", "regs_fwd", "regs_bwd", "spill_bytes", "compile_s")
-
-
-def _number(v):
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _text(v) -> str:
-    return v if isinstance(v, str) else ""
-
-
-def top(frame, k: int = 5):
-    """The k fastest verified variants; planted-fault variants never count, even if they passed."""
-    if frame.empty:  # a study without a trial (a search stopped at once): no columns either
-        return frame
-    done = frame[(frame["state"] == "COMPLETE") & (frame["fault"] == "")].drop_duplicates("variant")
-    return done.sort_values("objective_us").head(k)
-
-
 def family_of(st):
     """The kernel family a study was made for (`tuner search` records it)."""
     from tuner import families
