@@ -247,6 +247,16 @@ def test_the_pruner_compares_with_the_best_finished_value():
     assert slow.should_prune() and not close.should_prune()
     with pytest.raises(ValueError):
         SlowerThanBest(1.0)
+    # the best as its caller keeps it (a search: its prior best and what it told), not a scan of the study
+    kept = optuna.create_study(pruner=SlowerThanBest(2.0, best=lambda: 5.0))
+    kept.tell(kept.ask(), 10.0)
+    t = kept.ask()
+    t.report(11.0, 10)
+    assert t.should_prune()  # over 2 x 5, though not over 2 x the study's 10
+    unknown = optuna.create_study(pruner=SlowerThanBest(2.0, best=lambda: None))
+    t = unknown.ask()
+    t.report(1e9, 10)
+    assert not t.should_prune()
 
 
 def test_a_finished_study_is_reported_without_starting_cuda(sim, monkeypatch):

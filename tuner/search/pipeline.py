@@ -23,7 +23,7 @@ from tuner import families, gpus, paths
 from tuner.store import records, searchers
 from tuner.store import study as studies
 from tuner.search.evaluate import Evaluator, LiveEvaluator, SimulatedEvaluator
-from tuner.search.pruning import pruner
+from tuner.search.pruning import SlowerThanBest, best_value, pruner
 from tuner.search.ranking import one_blas_thread
 from tuner.store.records import objective_value
 from tuner.search import asking, finalists, heartbeat
@@ -45,11 +45,14 @@ class Search:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.records_path = studies.records_path(self.name)
         records.writable(self.records_path)  # before the study: a log it cannot write fails now, not at a trial
-        self.study = studies.create(self.name, self.storage, asking.sampler(cfg.sampler, cfg.seed),
-                                    pruner(cfg.prune))
+        prune = pruner(cfg.prune)
+        self.study = studies.create(self.name, self.storage, asking.sampler(cfg.sampler, cfg.seed), prune)
         self.report = SearchReport(self.name, self.records_path)
         self.book = Book(cfg, self.study, self.space, asking.distributions(self.space),
                          lambda: evaluator.gpu_info, self.report)
+        self._prior_best: float | None = None  # the study's best before this run (`run`)
+        if isinstance(prune, SlowerThanBest):  # the best as told here: no scan of the study a probe
+            prune.best = self._best_known
         self.book.record_identity(self.family.FAMILY, evaluator.gpu_name)
         self.asker = asking.Asker(cfg, self.book, self.space, self.storage, self.family.FAMILY)
         self.joins = finalists.joins(cfg, self.space)  # the halves count apart (pruning, ranked picks)
@@ -60,6 +63,10 @@ class Search:
             self._slots.put(slot)
         self._gpus = concurrent.futures.ThreadPoolExecutor(max_workers=evaluator.parallel,
                                                            thread_name_prefix="tuner-gpu")
+        # A measured variant is told to the study (a journal write, the log) in a thread of its own,
+        # in order, while its GPU takes the next one: ~2 ms a variant the GPU no longer waits for.
+        self._recorder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuner-record")
+        self._recording: list[concurrent.futures.Future] = []
 
     # -------------------------------------------------------------- run
 
@@ -75,6 +82,7 @@ class Search:
         book.plant(cfg.plant_faults, self.family.FAULTS)  # queued, so that they run first
         self.asker.start()
         book.refresh()  # what the study has seen already
+        self._prior_best = best_value(self.study)
         done = studies.finished_count(self.study)
         # Larger batches compile more variants per translation unit (nvcc's fixed cost paid fewer
         # times); TPE learns between batches and asks one trial at a time: smaller ones. A batch
@@ -148,6 +156,7 @@ class Search:
         finally:
             pool.shutdown(wait=True)
             self._gpus.shutdown(wait=True)
+            self._recorder.shutdown(wait=True)  # what was measured is told, an interrupted search's too
             self._heartbeat.close()
             if book.bar is not None:
                 book.bar.close()
@@ -218,13 +227,18 @@ class Search:
                 copies.append((trial, variant))
             else:
                 first[variant.name] = (trial, variant)
-        if self.evaluator.parallel == 1:
-            for trial, variant in first.values():
-                self._evaluate_one(trial, variant, prepared[variant.name], 0)
-        else:
-            futures = [self._gpus.submit(self._in_a_slot, trial, variant, prepared[variant.name])
-                       for trial, variant in first.values()]
-            for f in futures:
+        try:
+            if self.evaluator.parallel == 1:
+                for trial, variant in first.values():
+                    self._evaluate_one(trial, variant, prepared[variant.name], 0)
+            else:
+                futures = [self._gpus.submit(self._in_a_slot, trial, variant, prepared[variant.name])
+                           for trial, variant in first.values()]
+                for f in futures:
+                    f.result()
+        finally:
+            recorded, self._recording = self._recording, []
+            for f in recorded:  # every one told before the copies read them (and a failed tell raises)
                 f.result()
         for trial, variant in copies:
             number, result = self.book.results[variant.name]
@@ -243,12 +257,20 @@ class Search:
         else:
             probe = (lambda partial, t=trial: self._probe(t, partial)) if self.cfg.prune else None
             result = {**build, **self.evaluator.evaluate(variant, build, probe, slot)}
+        self._recording.append(self._recorder.submit(self._record, trial, variant, build, result))
+
+    def _record(self, trial, variant, build: dict, result: dict) -> None:
         with self._lock:  # the study, the book and the report are shared by the slots
             if build["status"] == "ok":
                 self.report.evaluated += 1
             self.report.verify_s += result.get("verify_s", 0.0)
             self.report.time_s += result.get("time_s", 0.0)
             self.book.record(trial, variant, result, self.records_path)
+
+    def _best_known(self) -> float | None:
+        """The best finished value: the study's before this run, and every one told since."""
+        known = [b for b in (self._prior_best, self.book.best) if b is not None]
+        return min(known) if known else None
 
     def _probe(self, trial, partial: dict) -> bool:
         """The first repetitions' objective as the trial's intermediate value; go on unless the
@@ -257,6 +279,8 @@ class Search:
         forward and a slow backward is the forward a joined variant takes."""
         import optuna
 
+        for f in list(self._recording):  # the variants before it told (done by now, as a rule): the same
+            f.result()                   # decision as when each was told before the next one ran
         try:
             trial.report(objective_value(partial, self.cfg.objective), partial["fwd"].get("reps", 0))
         except optuna.exceptions.UpdateFinishedTrialError:
