@@ -66,17 +66,21 @@ def _study_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _import_meanwhile(module: str) -> None:
+def _import_meanwhile(module: str):
     """Import `module` in a thread of its own: a command that needs it at its end imports it while
-    it waits (a search on its compilers and GPUs). numpy first loads on one BLAS thread (the
-    search's ranker: tuner.search.ranking.one_blas_thread)."""
+    it waits (a search on its compilers and GPUs); the caller joins the thread before it exits (an
+    import cut off by the interpreter's exit is not left half done). numpy first loads on one BLAS
+    thread (the search's ranker: tuner.search.ranking.one_blas_thread)."""
     import importlib
     import threading
 
     from tuner.search import ranking
 
     ranking.one_blas_thread()
-    threading.Thread(target=importlib.import_module, args=(module,), name=f"tuner-import-{module}", daemon=True).start()
+    thread = threading.Thread(target=importlib.import_module, args=(module,), name=f"tuner-import-{module}",
+                              daemon=True)
+    thread.start()
+    return thread
 
 
 @command
@@ -129,11 +133,12 @@ def cmd_search(args: argparse.Namespace) -> int:
             return cli_problems.search(cfg, captured, args, started)
         finally:
             worker.discard_ahead()
-    _import_meanwhile("pandas")  # the tables after the search (0.2-0.4 s), while it waits on its GPU
+    importing = _import_meanwhile("pandas")  # the tables after the search (0.2-0.4 s), while it waits on its GPU
     try:
         report = search.run(cfg)
     finally:
         worker.discard_ahead()
+        importing.join()
     st = study.load(report.study_name, args.storage)
     print(_show(st, args.top_k))
     total = report.compile_s + report.verify_s + report.time_s

@@ -236,10 +236,11 @@ class Search:
                            for trial, variant in first.values()]
                 for f in futures:
                     f.result()
-        finally:
+        finally:  # every one told before the copies read them, an interrupted batch's too
             recorded, self._recording = self._recording, []
-            for f in recorded:  # every one told before the copies read them (and a failed tell raises)
-                f.result()
+            concurrent.futures.wait(recorded)
+        for f in recorded:  # a failed tell raises (here, not in place of the batch's own error)
+            f.result()
         for trial, variant in copies:
             number, result = self.book.results[variant.name]
             self.book.tell(trial, variant, result, duplicate_of=number)
