@@ -641,3 +641,16 @@ def test_a_batch_is_evaluated_as_its_units_are_built_not_once_all_are(small, mon
     st = study.load(report.study_name)
     assert len([t for t in st.get_trials() if t.state.name == "COMPLETE"]) == 8 and report.evaluated == 8
     assert during[:4] == [True] * 4 and during[4:8] == [False] * 4, during  # half while the rest compiled
+
+
+def test_the_finalists_ranking_is_the_tables(sim):
+    """`trials.fastest` (the search's end, without pandas) ranks as `top` over `trials_frame` does:
+    verified variants, each once, fastest first."""
+    report = search.run(_cfg(sim, trials=40, study="fastest", sampler="random"))
+    st = study.load(report.study_name)
+    space = giou.space()
+    table = trials.top(trials.trials_frame(st, space), 1000)
+    got = trials.fastest(st)
+    assert len(got) > 10 and [r["variant"] for r in got] == list(table["variant"])
+    assert [r["objective_us"] for r in got] == list(table["objective_us"])
+    assert [r["fwd_us"] for r in got] == list(table["fwd_us"])
