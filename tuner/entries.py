@@ -61,6 +61,7 @@ def _loaded_type() -> type:
         """torch.ops.tuner.<op>, called through its binding's entry (`loaded`)."""
 
         def __call__(self, /, *args, **kwargs):
+            # `entry`'s choice written out here: a frame less on every call of the op
             found = _entries.get(self._tuner_op)
             if found is not None and not _compiling():
                 return found(*args, **kwargs)
