@@ -289,6 +289,22 @@ def test_each_unit_is_handed_on_as_soon_as_it_is_built(tuner_home, fresh_cache, 
     assert [b.key for b in results[:3]] == [b.key for b in handed[0]] and results[0].so == handed[0][0].so
 
 
+def test_the_cached_builds_are_handed_on_before_the_rest_compile(tuner_home, fresh_cache):
+    """A later search's batch is mostly built already: the GPU takes those while the new ones
+    compile, not once the batch's last unit has ended."""
+    cover = giou.covering_set()[:4]
+    build.build(cover[:2], "sm_90", jobs=1)
+    handed: list[list] = []
+    results = build.build(cover, "sm_90", jobs=2, on_ready=lambda builds: handed.append(builds))
+    assert [[b.variant.name for b in h] for h in handed][0] == [v.name for v in cover[:2]]
+    assert all(b.cached for b in handed[0]) and not any(b.cached for h in handed[1:] for b in h)
+    assert sorted(b.variant.name for h in handed for b in h) == sorted(v.name for v in cover)
+    assert [b.cached for b in results] == [True, True, False, False]
+    handed.clear()
+    build.build(cover, "sm_90", jobs=2, on_ready=lambda builds: handed.append(builds))
+    assert handed == []  # all cached: the result is the whole answer, as before
+
+
 def test_a_search_compiles_only_the_kernels_its_problem_runs(tuner_home, fresh_cache):
     """A GIoU search renders its problem's reduction alone: a third of the kernels, each the
     same code as in the full variant, which an export builds. They are cached apart."""

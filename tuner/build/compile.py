@@ -179,8 +179,9 @@ def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root:
     message; only a missing toolchain raises. `sources` (variant name -> CUDA source)
     builds given sources instead of rendering, e.g. those of an exported artifact;
     `focus` renders only the kernel instances one problem runs (see `render`).
-    `on_ready(builds)` is called (from this thread) with each translation unit's variants as
-    soon as the unit is built, before the others end: a search evaluates them meanwhile. Units
+    `on_ready(builds)` is called (from this thread) with the cached builds first, then with each
+    translation unit's variants as soon as the unit is built, before the others end: a search
+    evaluates them meanwhile. Units
     then differ in size (`plan_units(staggered=True)`), so that they end one after another.
     """
     out_dir = arch_dir(arch, root)
@@ -201,6 +202,9 @@ def build(variants: Iterable[Variant], arch: str, jobs: int | None = None, root:
         else:
             todo[key] = (variant, source)
             slots.append(key)
+    known = [s for s in slots if isinstance(s, Build)]
+    if on_ready is not None and known and todo:  # the GPU takes the cached ones while the rest compile
+        on_ready(known)
     built = {b.key: b for b in _compile(todo, arch, out_dir, jobs, timeout, flags(arch, serving), on_ready)} \
         if todo else {}
     return [built[s] if isinstance(s, str) else s for s in slots]
