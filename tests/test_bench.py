@@ -5,18 +5,19 @@ import torch
 
 from tuner.report import bench
 from tuner.families import giou
-from tuner.families.giou import bench as giou_bench
 
 
 @pytest.mark.parametrize("pred,target", [("float32", "uint8"), ("bfloat16", "float32")])
-def test_eager_implementations_match_the_reference(pred, target):
+def test_the_articles_losses_match_the_reference(pred, target):
+    """GIoU's bench rows of what the article's users run (all but its CUDA kernel run on CPU)."""
     p, t, n = giou.make_inputs(16, 32, pred, target, "article", seed=4)
-    mask = torch.arange(32)[None, :] < n[:, None]
-    tl = [t[i, : int(c)] for i, c in enumerate(n.tolist())]
     want = giou.reference(p, t, n)
-    for got in (giou_bench.loop_loss(p, tl), giou_bench.concat_loss(p, tl, mask), giou_bench.padded_loss(p, t, n),
-                giou_bench.torchvision_loss(p, t, n)):
-        assert giou.check("loss", got, want, 1e-4)[0]
+    rows = giou.bench_rows({"batch": 16, "slots": 32, "pred": pred, "target": target}, (p, t, n, "mean", 1e-7))
+    assert list(rows) == ["article loop", "article concat", "torchvision + mask", "simple CUDA kernel"]
+    for name in ("article loop", "article concat", "torchvision + mask"):
+        assert giou.check("loss", rows[name](p, t, n, "mean", 1e-7), want, 1e-4)[0], name
+    assert "article loop" not in giou.bench_rows({"batch": 2048, "slots": 4, "pred": pred, "target": target},
+                                                 giou.make_inputs(2048, 4, pred, target, seed=1) + ("mean", 1e-7))
 
 
 def test_a_floor_of_gpu_time_alone_is_compared_in_gpu_time(tmp_path):

@@ -185,7 +185,7 @@ RANGES = [
     ["search", "--family", "embedding_bag", "--gpu", "H100", "--rows", "0"],
     ["search", "--family", "embedding_bag", "--gpu", "H100", "--bag-size", "-1"],
     ["show", "--family", "rms_norm", "--gpu", "H100", "--width", "0"],
-    ["bench", "--batches", "64,0"], ["bench", "--dtypes", "bfloat16"],
+    ["bench", "--shapes", "64x0"], ["bench", "--dtypes", "bfloat16/uint8/float32"],
     ["bench", "--family", "rms_norm", "--shapes", "4096x"], ["bench", "--family", "rms_norm", "--shapes", "1x2x3"],
 ]
 
@@ -394,7 +394,8 @@ def test_a_warning_is_one_line(home, capsys, monkeypatch):
                                                               "float16"],
     ["variants", "--gpu", "H100", "--all-dtypes", "--pred", "float16"],
     ["samplers", "--simulate", str(REC), "--samplers", "random", "--fail-above", "5"],
-    ["bench", "--dtypes", "int8/uint8"], ["bench", "--family", "rms_norm", "--dtype", "int8"],  # before the GPU
+    ["bench", "--dtypes", "int8/uint8"], ["bench", "--dtypes", "uint8"],  # before the GPU: uint8 is no pred dtype
+    ["bench", "--family", "rms_norm", "--dtype", "int8"], ["bench", "--family", "embedding_bag", "--shapes", "8x8"],
 ], ids=lambda a: " ".join(x if len(x) < 30 else "REC" for x in a))
 def test_a_value_that_cannot_mean_anything_is_a_usage_error(home, capsys, argv):
     """Exit 2, as docs/cli.md says of a command line that cannot mean anything, and nothing written."""

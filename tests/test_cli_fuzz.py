@@ -88,8 +88,8 @@ SPACE = {
     "rms_norm": {"--x": DTYPES, "--weight": DTYPES, "--all-dtypes": flag},
 }
 BENCH = {
-    "giou": {"--batches": one_of("64,256", "0", "x", "", "64,,1", "-5"),
-             "--dtypes": one_of("bfloat16/uint8", "a/b/c", "", "float32/float32,bfloat16/uint8", "/")},
+    "giou": {"--shapes": one_of("64x256", "0x4", "x", "", "64x256,,1x1", "-5x2"),
+             "--dtypes": one_of("bfloat16/uint8", "a/b/c", "", "float32/float32,bfloat16/uint8", "/", "float32")},
     "embedding_bag": {},
     "rms_norm": {"--shapes": one_of("4096x4096", "10x", "x", "", "1x2x3", "0x5"), "--dtype": DTYPES},
 }

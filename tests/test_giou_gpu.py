@@ -156,3 +156,34 @@ def test_deferred_errors_are_kept_until_taken(kernels):
     _loss(kernel, pred, target, bad, "mean", check=False)
     assert kernel.take_errors() & 1
     assert kernel.take_errors() == 0
+
+
+def test_bench_from_the_declaration_times_the_articles_rows(shared_home, tmp_path):
+    """`tuner bench --family giou` (tuner/report/declared.py, GIoU's bench words): the floors, the
+    tuned op in its three ways of reporting bad input and inside torch.compile's CUDA graphs, the
+    article's losses and kernel, torch's eager loss and F.mse_loss, each checked against float64
+    first; the article's loop is left out beyond LOOP_MAX_BATCH."""
+    import csv
+
+    from tuner import gpus
+    from tuner.cli import main as cli
+    from tuner.deploy import export
+
+    variant = giou.space().variant(boxes_per_thread=1, padding="branch", validation="inline", block_size=256,
+                                   loads="vector", reduction="two_pass", backward="recompute")
+    artifact = export.write(tmp_path / "artifact", [{"variant": variant, "problem": giou.Problem().__dict__}],
+                            gpus.attached().describe())
+    assert cli.main(["bench", "--family", "giou", "--artifact", str(artifact), "--shapes", "64x256,2048x16",
+                     "--dtypes", "bfloat16/uint8", "--out", str(tmp_path / "b")]) == 0
+    with open(tmp_path / "b" / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    small = [r["impl"] for r in rows if r["batch"] == "64"]
+    assert small == ["floor: HBM at 3.0 TB/s", "tuned op", "tuned op, validate=sync", "tuned op, validate=deferred",
+                     "tuned op, torch.compile reduce-overhead", "article loop", "article concat",
+                     "torchvision + mask", "simple CUDA kernel", "anchor: torch giou_loss", "anchor: torch.compile",
+                     "floor: one kernel launch", "floor: x.sum().backward()", "anchor: F.mse_loss (native op)"]
+    large = [r["impl"] for r in rows if r["batch"] == "2048"]
+    assert "article loop" not in large and len(large) == len(small) - 1
+    tuned = next(r for r in rows if r["impl"] == "tuned op")
+    assert all(float(tuned[k]) > 0 for k in ("fwd_wall_us", "fwd_kernel_us", "fwd_bwd_wall_us", "fwd_bwd_kernel_us"))
+    assert (tmp_path / "b" / "bench.md").exists() and (tmp_path / "b" / "bench.png").exists()

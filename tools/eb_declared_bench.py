@@ -1,8 +1,8 @@
 """The EmbeddingBag winners of docs/benchmarks.md (joined, each dtype's), exported and benched at the
 PR's configuration by the checkout this runs from: run it from two checkouts in one session, in
-turns, to compare them (its rows append to OUT/rows-TAG.jsonl).
+turns, each its own copy, to compare them (its rows append to OUT/rows-TAG.jsonl).
 
-    cd OLD && TUNER_HOME=/tmp/old PYTHONPATH=. python3 NEW/tools/eb_declared_bench.py old1 OUT
+    cd OLD && TUNER_HOME=/tmp/old PYTHONPATH=. python3 tools/eb_declared_bench.py old1 OUT
     cd NEW && TUNER_HOME=/tmp/new python3 tools/eb_declared_bench.py new1 OUT
 """
 
@@ -28,7 +28,7 @@ def main() -> None:
     from tuner import gpus
     from tuner.deploy import export
     from tuner.families import embedding_bag as eb
-    from tuner.families.embedding_bag import bench
+    from tuner.report import declared
     from tuner.variant import Variant
 
     print(args.tag, tuner.__file__, flush=True)
@@ -40,7 +40,7 @@ def main() -> None:
             winners.append({"variant": joined, "problem": eb.Problem(weight=weight, mode=mode).__dict__})
     directory = export.write(args.out / f"artifact-{args.tag}", winners, gpus.attached().describe())
     configs = [eb.Problem(mode=m) for m in eb.MODES] + [eb.Problem(weight=w) for w in ("float16", "bfloat16")]
-    rows = bench.run(directory, configs=configs)
+    rows = declared.run(eb.FAMILY, directory, [{**p.__dict__, "per_sample_weights": False} for p in configs])
     with open(args.out / f"rows-{args.tag}.jsonl", "a") as f:
         for r in rows:
             f.write(json.dumps({"tree": args.tag, **r}) + "\n")

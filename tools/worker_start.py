@@ -28,7 +28,7 @@ def main() -> None:
     torch.cuda.synchronize()
     lap("CUDA start")
     from tuner import families, gpus
-    from tuner.measure import timing
+    from tuner.measure import child, timing
 
     gpus.attached(0).describe(driver="")
     lap("describe the GPU")
@@ -37,7 +37,7 @@ def main() -> None:
     lap("L2 flush buffer")
     for name in args.families.split(","):
         problem = families.get(name).Problem()
-        evaluation = families.part(name, "evaluate").Evaluation()
+        evaluation = child.evaluation(name)
         lap(f"{name}: evaluation")
         evaluation.warm(problem.__dict__)
         torch.cuda.synchronize()

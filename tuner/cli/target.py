@@ -17,54 +17,34 @@ def family_cli(args):
 
 def cli_part(family: str):
     """A family's command-line part: its cli.py where it declares no op; else the one its declaration
-    gives: `describe` (tuner.space.describe over its Problem), `tuner bench`'s options (its
-    `BENCH_OPTIONS`, else its sizes and dtype) and the bench itself (its bench.py's `bench` and
-    `bench_problems`, else tuner.report.declared's, made from the declaration)."""
+    gives: `describe` (tuner.space.describe over its Problem), `tuner bench`'s options (its sizes
+    and dtypes) and the bench itself (tuner.report.declared's, made from the declaration)."""
     import functools
     import types
 
     from tuner import families, space
 
-    kind = _bench_kind(family)
-    if kind == "cli":
+    if _keeps_cli(family):
         return families.part(family, "cli")
-    part = types.SimpleNamespace(describe=functools.partial(space.describe, families.get(family).Problem),
-                                 add_bench_args=functools.partial(_bench_args, family))
-    if kind == "own":  # rows of its own (GIoU's article losses, EmbeddingBag's floors)
-        part.bench, part.bench_problems = (functools.partial(_own_bench, name, family) for name in
-                                           ("bench", "bench_problems"))
-    else:
-        part.bench, part.bench_problems = (functools.partial(_declared, name, family) for name in
-                                           ("bench", "bench_problems"))
-    return part
-
-
-def _own_bench(name: str, family: str, *args, **kwargs):
-    """The family's bench.py's `name`, imported when called (it imports torch)."""
-    from tuner import families
-
-    return getattr(families.part(family, "bench"), name)(*args, **kwargs)
+    return types.SimpleNamespace(describe=functools.partial(space.describe, families.get(family).Problem),
+                                 add_bench_args=functools.partial(_bench_args, family),
+                                 bench=functools.partial(_declared, "bench", family),
+                                 bench_problems=functools.partial(_declared, "bench_problems", family))
 
 
 def benches_problems(family: str) -> bool:
     """Whether `tuner bench --problems` has a bench of the family's captured problems: the
-    declaration's, or its bench.py's `bench_problems` where it has a bench of its own (imported
-    here: only `tuner bench` asks, which imports torch anyway)."""
+    declaration's, or its cli part's `bench_problems`."""
     from tuner import families
 
-    kind = _bench_kind(family)
-    return kind == "declared" or hasattr(families.part(family, "cli" if kind == "cli" else "bench"), "bench_problems")
+    return not _keeps_cli(family) or hasattr(families.part(family, "cli"), "bench_problems")
 
 
-def _bench_kind(family: str) -> str:
-    """Where a family's command-line part and bench come from: "cli", its cli.py (a family that keeps
-    one, or declares no op); "own", its declaration with a bench.py of its own rows; "declared", its
-    declaration alone."""
+def _keeps_cli(family: str) -> bool:
+    """A family whose command-line part is its own cli.py: one that keeps one, or declares no op."""
     from tuner import families
 
-    if families.has_part(family, "cli") or getattr(families.get(family), "OP_DECLARATION", None) is None:
-        return "cli"
-    return "own" if families.has_part(family, "bench") else "declared"
+    return families.has_part(family, "cli") or getattr(families.get(family), "OP_DECLARATION", None) is None
 
 
 def _declared(name: str, family: str, *args, **kwargs):
@@ -76,48 +56,50 @@ def _declared(name: str, family: str, *args, **kwargs):
 
 
 def _bench_args(family: str, p) -> None:
-    """`tuner bench`'s options: a family's own (`BENCH_OPTIONS`: name -> (the parser's name in
-    tuner.cli.args, default, help)), or, for a bench made from the declaration, its sizes
-    (`BENCH_SHAPES`, else its Problem's) and the dtype of its varying tensors. A family's bench.py
-    imports torch, so its options are said in the family's package, which a parser reads at once."""
+    """`tuner bench`'s options for a bench made from the declaration: its shapes (`BENCH_SHAPES`,
+    else its Problem's sizes) and dtypes (`BENCH_DTYPES`, else its Problem's); none for a family
+    whose bench runs the problems it declares (`BENCH_PROBLEMS`)."""
     from tuner import families
     from tuner.cli import args as cli_args
 
     fam, op = families.get(family), families.get(family).OP_DECLARATION
-    if families.has_part(family, "bench"):
-        for name, (parse, default, help) in getattr(fam, "BENCH_OPTIONS", {}).items():
-            shown = ",".join("/".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in default)
-            kind = _dtype_pairs(fam) if parse == "pairs" else getattr(cli_args, parse)
-            p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=f"{help} (default {shown})")
+    if hasattr(fam, "BENCH_PROBLEMS"):
         return
     shapes = getattr(fam, "BENCH_SHAPES", None) or (tuple(getattr(fam.Problem(), n) for n in op.sizes),)
     shown = ",".join("x".join(str(n) for n in s) for s in shapes)
     p.add_argument("--shapes", type=cli_args.shapes, default=shapes,
                    help=f"{'x'.join(n.upper() for n in op.sizes)}, comma-separated (default {shown})")
-    if op.varying:
-        takes = [d for d in op.varying[0].dtypes if all(d in t.dtypes for t in op.varying)]
-        p.add_argument("--dtype", default="bfloat16", choices=takes,
-                       help=f"{', '.join(t.name for t in op.varying)} dtype (default bfloat16)")
+    fields = dtype_fields(fam)
+    if fields:
+        default = getattr(fam, "BENCH_DTYPES", None) or (tuple(getattr(fam.Problem(), f) for f in fields),)
+        shown = ",".join("/".join(d) for d in default)
+        p.add_argument("--dtypes", "--dtype", dest="dtypes", type=_dtype_list(fields), default=default,
+                       help=f"{'/'.join(fields)} dtypes, comma-separated; one name sets every one "
+                            f"(default {shown})")
 
 
-def _dtype_pairs(fam):
-    """The parser of a family bench's dtype pairs (`--dtypes bfloat16/uint8,...`): each a dtype of
-    each of its spaces' dtype fields, in their order, so that a pair no variant takes is refused
+def _dtype_list(fields: dict[str, tuple[str, ...]]):
+    """The parser of a bench's dtypes (`--dtypes bfloat16/uint8,float32`): each item a dtype of each
+    dtype field in order, or one dtype of them all, so that a dtype no variant takes is refused
     with the usage, before a GPU is looked for."""
     import argparse
+    import re
 
-    from tuner.cli import args as cli_args
-
-    fields = list(dtype_fields(fam).items())
+    names = list(fields)
 
     def parse(text: str):
-        found = cli_args.pairs(text)
-        for pair in found:
-            wrong = [(name, d, values) for (name, values), d in zip(fields, pair) if d not in values]
-            if wrong:
-                name, d, values = wrong[0]
-                raise argparse.ArgumentTypeError(f"{'/'.join(pair)}: {d} is no {name} dtype ({', '.join(values)})")
-        return found
+        found = []
+        for item in text.split(","):
+            given = tuple(item.split("/"))
+            if len(given) not in (1, len(names)) or not all(re.fullmatch(r"\w+", d) for d in given):
+                raise argparse.ArgumentTypeError(f"expected {'/'.join(names)} dtypes such as "
+                                                 f"{'/'.join(fields[n][0] for n in names)}, got {text!r}")
+            given = given * len(names) if len(given) == 1 else given
+            for name, d in zip(names, given):
+                if d not in fields[name]:
+                    raise argparse.ArgumentTypeError(f"{item}: {d} is no {name} dtype ({', '.join(fields[name])})")
+            found.append(given)
+        return tuple(found)
     return parse
 
 

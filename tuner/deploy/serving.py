@@ -23,23 +23,18 @@ import tempfile
 from pathlib import Path
 
 from tuner import families
-from tuner.errors import SpaceError
 
 
 def problems_bench(family: str):
     """(run_problems(directory, problems, out) -> rows, the torch op's row name, the tuned op's) of
-    a family: its bench.py's, or its declaration's (tuner.report.declared); None where it has none."""
+    a family: its declaration's (tuner.report.declared); None where it declares no op."""
     import functools
 
-    if getattr(families.get(family), "OP_DECLARATION", None) is not None and not families.has_part(family, "bench"):
-        from tuner.report import declared
-
-        return functools.partial(declared.run_problems, family), declared.torch_name(family), declared.TUNED
-    try:
-        bench = families.part(family, "bench")
-    except SpaceError:  # a family without a bench.py
+    if getattr(families.get(family), "OP_DECLARATION", None) is None:
         return None
-    return (bench.run_problems, bench.TORCH, bench.TUNED) if hasattr(bench, "run_problems") else None
+    from tuner.report import declared
+
+    return functools.partial(declared.run_problems, family), declared.torch_name(family), declared.TUNED
 
 
 def checkable(manifest: dict) -> str | None:

@@ -58,11 +58,7 @@ class Child:
         """The family's `Evaluation` (load, check, calls, errors), made once per process: its own
         (evaluate.py), or the one its op's declaration gives (tuner/measure/declared.py)."""
         if name not in self.families:
-            from tuner import families
-            from tuner.measure import declared
-
-            own = getattr(families.get(name), "OP_DECLARATION", None) is None or families.has_part(name, "evaluate")
-            self.families[name] = families.part(name, "evaluate").Evaluation() if own else declared.Evaluation(name)
+            self.families[name] = evaluation(name)
         return self.families[name]
 
     def run(self, job: dict, ask=None) -> dict:
@@ -209,3 +205,13 @@ def main(conn, device_index: int, log_path: str | None = None) -> None:
             # A CUDA error poisons this process's context: report it and exit.
             conn.send({"status": "fail", "reason": reason, "message": message[:2000], "fatal": True})
             return
+
+
+def evaluation(name: str):
+    """A family's `Evaluation`: its own (evaluate.py), or the one its op's declaration gives
+    (tuner/measure/declared.py)."""
+    from tuner import families
+    from tuner.measure import declared
+
+    own = getattr(families.get(name), "OP_DECLARATION", None) is None or families.has_part(name, "evaluate")
+    return families.part(name, "evaluate").Evaluation() if own else declared.Evaluation(name)

@@ -1,8 +1,8 @@
 """The bench harness: time implementations side by side in one run on one GPU, and report.
 
-A family's bench (`tuner/families/<name>/bench.py`) makes the rows: its tuned op, what users
-run today, and floors and anchors (rows named "floor: ..." and "anchor: ..."), each checked
-against the family's reference before it is timed. Two times per call: wall time of
+A family's bench (tuner/report/declared.py, from its declaration) makes the rows: its tuned op,
+what users run today, and floors and anchors (rows named "floor: ..." and "anchor: ..."), each
+checked against the family's reference before it is timed. Two times per call: wall time of
 back-to-back calls (what a training step pays, launch overheads included) and GPU kernel
 time (the profiler's sum of the kernels one call launches).
 """
@@ -116,20 +116,24 @@ def graph_us(fn: Callable[[], object], calls: int = 20, replays: int = 10, round
     return statistics.median(times)
 
 
-def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, floor: dict | None = None,
-                 check: Callable | None = None, gpu_us: Callable[[Callable[[], object]], float] = graph_us
-                 ) -> list[dict]:
+def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, floor: dict | list | None = None,
+                 check: Callable | None = None, gpu_us: Callable[[Callable[[], object]], float] = graph_us,
+                 modes: dict[str, str] | None = None, timed: dict[str, tuple] | None = None) -> list[dict]:
     """One configuration's rows: each implementation `fn(*inputs)`, checked first by `check(name,
     out, grads)` (grads of the inputs that require grad, for output gradient `grad`), then timed
     forward (no grad) and forward+backward: wall time of back-to-back calls, GPU time from
     CUDA-graph replays (`*_kernel_us`; `gpu_us=kernel_us` for the profiler's sum of kernels,
-    where a call may not capture in a graph). `floor` ({"impl": "floor: ...", "fwd_kernel_us":
-    ..., "fwd_bwd_kernel_us": ...}) comes first."""
+    where a call may not capture in a graph). `modes`: how the loaded op reports bad input while
+    a row runs (tuner.runtime.set_validate; "async" else). `timed`: rows of calls of their own
+    (name -> (forward, forward+backward), either None), unchecked: floors and anchors that are
+    not the op's computation, timed in the same turns. `floor` (a row or rows: {"impl": "floor:
+    ...", "fwd_kernel_us": ..., "fwd_bwd_kernel_us": ...}) comes first."""
     leaves = [t for t in inputs if getattr(t, "requires_grad", False)]
     plain = [t.detach() if hasattr(t, "detach") else t for t in inputs]
+    modes = modes or {}
 
     def forward(fn):
-        return lambda: fn(*plain)
+        return no_grad(lambda: fn(*plain))
 
     def both(fn):
         return lambda: torch.autograd.grad(fn(*inputs), leaves, grad)
@@ -141,16 +145,32 @@ def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, 
 
     for name, fn in impls.items():
         if check is not None:
-            out = fn(*fresh(False)[0])
-            copies, copied_leaves = fresh(True)
-            check(name, out, torch.autograd.grad(fn(*copies), copied_leaves, grad))
+            runtime.set_validate(modes.get(name, "async"))
+            try:  # the output copied before the next call: a CUDA graph's replay writes over its last one
+                out = torch.utils._pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t,
+                                                   fn(*fresh(False)[0]))
+                copies, copied_leaves = fresh(True)
+                check(name, out, torch.autograd.grad(fn(*copies), copied_leaves, grad))
+            finally:
+                runtime.set_validate("async")
             del out, copies, copied_leaves
-    fwd = wall_us({name: (forward(fn), None) for name, fn in impls.items()})
-    fwd_bwd = wall_us({name: (both(fn), None) for name, fn in impls.items()})
-    rows = [{"impl": floor["impl"], **config, **{k: v for k, v in floor.items() if k != "impl"}}] if floor else []
-    for name, fn in impls.items():
-        rows.append({"impl": name, **config, "fwd_wall_us": fwd[name], "fwd_kernel_us": gpu_us(forward(fn)),
-                     "fwd_bwd_wall_us": fwd_bwd[name], "fwd_bwd_kernel_us": gpu_us(both(fn))})
+    calls = {name: (forward(fn), both(fn)) for name, fn in impls.items()}
+    calls |= {name: (f and no_grad(f), fb) for name, (f, fb) in (timed or {}).items()}
+    fwd = wall_us({name: (f, modes.get(name)) for name, (f, _) in calls.items() if f is not None})
+    fwd_bwd = wall_us({name: (fb, modes.get(name)) for name, (_, fb) in calls.items() if fb is not None})
+    floors = [floor] if isinstance(floor, dict) else list(floor or [])
+    rows = [{"impl": f["impl"], **config, **{k: v for k, v in f.items() if k != "impl"}} for f in floors]
+    for name, (f, fb) in calls.items():
+        row = {"impl": name, **config}
+        runtime.set_validate(modes.get(name, "async"))
+        try:
+            if f is not None:
+                row.update(fwd_wall_us=fwd[name], fwd_kernel_us=gpu_us(f))
+            if fb is not None:
+                row.update(fwd_bwd_wall_us=fwd_bwd[name], fwd_bwd_kernel_us=gpu_us(fb))
+        finally:
+            runtime.set_validate("async")
+        rows.append(row)
     return rows
 
 

@@ -1,12 +1,13 @@
 """`tuner bench` of a family that declares its op, made from the declaration: the tuned op beside
-the torch op it replaces (eager and torch.compile) and the family's `anchors()` (name -> a function
-of the op's inputs, e.g. Liger's kernel), each checked against the float64 reference first (the
-output and every gradient), timed forward and forward+backward (tuner.report.bench), after the
-bandwidth floor: the bytes a forward, and a forward+backward, must move at least (`least_bytes`,
-or the family's `floor_bytes(problem)` where its op moves less: a fused backward). With
-`--problems FILE` (tuner.capture's shapes), the op against the torch op alone at each captured
-problem. A family's `tuned_rows()` adds rows of the tuned op called otherwise (cross-entropy's
-gradient written over its logits)."""
+the torch op it replaces (eager and torch.compile), what users run today (the family's
+`bench_rows`) and its `anchors()` (name -> a function of the op's inputs, e.g. Liger's kernel),
+each checked against the float64 reference first (the output and every gradient), timed forward
+and forward+backward (tuner.report.bench), after the floors: the bytes a forward, and a
+forward+backward, must move at least (`least_bytes`, or the family's `floor_bytes(problem,
+inputs)` where its op moves less: a fused backward), and the family's `bench_floors`. The
+problems: `--shapes` x `--dtypes`, or the family's `BENCH_PROBLEMS`. With `--problems FILE`
+(tuner.capture's shapes), the op against the torch op alone at each captured problem. The
+declaration's other words for its bench are in `run` (docs/writing-a-family.md lists them)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def _inputs(family: str, problem: dict):
 
     fam, op, spec = _parts(family)
     values = declared.inputs(fam, op, problem, seed=0)
-    for t in op.differentiable:
+    given = [t for t in op.differentiable if values[t.name] is not None]  # an optional one may be left out
+    for t in given:
         values[t.name] = values[t.name].detach().requires_grad_()
     args = tuple(values[a.name] for a in op.inputs)
     plain = tuple(a.detach() if hasattr(a, "detach") else a for a in args)
@@ -58,10 +60,11 @@ def _inputs(family: str, problem: dict):
     # a number's output gradient is 1, as a loss's backward gives it (the search times it so too); others random
     grad = (torch.ones(want.shape, device=want.device) if want.dim() == 0 else
             torch.randn(want.shape, device=want.device)).to(args[0].dtype)
-    answers = (want, *opspec.reference_gradients(op, spec.reference, plain, grad))
+    gradients = opspec.reference_gradients(op, spec.reference, plain, grad)
+    answers = (want, *(g for t, g in zip(op.differentiable, gradients) if t in given))
     tolerance = declared.tolerance(fam)
-    names = ["output"] + [f"grad_{t.name}" for t in op.differentiable]
-    dtypes = [args[0].dtype] + [values[t.name].dtype for t in op.differentiable]
+    names = ["output"] + [f"grad_{t.name}" for t in given]
+    dtypes = [args[0].dtype] + [values[t.name].dtype for t in given]
 
     def agree(name, out, grads):
         for what, got, answer, dtype in zip(names, (out, *grads), answers, dtypes):
@@ -83,14 +86,33 @@ def least_bytes(inputs: tuple, grad) -> tuple[int, int]:
     return read + out, read + out + out + read + sum(t.nbytes for t in tensors if t.requires_grad)
 
 
-def _problem(family: str, sizes, dtype: str | None) -> dict:
-    fam, op, _ = _parts(family)
-    if len(sizes) != len(op.sizes):
-        raise TunerError(f"--shapes: {'x'.join(map(str, sizes))} gives {len(sizes)} sizes, {family} has "
-                         f"{len(op.sizes)} ({', '.join(op.sizes)})")
-    from tuner.space import dtype_name
+def dtype_fields(fam) -> list[str]:
+    """The Problem's dtype fields, in order (GIoU's pred and target): `--dtypes` gives them."""
+    return list(getattr(getattr(fam, "space_for", None), "choices", {}))
 
-    return {**fam.Problem().__dict__, **dict(zip(op.sizes, sizes)), **{t.name: dtype_name(dtype) for t in op.varying}}
+
+def problems(family: str, shapes, dtypes) -> list[dict]:
+    """The bench's problems: each dtype tuple (a dtype per field, or one for all) at each shape."""
+    fam, op, _ = _parts(family)
+    fields, out = dtype_fields(fam), []
+    for given in dtypes:
+        given = (given,) if isinstance(given, str) else tuple(given)
+        named = dict(zip(fields, given * len(fields) if len(given) == 1 else given))
+        for sizes in shapes:
+            if len(sizes) != len(op.sizes):
+                raise TunerError(f"--shapes: {'x'.join(map(str, sizes))} gives {len(sizes)} sizes, {family} has "
+                                 f"{len(op.sizes)} ({', '.join(op.sizes)})")
+            out.append({**fam.Problem().__dict__, **dict(zip(op.sizes, sizes)), **named})
+    return out
+
+
+def _configs(fam, op, problems: list[dict]) -> tuple[list[str], str]:
+    """The keys that tell the problems' rows apart (dtypes, sizes, then any other field that varies)
+    and the size the summary's tables run across (the one with the most values)."""
+    varying = [k for k in problems[0] if len({repr(p.get(k)) for p in problems}) > 1]
+    sizes = [n for n in op.sizes if n in problems[0]]
+    keys = list(dict.fromkeys([*dtype_fields(fam), *sizes, *varying]))
+    return keys, max(sizes, key=lambda n: len({p[n] for p in problems}))
 
 
 def _anchors(fam) -> dict:
@@ -104,36 +126,72 @@ def _anchors(fam) -> dict:
         return {}
 
 
+def _floors(fam, problem: dict, inputs, grad) -> tuple[list[dict], dict]:
+    """The bandwidth floor (the bytes a forward, and a forward+backward, must move at least:
+    `least_bytes`, or the family's `floor_bytes(problem, inputs)`, either may be None), and the family's
+    `bench_floors(problem, inputs)`: name -> a row's numbers measured there, or (forward,
+    forward+backward) calls timed beside the rows (either None). Returns (rows, calls)."""
+    fwd, both = fam.floor_bytes(problem, inputs) if hasattr(fam, "floor_bytes") else least_bytes(inputs, grad)
+    floor = {"impl": f"floor: HBM at {HBM_TBS} TB/s",
+             **{k: b / (HBM_TBS * 1e6) for k, b in (("fwd_kernel_us", fwd), ("fwd_bwd_kernel_us", both)) if b}}
+    rows, calls = [floor], {}
+    for name, got in getattr(fam, "bench_floors", lambda *_: {})(problem, inputs).items():
+        if isinstance(got, dict):
+            rows.append({"impl": name, **got})
+        else:
+            calls[name] = got
+    return rows, calls
+
+
 def bench(family: str, directory, args) -> list[dict]:
+    fam = families.get(family)
+    chosen = fam.BENCH_PROBLEMS if hasattr(fam, "BENCH_PROBLEMS") else problems(family, args.shapes, args.dtypes)
+    return run(family, directory, [{**fam.Problem().__dict__, **p} for p in chosen],
+               Path(args.out) if args.out is not None else None)
+
+
+def run(family: str, directory, chosen: list[dict], out: Path | None = None) -> list[dict]:
+    """The rows of each problem: the tuned op, its other ways to be called (the family's
+    `tuned_rows()`; `BENCH_VALIDATE`: its other ways to report bad input; `BENCH_REDUCE_OVERHEAD`:
+    inside torch.compile's CUDA graphs), the family's `bench_rows(problem, inputs)` (what users run
+    today), the torch op (eager, and torch.compile unless `BENCH_COMPILED` is False) and
+    `anchors()`, after the floors."""
     import torch
 
     fam, op, spec = _parts(family)
     tuned = _load(directory)
-    impls = {TUNED: tuned}
-    # the family's other ways to call the tuned op (`tuned_rows()`: name -> a function of the inputs)
-    impls.update({f"{TUNED}, {k}": fn for k, fn in (getattr(fam, "tuned_rows", lambda: {})()).items()})
-    impls.update({f"anchor: torch {op.name}": spec.torch_op, "anchor: torch.compile": torch.compile(spec.torch_op)})
-    impls.update({f"anchor: {k}": fn for k, fn in _anchors(fam).items()})
-    # GPU time from CUDA-graph replays, or the profiler's sum of kernels where an anchor cannot be
+    compiled = torch.compile(spec.torch_op) if getattr(fam, "BENCH_COMPILED", True) else None
+    # GPU time from CUDA-graph replays, or the profiler's sum of kernels where a row cannot be
     # captured in a graph (the family's BENCH_GRAPHS = False)
     gpu_us = graph_us if getattr(fam, "BENCH_GRAPHS", True) else kernel_us
+    keys, size = _configs(fam, op, chosen)
     rows = []
-    for sizes in args.shapes:
-        problem = _problem(family, sizes, getattr(args, "dtype", None))
+    for problem in chosen:
         inputs, grad, agree = _inputs(family, problem)
-        fwd, both = fam.floor_bytes(problem) if hasattr(fam, "floor_bytes") else least_bytes(inputs, grad)
-        floor = {"impl": f"floor: HBM at {HBM_TBS} TB/s", "fwd_kernel_us": fwd / (HBM_TBS * 1e6),
-                 "fwd_bwd_kernel_us": both / (HBM_TBS * 1e6)}
-        part = side_by_side(dict(zip(op.sizes, sizes)) | {t.name: problem[t.name] for t in op.varying}, impls,
-                            inputs, grad, floor, agree, gpu_us=gpu_us)
+        impls = {TUNED: tuned}
+        impls.update({f"{TUNED}, {k}": fn for k, fn in (getattr(fam, "tuned_rows", lambda: {})()).items()})
+        modes = {f"{TUNED}, validate={m}": m for m in getattr(fam, "BENCH_VALIDATE", ())}
+        impls.update({name: tuned for name in modes})
+        if getattr(fam, "BENCH_REDUCE_OVERHEAD", False):  # made per problem: no recompilation limit reached
+            impls[f"{TUNED}, torch.compile reduce-overhead"] = torch.compile(lambda *a: tuned(*a),
+                                                                             mode="reduce-overhead", dynamic=False)
+        impls.update(getattr(fam, "bench_rows", lambda *_: {})(problem, inputs))
+        impls[f"anchor: torch {op.name}"] = spec.torch_op
+        if compiled is not None:
+            impls["anchor: torch.compile"] = compiled
+        impls.update({f"anchor: {k}": fn for k, fn in _anchors(fam).items()})
+        floors, timed = _floors(fam, problem, inputs, grad)
+        part = side_by_side({k: problem[k] for k in keys}, impls, inputs, grad, floors, agree, gpu_us=gpu_us,
+                            modes=modes, timed=timed)
+        base = next((f for f in floors if f["impl"].startswith("floor: HBM")), None)
         for r in part:
-            print(_fmt(r) + "".join(f" {k[:-10]}/floor={r[k] / floor[k]:.2f}x" for k in ("fwd_kernel_us",
-                  "fwd_bwd_kernel_us") if floor and r is not part[0]), flush=True)
+            print(_fmt(r) + "".join(f" {k[:-10]}/floor={r[k] / base[k]:.2f}x" for k in ("fwd_kernel_us",
+                  "fwd_bwd_kernel_us") if base and k in base and k in r and r["impl"] != base["impl"]), flush=True)
         rows += part
-        del inputs, grad, agree
+        del inputs, grad, agree, impls
         torch.cuda.empty_cache()
-    if args.out is not None:
-        write(rows, Path(args.out), size=next(iter(op.sizes)))
+    if out is not None:
+        write(rows, Path(out), size=size)
     return rows
 
 
@@ -154,17 +212,18 @@ def run_problems(family: str, directory, problems: list[dict], out: Path, baseli
     `baseline=False`: the nearest variant serves every problem (tuner.deploy.regions)."""
     import torch
 
-    _, op, spec = _parts(family)
+    fam, op, spec = _parts(family)
     impls, rows = {TUNED: _load(directory, baseline), torch_name(family): spec.torch_op}, []
     if runtime.torch_path(family) is not None:
         impls[TORCH_SERVING] = runtime.torch_path(family)
+    gpu_us = graph_us if getattr(fam, "BENCH_GRAPHS", True) else kernel_us
+    keys, _ = _configs(fam, op, [{**fam.Problem().__dict__, **c["problem"]} for c in problems])
     for captured in problems:
-        p = captured["problem"]
+        p = {**fam.Problem().__dict__, **captured["problem"]}
         inputs, grad, agree = _inputs(family, p)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. torch's op of mixed dtypes warns that it is not fused
-            config = {**{t.name: p[t.name] for t in op.varying}, **{n: p[n] for n in op.sizes}}
-            part = side_by_side(config, impls, inputs, grad, check=agree)
+            part = side_by_side({k: p[k] for k in keys}, impls, inputs, grad, check=agree, gpu_us=gpu_us)
         for r in part:
             print(_fmt(r), flush=True)
         rows += part

@@ -73,7 +73,7 @@ def make_inputs(rows: int, vocab: int, logits: str = "bfloat16", ignored: float 
     return x, target
 
 
-def floor_bytes(problem: dict) -> tuple[int, int]:
+def floor_bytes(problem: dict, inputs=None) -> tuple[int, int]:
     """A forward reads the logits; a fused forward+backward reads them once and writes their gradient."""
     once = problem["rows"] * problem["vocab"] * itemsize(problem["logits"])
     return once, 2 * once

@@ -172,3 +172,35 @@ def make_inputs(rows: int, dim: int, bags: int, bag_size: int, mode: str = "sum"
     psw = torch.rand(n, **on).to(dtype) + 0.5 if (mode == "sum" if per_sample_weights is None
                                                    else per_sample_weights) else None
     return table, ids.to(ints), offsets.to(ints), psw
+
+
+# ------------------------------------------------------------------ bench
+
+# `tuner bench --family embedding_bag` (tuner/report/declared.py): the PR's configuration in every
+# mode and index distribution, smaller bags, its wide-row shape and 16-bit weights, no per-sample
+# weights (the PR's calls have none). GPU time from the profiler: torch's dense backward synchronized
+# inside its sort-and-unique in older releases, which a CUDA graph cannot capture (pytorch#93807).
+BENCH_PROBLEMS = tuple({**p, "per_sample_weights": False} for p in (
+    *({"mode": m} for m in MODES), *({"distribution": d} for d in ("one_hot", "multi_hot")),
+    *({"bag_size": n} for n in (20, 10)), {"rows": 128_000, "dim": 4096},
+    *({"weight": w} for w in ("float16", "bfloat16"))))
+BENCH_GRAPHS = False
+BENCH_COMPILED = False  # torch.compile of F.embedding_bag is its eager kernels, compiled per shape
+
+
+def floor_bytes(problem: dict, inputs) -> tuple[int, None]:
+    """The gathered rows (ids x dim x element size), moved once: the forward's floor."""
+    weight, indices = inputs[0], inputs[1]
+    return indices.numel() * weight.shape[1] * weight.element_size(), None
+
+
+def bench_floors(problem: dict, inputs) -> dict:
+    """A read of as many contiguous bytes as the forward gathers, timed by the profiler (torch's sum
+    of a buffer that size: a streaming read, which a gather of random rows does not beat)."""
+    import torch
+
+    from tuner.report.bench import kernel_us
+
+    weight, indices = inputs[0], inputs[1]
+    data = torch.randn(indices.numel() * weight.shape[1], device="cuda").to(weight.dtype)
+    return {"floor: a read of as many bytes": {"fwd_kernel_us": kernel_us(lambda: data.sum(dtype=torch.float32))}}

@@ -11,6 +11,8 @@ the storage dtype; the loss is float32, the gradient has pred's dtype.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from typing import Any
 
 from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option, problem_class  # noqa: F401
@@ -49,12 +51,6 @@ _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", 
 
 # Opt-in kinds of variant, a switch each on the command line (tuner.cli.target): space(device_assert=True).
 SPACE_FLAGS = {"device_assert": "variants that also stop on a device-side assert when validation fails (opt-in)"}
-
-# `tuner bench --family giou`'s options (bench.py's rows at each batch size and dtype pair): name ->
-# (its parser in tuner.cli.args, default, help)
-BENCH_OPTIONS = {"batches": ("sizes", (64, 256, 1024, 4096), "batch sizes, comma-separated"),
-                 "dtypes": ("pairs", (("bfloat16", "uint8"), ("float32", "float32")),
-                            "pred/target pairs, comma-separated")}
 
 # Faults a test can plant in a variant, to check that a search survives them.
 FAULTS = ("compile", "oob", "assert", "hang", "wrong", "nan", "resources")
@@ -177,3 +173,107 @@ ODD_SIZES = ({"batch": 3, "slots": 7},)  # a block ends mid-image, mid-vector
 
 
 from tuner.measure.accuracy import check  # noqa: E402,F401  (tests use it from here)
+
+
+# ------------------------------------------------------------------ bench
+
+# `tuner bench --family giou` (tuner/report/declared.py): the article's batch sizes and two dtype
+# pairs, every row also timed with the op's other two ways of reporting bad input and inside
+# torch.compile's CUDA graphs; GPU time from the profiler (the article's loop reads its counts).
+BENCH_SHAPES = ((64, 256), (256, 256), (1024, 256), (4096, 256))
+BENCH_DTYPES = (("bfloat16", "uint8"), ("float32", "float32"))
+BENCH_VALIDATE = ("sync", "deferred")
+BENCH_REDUCE_OVERHEAD = True
+BENCH_GRAPHS = False
+LOOP_MAX_BATCH = 1024  # the article's per-sample loop takes seconds a call beyond this: left out there
+
+
+def bench_rows(problem: dict, inputs) -> dict:
+    """What the article's users run (1 - GIoU in float32 math on upcast targets: its own loss is
+    the mean GIoU on uint8 targets, which overflows): its per-sample loop, its concatenation of
+    the valid boxes, torchvision's loss masked, and its single CUDA kernel. The targets' list and
+    mask are made once, as a data loader hands them over."""
+    import torch
+
+    pred, target, counts = inputs[:3]
+    targets = [target[i, :int(c)] for i, c in enumerate(counts.tolist())]
+    mask = torch.arange(target.shape[1], device=target.device)[None, :] < counts[:, None]
+
+    def one_minus_giou(p, t):
+        return giou_loss_elementwise(p.float(), t.float(), DEFAULT_EPS)
+
+    def loop(p, *_):
+        total, count = 0.0, 0
+        for i, t in enumerate(targets):
+            if t.shape[0]:
+                total, count = total + one_minus_giou(p[i, :t.shape[0]], t).sum(), count + t.shape[0]
+        return total / max(count, 1)
+
+    def torchvision(p, t, n, *_):
+        from torchvision.ops import generalized_box_iou_loss
+
+        loss = generalized_box_iou_loss(p.float(), t.float(), reduction="none", eps=DEFAULT_EPS)
+        return torch.where(mask, loss, 0).sum() / mask.sum().clamp(min=1)
+
+    rows = {"article loop": loop} if problem["batch"] <= LOOP_MAX_BATCH else {}
+    rows["article concat"] = lambda p, *_: one_minus_giou(p[mask], torch.cat(targets)).mean()
+    if importlib.util.find_spec("torchvision") is not None:
+        rows["torchvision + mask"] = torchvision
+    return {**rows, "simple CUDA kernel": _simple_kernel(problem["pred"], problem["target"])}
+
+
+def _simple_kernel(pred: str, target: str):
+    """The article's single CUDA kernel: one thread per slot, float32 math, the sums done apart
+    (a variant's per-box losses, reduced by torch ops)."""
+    import torch
+
+    from tuner import gpus
+    from tuner.build import compile as build
+    from tuner.measure.declared import DeclaredKernel
+
+    @functools.cache
+    def built():  # at the first call (the check's, before any timing)
+        v = space(pred, target).variant(boxes_per_thread=1, padding="branch", validation="none", block_size=256,
+                                        loads="scalar", reduction="atomic", backward="recompute")
+        (b,) = build.build([v], gpus.attached().arch, serving=True)  # timed from the host too
+        return DeclaredKernel(FAMILY, b.so, v.name, b.entry)
+
+    class PerBox(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, p, t, n):
+            outs = built().forward({"pred": p, "target": t, "num_boxes": n, "reduction": "none", "eps": DEFAULT_EPS},
+                                  check=False)
+            ctx.save_for_backward(p, t, n, outs["count"])
+            return outs["loss"]
+
+        @staticmethod
+        def backward(ctx, g):
+            p, t, n, count = ctx.saved_tensors
+            call, grads = built().prepare_backward(  # a variant that recomputes saves no gradient
+                {"loss": g}, {"pred": p, "target": t, "num_boxes": n, "reduction": "none", "eps": DEFAULT_EPS},
+                {"count": count, "saved_grad": None})
+            call()
+            return grads["pred"], None, None
+
+    return lambda p, t, n, *_: PerBox.apply(p, t, n).sum() / n.clamp(0, p.shape[1]).sum().clamp(min=1)
+
+
+def bench_floors(problem: dict, inputs) -> dict:
+    """Beside the bandwidth floor: one kernel launch through the dispatcher, autograd's own cost
+    (`x.sum().backward()` on a [B, S, 4] leaf), and `F.mse_loss` on two [B, S, 4] float32 tensors
+    (a native C++ loss with C++ autograd: what an op's call costs when no Python runs on its path)."""
+    import torch
+    import torch.nn.functional as F
+
+    shape = (problem["batch"], problem["slots"], 4)
+    one, leaf = torch.zeros(1, device="cuda"), torch.randn(shape, device="cuda", requires_grad=True)
+    x, y = torch.rand(shape, device="cuda"), torch.rand(shape, device="cuda")
+    leaf_x = x.clone().requires_grad_(True)
+
+    def mse_both():
+        leaf_x.grad = None
+        F.mse_loss(leaf_x, y).backward()
+
+    return {"floor: one kernel launch": (lambda: one.fill_(1.0), None),
+            "floor: x.sum().backward()": (None, lambda: leaf.sum().backward()),
+            "anchor: F.mse_loss (native op)": (lambda: F.mse_loss(x, y), mse_both)}
