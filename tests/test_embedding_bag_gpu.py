@@ -643,7 +643,7 @@ def test_bench_rows_hold_both_floors_beside_the_tuned_op_and_torch(shared_home, 
     out = export.write(tmp_path / "artifact", [{"variant": Variant.of(eb.FAMILY, params),
                                                 "problem": eb.Problem().__dict__}], gpus.attached().describe())
     p = eb.Problem(rows=200_000, dim=128, bags=512, bag_size=150)
-    rows = declared.run(eb.FAMILY, out, [{**vars(p), "per_sample_weights": False}])
+    rows = declared.bench_at(eb.FAMILY, out, [{**vars(p), "per_sample_weights": False}])
     assert [r["impl"] for r in rows] == ["floor: HBM at 3.0 TB/s", "floor: a read of as many bytes",
                                          declared.TUNED, declared.torch_name(eb.FAMILY)]
     ids = eb.make_inputs(**vars(p), seed=0, device="cuda")[1].numel()  # as the bench draws them

@@ -40,7 +40,7 @@ def main() -> None:
             winners.append({"variant": joined, "problem": eb.Problem(weight=weight, mode=mode).__dict__})
     directory = export.write(args.out / f"artifact-{args.tag}", winners, gpus.attached().describe())
     configs = [eb.Problem(mode=m) for m in eb.MODES] + [eb.Problem(weight=w) for w in ("float16", "bfloat16")]
-    rows = declared.run(eb.FAMILY, directory, [{**p.__dict__, "per_sample_weights": False} for p in configs])
+    rows = declared.bench_at(eb.FAMILY, directory, [{**p.__dict__, "per_sample_weights": False} for p in configs])
     with open(args.out / f"rows-{args.tag}.jsonl", "a") as f:
         for r in rows:
             f.write(json.dumps({"tree": args.tag, **r}) + "\n")

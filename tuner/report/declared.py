@@ -7,7 +7,7 @@ forward+backward, must move at least (`least_bytes`, or the family's `floor_byte
 inputs)` where its op moves less: a fused backward), and the family's `bench_floors`. The
 problems: `--shapes` x `--dtypes`, or the family's `BENCH_PROBLEMS`. With `--problems FILE`
 (tuner.capture's shapes), the op against the torch op alone at each captured problem. The
-declaration's other words for its bench are in `run` (docs/writing-a-family.md lists them)."""
+declaration's other words for its bench are in `bench_at` (docs/writing-a-family.md lists them)."""
 
 from __future__ import annotations
 
@@ -146,11 +146,11 @@ def _floors(fam, problem: dict, inputs, grad) -> tuple[list[dict], dict]:
 def bench(family: str, directory, args) -> list[dict]:
     fam = families.get(family)
     chosen = fam.BENCH_PROBLEMS if hasattr(fam, "BENCH_PROBLEMS") else problems(family, args.shapes, args.dtypes)
-    return run(family, directory, [{**fam.Problem().__dict__, **p} for p in chosen],
+    return bench_at(family, directory, [{**fam.Problem().__dict__, **p} for p in chosen],
                Path(args.out) if args.out is not None else None)
 
 
-def run(family: str, directory, chosen: list[dict], out: Path | None = None) -> list[dict]:
+def bench_at(family: str, directory, chosen: list[dict], out: Path | None = None) -> list[dict]:
     """The rows of each problem: the tuned op, its other ways to be called (the family's
     `tuned_rows()`; `BENCH_VALIDATE`: its other ways to report bad input; `BENCH_REDUCE_OVERHEAD`:
     inside torch.compile's CUDA graphs), the family's `bench_rows(problem, inputs)` (what users run
