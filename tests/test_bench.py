@@ -121,3 +121,40 @@ def test_least_bytes_is_the_inputs_and_output_then_the_gradient_inputs_and_their
                                                                                    5 * once + 3 * weight)
     frozen = w.detach()  # no gradient to write
     assert least_bytes((x, frozen, 1e-6), torch.randn(64, 32, dtype=torch.bfloat16))[1] == 5 * once + 2 * weight
+
+
+def test_a_declared_bench_runs_each_dtype_tuple_at_each_shape_and_names_what_varies():
+    """`--shapes` x `--dtypes` (one dtype sets every dtype field); the rows' columns are the dtypes, the
+    sizes the problems have and any other field that varies (EmbeddingBag's modes); the summary runs
+    across the size with the most values."""
+    from tuner.errors import TunerError
+    from tuner.families import embedding_bag, rms_norm
+    from tuner.report import declared
+
+    got = declared.problems("giou", ((64, 256), (1024, 16)), (("bfloat16", "uint8"), ("float32",)))
+    assert [(p["batch"], p["slots"], p["pred"], p["target"]) for p in got] == [
+        (64, 256, "bfloat16", "uint8"), (1024, 16, "bfloat16", "uint8"), (64, 256, "float32", "float32"),
+        (1024, 16, "float32", "float32")]
+    assert all(p["distribution"] == "article" and p["reduction"] == "mean" for p in got)  # the Problem's defaults
+    assert declared._configs(giou, giou.OP_DECLARATION, got) == (["pred", "target", "batch", "slots"], "batch")
+    shapes = declared.problems("rms_norm", rms_norm.BENCH_SHAPES, ("bfloat16",))
+    assert declared._configs(rms_norm, rms_norm.OP_DECLARATION, shapes) == (["x", "weight", "rows", "width"], "rows")
+    eb = [{**embedding_bag.Problem().__dict__, **p} for p in embedding_bag.BENCH_PROBLEMS]
+    keys, size = declared._configs(embedding_bag, embedding_bag.OP_DECLARATION, eb)
+    assert keys[:6] == ["weight", "index", "rows", "dim", "bags", "bag_size"] and size == "bag_size"
+    assert {"mode", "distribution"} <= set(keys[6:]) and "per_sample_weights" not in keys  # False in every one
+    with pytest.raises(TunerError, match="gives 3 sizes, giou has 2"):
+        declared.problems("giou", ((1, 2, 3),), ("float32",))
+
+
+def test_bench_dtypes_are_refused_before_a_gpu_is_looked_for():
+    import argparse
+
+    from tuner.cli.target import _dtype_list
+
+    parse = _dtype_list({"pred": ("float32", "bfloat16"), "target": ("uint8", "float32")})
+    assert parse("bfloat16/uint8,float32") == (("bfloat16", "uint8"), ("float32", "float32"))
+    for bad, says in (("bfloat16", "bfloat16 is no target dtype"), ("uint8/uint8", "uint8 is no pred dtype"),
+                      ("a/b/c", "expected pred/target dtypes"), ("", "expected pred/target dtypes")):
+        with pytest.raises(argparse.ArgumentTypeError, match=says):
+            parse(bad)
