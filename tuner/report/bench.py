@@ -9,6 +9,7 @@ time (the profiler's sum of the kernels one call launches).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import statistics
 import time
@@ -118,13 +119,15 @@ def graph_us(fn: Callable[[], object], calls: int = 20, replays: int = 10, round
 
 def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, floor: dict | list | None = None,
                  check: Callable | None = None, gpu_us: Callable[[Callable[[], object]], float] = graph_us,
-                 modes: dict[str, str] | None = None, timed: dict[str, tuple] | None = None) -> list[dict]:
+                 modes: dict[str, str] | None = None, timed: dict[str, tuple] | None = None,
+                 inference: bool = False) -> list[dict]:
     """One configuration's rows: each implementation `fn(*inputs)`, checked first by `check(name,
     out, grads)` (grads of the inputs that require grad, for output gradient `grad`), then timed
     forward (no grad) and forward+backward: wall time of back-to-back calls, GPU time from
     CUDA-graph replays (`*_kernel_us`; `gpu_us=kernel_us` for the profiler's sum of kernels,
-    where a call may not capture in a graph). `modes`: how the loaded op reports bad input while
-    a row runs (tuner.runtime.set_validate; "async" else). `timed`: rows of calls of their own
+    where a call may not capture in a graph; `inference`: the forward under torch.no_grad, as an
+    inference step calls it). `modes`: how the loaded op reports bad input while a row runs
+    (tuner.runtime.set_validate; as set else). `timed`: rows of calls of their own
     (name -> (forward, forward+backward), either None), unchecked: floors and anchors that are
     not the op's computation, timed in the same turns. `floor` (a row or rows: {"impl": "floor:
     ...", "fwd_kernel_us": ..., "fwd_bwd_kernel_us": ...}) comes first."""
@@ -133,7 +136,7 @@ def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, 
     modes = modes or {}
 
     def forward(fn):
-        return no_grad(lambda: fn(*plain))
+        return no_grad(lambda: fn(*plain)) if inference else lambda: fn(*plain)
 
     def both(fn):
         return lambda: torch.autograd.grad(fn(*inputs), leaves, grad)
@@ -145,33 +148,40 @@ def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, 
 
     for name, fn in impls.items():
         if check is not None:
-            runtime.set_validate(modes.get(name, "async"))
-            try:  # the output copied before the next call: a CUDA graph's replay writes over its last one
-                out = torch.utils._pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t,
-                                                   fn(*fresh(False)[0]))
+            with _validating(modes.get(name)):  # the output copied before the next call: a CUDA graph's
+                out = torch.utils._pytree.tree_map(  # replay writes over its last one
+                    lambda t: t.clone() if isinstance(t, torch.Tensor) else t, fn(*fresh(False)[0]))
                 copies, copied_leaves = fresh(True)
                 check(name, out, torch.autograd.grad(fn(*copies), copied_leaves, grad))
-            finally:
-                runtime.set_validate("async")
             del out, copies, copied_leaves
     calls = {name: (forward(fn), both(fn)) for name, fn in impls.items()}
-    calls |= {name: (f and no_grad(f), fb) for name, (f, fb) in (timed or {}).items()}
+    calls |= {name: (f and (no_grad(f) if inference else f), fb) for name, (f, fb) in (timed or {}).items()}
     fwd = wall_us({name: (f, modes.get(name)) for name, (f, _) in calls.items() if f is not None})
     fwd_bwd = wall_us({name: (fb, modes.get(name)) for name, (_, fb) in calls.items() if fb is not None})
     floors = [floor] if isinstance(floor, dict) else list(floor or [])
     rows = [{"impl": f["impl"], **config, **{k: v for k, v in f.items() if k != "impl"}} for f in floors]
     for name, (f, fb) in calls.items():
         row = {"impl": name, **config}
-        runtime.set_validate(modes.get(name, "async"))
-        try:
+        with _validating(modes.get(name)):
             if f is not None:
                 row.update(fwd_wall_us=fwd[name], fwd_kernel_us=gpu_us(f))
             if fb is not None:
                 row.update(fwd_bwd_wall_us=fwd_bwd[name], fwd_bwd_kernel_us=gpu_us(fb))
-        finally:
-            runtime.set_validate("async")
         rows.append(row)
     return rows
+
+
+@contextlib.contextmanager
+def _validating(mode: str | None):
+    """The loaded op reporting bad input as `mode` says, then "async" again (wall_us's way); None: as set."""
+    if mode is None:
+        yield
+        return
+    runtime.set_validate(mode)
+    try:
+        yield
+    finally:
+        runtime.set_validate("async")
 
 
 METRICS = ("fwd_wall_us", "fwd_kernel_us", "fwd_bwd_wall_us", "fwd_bwd_kernel_us")

@@ -147,7 +147,7 @@ def bench(family: str, directory, args) -> list[dict]:
     fam = families.get(family)
     chosen = fam.BENCH_PROBLEMS if hasattr(fam, "BENCH_PROBLEMS") else problems(family, args.shapes, args.dtypes)
     return bench_at(family, directory, [{**fam.Problem().__dict__, **p} for p in chosen],
-               Path(args.out) if args.out is not None else None)
+                    Path(args.out) if args.out is not None else None)
 
 
 def bench_at(family: str, directory, chosen: list[dict], out: Path | None = None) -> list[dict]:
@@ -182,7 +182,7 @@ def bench_at(family: str, directory, chosen: list[dict], out: Path | None = None
         impls.update({f"anchor: {k}": fn for k, fn in _anchors(fam).items()})
         floors, timed = _floors(fam, problem, inputs, grad)
         part = side_by_side({k: problem[k] for k in keys}, impls, inputs, grad, floors, agree, gpu_us=gpu_us,
-                            modes=modes, timed=timed)
+                            modes=modes, timed=timed, inference=True)
         base = next((f for f in floors if f["impl"].startswith("floor: HBM")), None)
         for r in part:
             print(_fmt(r) + "".join(f" {k[:-10]}/floor={r[k] / base[k]:.2f}x" for k in ("fwd_kernel_us",
@@ -216,7 +216,8 @@ def run_problems(family: str, directory, problems: list[dict], out: Path, baseli
     impls, rows = {TUNED: _load(directory, baseline), torch_name(family): spec.torch_op}, []
     if runtime.torch_path(family) is not None:
         impls[TORCH_SERVING] = runtime.torch_path(family)
-    gpu_us = graph_us if getattr(fam, "BENCH_GRAPHS", True) else kernel_us
+    # as the bench's, unless the family says otherwise for these rows (PROBLEMS_GRAPHS: no anchor among them)
+    gpu_us = graph_us if getattr(fam, "PROBLEMS_GRAPHS", getattr(fam, "BENCH_GRAPHS", True)) else kernel_us
     keys, _ = _configs(fam, op, [{**fam.Problem().__dict__, **c["problem"]} for c in problems])
     for captured in problems:
         p = {**fam.Problem().__dict__, **captured["problem"]}

@@ -81,6 +81,7 @@ def floor_bytes(problem: dict, inputs=None) -> tuple[int, int]:
 
 BENCH_SHAPES = ((4096, 32000), (4096, 128256), (16384, 32000), (16384, 128256))  # rows x vocab
 BENCH_GRAPHS = False  # Liger's backward syncs (torch.equal): GPU times are the profiler's sum of kernels
+PROBLEMS_GRAPHS = True  # `--problems` and the export's check time the op and torch's alone: from graphs
 
 
 def anchors() -> dict:
