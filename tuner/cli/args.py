@@ -158,14 +158,6 @@ def devices(text: str) -> str:
     return text
 
 
-def sizes(text: str) -> tuple[int, ...]:
-    """Comma-separated sizes, such as 64,256,1024."""
-    try:
-        return tuple(size(x) for x in text.split(","))
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected sizes such as 64,256,1024, got {_quoted(text)}") from None
-
-
 def shapes(text: str) -> tuple[tuple[int, int], ...]:
     """Comma-separated ROWSxWIDTH shapes, such as 4096x4096,8192x1024."""
     found = []
@@ -177,15 +169,6 @@ def shapes(text: str) -> tuple[tuple[int, int], ...]:
             raise argparse.ArgumentTypeError(f"expected ROWSxWIDTH shapes such as 4096x4096,8192x1024, "
                                              f"got {_quoted(text)}") from None
     return tuple(found)
-
-
-def pairs(text: str) -> tuple[tuple[str, str], ...]:
-    """Comma-separated A/B pairs of names, such as bfloat16/uint8,float32/float32."""
-    found = [tuple(pair.split("/")) for pair in text.split(",")]
-    if not all(len(pair) == 2 and all(re.fullmatch(r"\w+", name) for name in pair) for pair in found):
-        raise argparse.ArgumentTypeError(f"expected pairs such as bfloat16/uint8,float32/float32, "
-                                         f"got {_quoted(text)}")
-    return tuple(found)  # type: ignore[return-value]
 
 
 def recording(path: Path | None, flag: str) -> None:
