@@ -185,7 +185,7 @@ BENCH_PROBLEMS = tuple({**p, "per_sample_weights": False} for p in (
     *({"bag_size": n} for n in (20, 10)), {"rows": 128_000, "dim": 4096},
     *({"weight": w} for w in ("float16", "bfloat16"))))
 BENCH_GRAPHS = False
-BENCH_COMPILED = False  # torch.compile of F.embedding_bag is its eager kernels, compiled per shape
+BENCH_COMPILED = False  # no torch.compile row (none was in this bench; each problem would compile apart)
 
 
 def floor_bytes(problem: dict, inputs) -> tuple[int, None]:
