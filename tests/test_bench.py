@@ -158,3 +158,18 @@ def test_bench_dtypes_are_refused_before_a_gpu_is_looked_for():
                       ("a/b/c", "expected pred/target dtypes"), ("", "expected pred/target dtypes")):
         with pytest.raises(argparse.ArgumentTypeError, match=says):
             parse(bad)
+
+
+def test_bench_shapes_are_parsed_for_the_family_s_number_of_sizes():
+    """`--shapes` of a family of one size is `1024,4096`, of three `1x2x3`; a shape of another
+    length is a usage error."""
+    import argparse
+
+    from tuner.cli import args as cli_args
+
+    one, three = cli_args.shapes_of(("n",)), cli_args.shapes_of(("rows", "dim", "bags"))
+    assert one("1024,4096") == ((1024,), (4096,)) and three("1x2x3") == ((1, 2, 3),)
+    with pytest.raises(argparse.ArgumentTypeError, match="expected N shapes such as 4096,8192"):
+        one("1024x2")
+    with pytest.raises(argparse.ArgumentTypeError, match="expected ROWSxDIMxBAGS shapes"):
+        three("1x2")

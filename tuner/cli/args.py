@@ -160,15 +160,29 @@ def devices(text: str) -> str:
 
 def shapes(text: str) -> tuple[tuple[int, int], ...]:
     """Comma-separated ROWSxWIDTH shapes, such as 4096x4096,8192x1024."""
-    found = []
-    for shape in text.lower().split(","):
-        rows, x, width = shape.partition("x")
-        try:
-            found.append((size(rows), size(width)))
-        except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(f"expected ROWSxWIDTH shapes such as 4096x4096,8192x1024, "
-                                             f"got {_quoted(text)}") from None
-    return tuple(found)
+    return shapes_of(("rows", "width"))(text)
+
+
+def shapes_of(names) -> Callable[[str], tuple[tuple[int, ...], ...]]:
+    """The parser of comma-separated shapes of one size per name, such as 4096x4096,8192x1024 for
+    (rows, width): a shape of another length is refused with the usage."""
+    names = tuple(names)
+    form = "x".join(n.upper() for n in names)
+    example = ",".join("x".join(str(n) for n in e) for e in ((4096,) * len(names), (8192,) + (1024,) * (len(names) - 1)))
+
+    def parse(text: str) -> tuple[tuple[int, ...], ...]:
+        found = []
+        for shape in text.lower().split(","):
+            parts = shape.split("x")
+            try:
+                if len(parts) != len(names):
+                    raise argparse.ArgumentTypeError(shape)
+                found.append(tuple(size(p) for p in parts))
+            except argparse.ArgumentTypeError:
+                raise argparse.ArgumentTypeError(f"expected {form} shapes such as {example}, "
+                                                 f"got {_quoted(text)}") from None
+        return tuple(found)
+    return parse
 
 
 def recording(path: Path | None, flag: str) -> None:

@@ -67,7 +67,7 @@ def _bench_args(family: str, p) -> None:
         return
     shapes = getattr(fam, "BENCH_SHAPES", None) or (tuple(getattr(fam.Problem(), n) for n in op.sizes),)
     shown = ",".join("x".join(str(n) for n in s) for s in shapes)
-    p.add_argument("--shapes", type=cli_args.shapes, default=shapes,
+    p.add_argument("--shapes", type=cli_args.shapes_of(op.sizes), default=shapes,
                    help=f"{'x'.join(n.upper() for n in op.sizes)}, comma-separated (default {shown})")
     fields = dtype_fields(fam)
     if fields:

@@ -145,7 +145,10 @@ def _floors(fam, problem: dict, inputs, grad) -> tuple[list[dict], dict]:
 
 def bench(family: str, directory, args) -> list[dict]:
     fam = families.get(family)
-    chosen = fam.BENCH_PROBLEMS if hasattr(fam, "BENCH_PROBLEMS") else problems(family, args.shapes, args.dtypes)
+    if hasattr(fam, "BENCH_PROBLEMS"):
+        chosen = fam.BENCH_PROBLEMS
+    else:  # a family without dtype fields has no --dtypes
+        chosen = problems(family, args.shapes, getattr(args, "dtypes", None) or ((),))
     return bench_at(family, directory, [{**fam.Problem().__dict__, **p} for p in chosen],
                     Path(args.out) if args.out is not None else None)
 
