@@ -291,6 +291,12 @@ def describe(problem_class: type, problem: Mapping[str, Any]) -> str:
     return " ".join(filter(None, ["/".join(dtypes), *rest]))
 
 
+def dtype_fields(family) -> dict[str, tuple[str, ...]]:
+    """A family module's dtype fields (its `space_for`'s: "pred" -> its dtypes, ...), in order; none
+    for a family of one space."""
+    return dict(getattr(getattr(family, "space_for", None), "choices", {}))
+
+
 def fixed_spaces(make: Callable[..., Space], **choices: Sequence[str]):
     """A family's `space_for(problem)`, `all_spaces()` and `covering_set()` from its
     `space(**fixed)` and the values each fixed field (a dtype, say) takes: a problem's fields

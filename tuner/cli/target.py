@@ -4,6 +4,7 @@ describe, and the study they name (shared by every command module, below all of 
 from __future__ import annotations
 
 from tuner import gpus
+from tuner.space import dtype_fields
 from tuner.errors import TunerError, UsageError
 
 # options of show and report that say nothing about which study to read
@@ -101,11 +102,6 @@ def _dtype_list(fields: dict[str, tuple[str, ...]]):
             found.append(given)
         return tuple(found)
     return parse
-
-
-def dtype_fields(fam) -> dict[str, tuple[str, ...]]:
-    """A family's dtype fields (`space_for`'s: "pred" -> its dtypes, ...); none for a family of one space."""
-    return dict(getattr(getattr(fam, "space_for", None), "choices", {}))
 
 
 def add_space_args(parser, family: str) -> None:

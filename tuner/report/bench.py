@@ -31,19 +31,15 @@ def wall_us(timed: dict[str, tuple[Callable[[], object], str | None]], budget_s:
     round). The rounds of all names are interleaved, so that the host's and the GPU's drift
     during a run falls on every row alike and the ratios between rows hold. `timed` maps a
     name to (call, how the loaded op reports bad input while it runs, or None to leave it)."""
-    def validate(mode):
-        if mode is not None:
-            runtime.set_validate(mode)
-
     plan = {}
     for name, (fn, mode) in timed.items():
-        validate(mode)
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        one = max(time.perf_counter() - t0, 1e-6)
+        with _validating(mode):
+            fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            one = max(time.perf_counter() - t0, 1e-6)
         # calls per round, and rounds: the per-sample loop takes a second or more a call
         plan[name] = (max(1, min(200, int(budget_s / rounds / one))), rounds if one < 0.05 else 2)
     times: dict[str, list[float]] = {name: [] for name in timed}
@@ -52,15 +48,13 @@ def wall_us(timed: dict[str, tuple[Callable[[], object], str | None]], budget_s:
             calls, wanted = plan[name]
             if r >= wanted:
                 continue
-            validate(mode)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - t0) / calls * 1e6)
-    if any(mode is not None for _, mode in timed.values()):
-        runtime.set_validate("async")
+            with _validating(mode):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+                times[name].append((time.perf_counter() - t0) / calls * 1e6)
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -133,10 +127,12 @@ def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, 
     ...", "fwd_kernel_us": ..., "fwd_bwd_kernel_us": ...}) comes first."""
     leaves = [t for t in inputs if getattr(t, "requires_grad", False)]
     plain = [t.detach() if hasattr(t, "detach") else t for t in inputs]
-    modes = modes or {}
+    # where some rows name a mode, every other one runs "async": not in the mode a row before it left
+    modes = {name: modes.get(name, "async") for name in [*impls, *(timed or {})]} if modes else {}
+    called = no_grad if inference else (lambda f: f)
 
     def forward(fn):
-        return no_grad(lambda: fn(*plain)) if inference else lambda: fn(*plain)
+        return called(lambda: fn(*plain))
 
     def both(fn):
         return lambda: torch.autograd.grad(fn(*inputs), leaves, grad)
@@ -155,7 +151,7 @@ def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, 
                 check(name, out, torch.autograd.grad(fn(*copies), copied_leaves, grad))
             del out, copies, copied_leaves
     calls = {name: (forward(fn), both(fn)) for name, fn in impls.items()}
-    calls |= {name: (f and (no_grad(f) if inference else f), fb) for name, (f, fb) in (timed or {}).items()}
+    calls |= {name: (f and called(f), fb) for name, (f, fb) in (timed or {}).items()}
     fwd = wall_us({name: (f, modes.get(name)) for name, (f, _) in calls.items() if f is not None})
     fwd_bwd = wall_us({name: (fb, modes.get(name)) for name, (_, fb) in calls.items() if fb is not None})
     floors = [floor] if isinstance(floor, dict) else list(floor or [])
@@ -173,7 +169,7 @@ def side_by_side(config: dict, impls: dict[str, Callable], inputs: tuple, grad, 
 
 @contextlib.contextmanager
 def _validating(mode: str | None):
-    """The loaded op reporting bad input as `mode` says, then "async" again (wall_us's way); None: as set."""
+    """The loaded op reporting bad input as `mode` says, then "async" again; None: as set."""
     if mode is None:
         yield
         return

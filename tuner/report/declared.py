@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tuner import families, opspec, runtime
 from tuner.errors import TunerError
+from tuner.space import dtype_fields
 from tuner.report.bench import HBM_TBS, TORCH_SERVING, _fmt, graph_us, kernel_us, side_by_side, write, write_against
 
 TUNED = "tuned op"
@@ -84,11 +85,6 @@ def least_bytes(inputs: tuple, grad) -> tuple[int, int]:
     tensors = [t for t in inputs if hasattr(t, "nbytes")]
     read, out = sum(t.nbytes for t in tensors), grad.nbytes
     return read + out, read + out + out + read + sum(t.nbytes for t in tensors if t.requires_grad)
-
-
-def dtype_fields(fam) -> list[str]:
-    """The Problem's dtype fields, in order (GIoU's pred and target): `--dtypes` gives them."""
-    return list(getattr(getattr(fam, "space_for", None), "choices", {}))
 
 
 def problems(family: str, shapes, dtypes) -> list[dict]:
@@ -221,9 +217,9 @@ def run_problems(family: str, directory, problems: list[dict], out: Path, baseli
         impls[TORCH_SERVING] = runtime.torch_path(family)
     # as the bench's, unless the family says otherwise for these rows (PROBLEMS_GRAPHS: no anchor among them)
     gpu_us = graph_us if getattr(fam, "PROBLEMS_GRAPHS", getattr(fam, "BENCH_GRAPHS", True)) else kernel_us
-    keys, _ = _configs(fam, op, [{**fam.Problem().__dict__, **c["problem"]} for c in problems])
-    for captured in problems:
-        p = {**fam.Problem().__dict__, **captured["problem"]}
+    chosen = [{**fam.Problem().__dict__, **c["problem"]} for c in problems]
+    keys, _ = _configs(fam, op, chosen)
+    for p in chosen:
         inputs, grad, agree = _inputs(family, p)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. torch's op of mixed dtypes warns that it is not fused
