@@ -69,6 +69,10 @@ class Op:
     # in its table (added by the core; 0 bytes: a null pointer, nothing allocated), where no expression
     # of sizes says it: a split reduction's partials, where the split depends on the call; a sort's buffers.
     work: tuple[str, ...] = ()
+    # Libraries the variants call for part of their work ("cublas": their GEMMs on torch's cuBLAS):
+    # both passes' args get `void* blas`, the handle of torch's current stream (the variant sets the
+    # stream it is given on it); the variants' units link the library (tuner/build/libraries.py).
+    libraries: tuple[str, ...] = ()
     # The shape key a winner is picked by, where it is not every size: expressions of the sizes by
     # name (("dim", "ratio(n, bags)"): a bag's mean length), and `kind`, a str scalar whose word a
     # call prefers its winner tuned at (a bag's mode; the problem then names it).

@@ -11,12 +11,13 @@ from .declare_terms import _NAME, SCALAR_TYPES, TORCH_DTYPES, DeclarationError, 
 
 FLOATING = {"float32", "float16", "bfloat16", "float64"}
 INTEGER = {"uint8", "int8", "int32", "int64"}
+LIBRARIES = {"cublas"}  # what tuner/build/libraries.py finds
 _PYTHON = {"float": (float, int), "int": int, "bool": bool, "str": str}
 # What the rendered C++ names itself: a declared name must not be one of these.
 RESERVED = {
     "a", "all", "baseline", "ctx", "got", "grads", "guard", "known", "live", "op", "outs", "pair", "result", "saved",
     "errors", "error_flags", "validates", "workspace", "scratch", "sizes", "stream", "vt", "winner", "abi", "name",
-    "forward", "backward", "at", "c10", "ws", "describe", "work", "unguarded", "parts", "device",
+    "forward", "backward", "at", "c10", "ws", "describe", "work", "unguarded", "parts", "device", "blas",
     "std", "torch", "tuner_op",
     # C and C++ keywords a lower-case name could be
     "alignas", "alignof", "and", "asm", "auto", "bool", "break", "case", "catch", "char", "class", "const",
@@ -248,6 +249,8 @@ def check(op: "tuner.declare.Op") -> None:
                  f"too: an int32/int64 input, an expression of the inputs, a declared error; with a baseline")
     if not isinstance(op.work, tuple) or not set(op.work) <= {"forward", "backward"} or len(set(op.work)) != len(op.work):
         fail(f"work={op.work!r}: the passes that get it, a tuple of 'forward' and 'backward'")
+    if not isinstance(op.libraries, tuple) or not set(op.libraries) <= LIBRARIES:
+        fail(f"libraries={op.libraries!r}: a tuple of the libraries the variants call, of {sorted(LIBRARIES)}")
     if not isinstance(op.key, tuple):
         fail(f"key={op.key!r}: a tuple of expressions of the sizes, e.g. ('dim', 'ratio(n, bags)')")
     for e in op.key:

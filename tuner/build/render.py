@@ -23,7 +23,9 @@ def templates_dir(family: str) -> Path:
 @functools.lru_cache(maxsize=None)
 def _environment(family: str) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir(family))),
+        # a family's own folder, and the folders beside it: a template may include another
+        # family's parts by path ("cross_entropy/rows.cuh.j2")
+        loader=jinja2.FileSystemLoader([str(templates_dir(family)), str(templates_dir(family).parent)]),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

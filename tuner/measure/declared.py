@@ -200,10 +200,17 @@ class DeclaredKernel(Kernel):
     def _call(self, fn, args, values, outs, what: str, before: Callable | None = None) -> Callable:
         pointer, device = ctypes.addressof(args), values[self.op.tensors[0].name].device.index
         keep = (values, outs, args, self._words)  # what the pointers point into lives as long as the call
+        blas = None
+        if self.op.libraries:  # torch's cuBLAS handle of the stream current at the call, as the op's
+            import torch
+
+            blas = torch.cuda.current_blas_handle
 
         def call():
             if before is not None:
                 before()
+            if blas is not None:
+                args.blas = blas()
             launched(fn(pointer, stream(device)), self, what)
             return keep
 

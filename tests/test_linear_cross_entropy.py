@@ -1,0 +1,97 @@
+"""The linear cross-entropy family (tuner/families/linear_cross_entropy): its space, variants that
+call cuBLAS (the declaration's `libraries`: compiled and linked here), its op's C++ rendered from
+the declaration and bound from an export (CPU kernels from the chunked float64 reference,
+autograd, opcheck, clear errors). No GPU needed."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tuner
+from tuner.build import compile as build
+from tuner.build import libraries
+from tuner.deploy import export
+from tuner.errors import KernelInputError
+from tuner.families import linear_cross_entropy as lce
+from tuner.families.linear_cross_entropy import spec
+
+
+def test_the_covering_variants_compile_and_link_cublas(tuner_home):
+    builds = build.build(lce.covering_set(), "sm_90")
+    assert all(b.ok for b in builds), [b.error for b in builds if not b.ok][:1]
+    assert libraries.find("cublas")[2].startswith("libcublas.so.")
+    assert all(v["vec"] * (4 if v["hidden"] == "float32" else 2) <= 16 for v in (b.variant.as_dict() for b in builds))
+
+
+def test_the_reference_is_torch_s_loss_a_chunk_at_a_time(monkeypatch):
+    """Chunked (a chunk's float64 logits at a time, recomputed in the backward) and whole agree,
+    label smoothing and ignored targets included."""
+    monkeypatch.setattr(spec, "REFERENCE_ROWS", 4)
+    h, w, t = lce.make_inputs(11, 6, 13, "float32", ignored=0.3, device="cpu", seed=1)
+    h.requires_grad_(), w.requires_grad_()
+    for reduction in spec.REDUCTIONS:
+        got = spec.reference(h, w, t, label_smoothing=0.1, reduction=reduction)
+        want = F.cross_entropy(h.double() @ w.double().T, t, label_smoothing=0.1, reduction=reduction)
+        torch.testing.assert_close(got, want)
+        g = torch.rand(got.shape, dtype=torch.float64)
+        torch.testing.assert_close(torch.autograd.grad(got, (h, w), g), torch.autograd.grad(want, (h, w), g))
+    assert torch.isnan(spec.reference(h, w, torch.full_like(t, -100)))  # a mean over no row, as torch's
+
+
+@pytest.fixture(scope="module")
+def op(tmp_path_factory, shared_home):
+    winners = [{"variant": lce.space().variant(chunk_rows=512, threads_per_row=512, vec=8, first_read="normal",
+                                               reread="in_order"),
+                "problem": lce.Problem().__dict__}]
+    return tuner.load(export.write(tmp_path_factory.mktemp("lce"), winners,
+                                   {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}))
+
+
+@pytest.mark.parametrize("reduction", spec.REDUCTIONS)
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_op_on_cpu_is_linear_then_cross_entropy_with_both_gradients(op, reduction, smoothing):
+    h, w, t = lce.make_inputs(37, 24, 301, "float32", ignored=0.3, device="cpu", seed=2)
+    h.requires_grad_(), w.requires_grad_()
+    loss = op(h, w, t, -100, smoothing, reduction)
+    assert loss.dtype == torch.float32 and loss.shape == ((37,) if reduction == "none" else ())
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    want = F.cross_entropy(h64 @ w64.T, t, reduction=reduction, label_smoothing=smoothing)
+    torch.testing.assert_close(loss.double(), want.detach(), rtol=1e-5, atol=1e-6)
+    g = torch.rand(loss.shape) + 0.5
+    got = torch.autograd.grad(loss, (h, w), g)
+    expected = torch.autograd.grad(want, (h64, w64), g.double())
+    for a, b in zip(got, expected):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a.double(), b.float().double())
+    torch.library.opcheck(op, (h.detach(), w.detach(), t, -100, smoothing, reduction))
+
+
+def test_calls_no_variant_takes_and_bad_input(op):
+    h, w, t = lce.make_inputs(6, 8, 11, "float32", device="cpu", seed=3)
+    torch.testing.assert_close(op(h.double(), w.double(), t), F.cross_entropy(h.double() @ w.double().T, t).float())
+    with pytest.raises(ValueError, match="linear_cross_entropy: reduction must be one of none, mean, sum, got avg"):
+        op(h, w, t, reduction="avg")
+    with pytest.raises(ValueError, match=r"linear_cross_entropy: target must have shape \[6\] \(tokens\), got \[5\]"):
+        op(h, w, t[:5])
+    with pytest.raises(ValueError, match=r"weight must be \[vocab, H\]"):
+        op(h, w[:, :7], t)
+    bad = t.clone()
+    bad[2] = 11  # the vocabulary is 11 words
+    with pytest.raises(KernelInputError, match=r"linear_cross_entropy: invalid input: a target is outside"):
+        op(h, w, bad)
+    bad[2] = -100  # ignored, not refused
+    op(h, w, bad)
+
+
+def test_the_function_takes_model_shaped_calls_and_gives_torch_s_answers(op):
+    """tuner.functional.linear_cross_entropy: hidden [batch, seq, H] and target [batch, seq] as a model
+    has them; a bias (which the op does not take) goes to torch's two functions."""
+    import tuner.functional as TF
+
+    h, w, t = lce.make_inputs(12, 8, 19, "float32", device="cpu", seed=4)
+    bias = torch.randn(19)
+    for b in (None, bias):
+        for reduction in spec.REDUCTIONS:
+            got = TF.linear_cross_entropy(h.reshape(3, 4, 8), w, t.reshape(3, 4), b, reduction=reduction)
+            want = F.cross_entropy(F.linear(h, w, b), t, reduction=reduction)
+            torch.testing.assert_close(got, want.reshape(3, 4) if reduction == "none" else want)

@@ -1,0 +1,66 @@
+"""Libraries a family's variants call for part of their work (a declaration's `libraries`), as
+nvcc flags: where their headers are, and the shared library to link.
+
+cuBLAS is found first in the NVIDIA wheel torch's own matmuls run on (`nvidia/cu13` or
+`nvidia/cublas` in site-packages), then in the CUDA toolkit: a variant links the library by its
+soname (`libcublas.so.13`), which the process has loaded with torch already, so an export needs
+nothing installed beside torch. The CUDA 13 toolkit of the project's machines has no cuBLAS; the
+wheel does."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+
+from tuner.build import toolkit
+from tuner.errors import ToolchainError
+
+KNOWN = {"cublas": ("cublas_v2.h", "libcublas.so")}  # a library's header and shared library
+
+
+def _roots() -> list[Path]:
+    """Where a library may be: the NVIDIA wheels' folders, then the toolkit."""
+    found = []
+    spec = importlib.util.find_spec("nvidia")
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        found += [Path(location) / "cu13", Path(location) / "cublas"]
+    try:
+        found.append(toolkit.cuda_home())
+    except ToolchainError:
+        pass
+    return found
+
+
+@functools.cache
+def find(name: str) -> tuple[Path, Path, str]:
+    """(include folder, library folder, the library's file name) of a known library."""
+    if name not in KNOWN:
+        raise ToolchainError(f"no library {name!r} is known to the build; known: {', '.join(KNOWN)}")
+    header, library = KNOWN[name]
+    for root in _roots():
+        include = root / "include"
+        if not (include / header).exists():
+            continue
+        for folder in (root / "lib", root / "lib64"):
+            # the soname's file (libcublas.so.13), not a longer version's or the bare development link
+            files = sorted(p.name for p in folder.glob(f"{library}.*") if p.name.count(".") == 2)
+            if files:
+                return include, folder, files[-1]
+    raise ToolchainError(f"{name}: no {header} with its {library} beside torch's NVIDIA wheels or in the CUDA "
+                         f"toolkit (looked in {', '.join(str(r) for r in _roots())}): pip install nvidia-{name}")
+
+
+def flags(names) -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) for the libraries `names` (the link flags go after the sources)."""
+    compile_, link = [], []
+    for name in names:
+        include, folder, file = find(name)
+        compile_.append(f"-I{include}")
+        link += [f"-L{folder}", f"-l:{file}"]
+    return compile_, link
+
+
+def key(names) -> str:
+    """What of the libraries a build depends on: their headers' folders and library files."""
+    return ";".join(f"{name}:{find(name)[0]}:{find(name)[2]}" for name in names)

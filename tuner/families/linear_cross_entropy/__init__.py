@@ -1,0 +1,102 @@
+"""The linear cross-entropy family: F.cross_entropy(hidden @ weight.T, target), an LM head and its
+loss as one op, for hidden [tokens, H] and weight [vocab, H] (float32, float16 or bfloat16) with
+ignore_index, label_smoothing and reduction none/mean/sum; the loss in float32, the gradients of
+hidden and of weight in their dtype. A variant takes the tokens a chunk at a time: the chunk's
+logits from one cuBLAS GEMM (math in float32), the cross-entropy kernel writes its loss and, over
+the logits, their gradient, and two GEMMs add the chunk's share of both gradients (the weight's
+summed over the chunks by the GEMM's beta = 1: float32 within a chunk, rounded to the weight's
+dtype between chunks, as Liger's is). A chunk's logits are at most 1/8 of the whole (or 64 MiB,
+the larger). Tuned: the chunk's rows and the cross-entropy kernel's threads, loads and L2 hints."""
+
+from __future__ import annotations
+
+from tuner.families.linear_cross_entropy.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
+from tuner.families.linear_cross_entropy.spec import DTYPES, REDUCTIONS, reference  # noqa: F401
+from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, itemsize, option, problem_class
+
+FAMILY = "linear_cross_entropy"
+# checked beside the problem's: a vocabulary no vector divides over rows of several chunks, one
+# class, every target ignored
+ODD_SIZES = ({"tokens": 300, "width": 72, "vocab": 1001}, {"tokens": 3, "width": 8, "vocab": 1},
+             {"tokens": 5, "width": 16, "vocab": 300, "ignored": 1.0})
+CHECK_SIZES = {"tokens": 2048}  # a search's checks: several chunks still (the finalists: the problem's own)
+TOLERANCE = {"float16": 3e-3, "bfloat16": 1.5e-2, "float32": 2e-5}  # the gradients: logits rounded once more
+DIMS = (
+    Dim("chunk_rows", (128, 256, 512, 1024, 2048), "tokens a chunk at most (at most 1/8 of them, or 64 MiB of "
+        "logits, the larger)"),
+    Dim("threads_per_row", (128, 256, 512, 1024), "threads of the cross-entropy kernel a row (a block each)"),
+    Dim("vec", (1, 2, 4, 8), "elements per load"),
+    Dim("first_read", ("normal", "evict_last"), "the L2 priority of the kernel's first read of a row it reads again"),
+    Dim("reread", ("in_order", "reverse"), "the second read of a row in order, or from its end back"),
+)
+
+
+def space(hidden: str = "bfloat16") -> Space:
+    """The variants for one dtype (the problem's, not tuned)."""
+    hidden = dtype_name(hidden, DTYPES, "hidden")
+    constraints = (Constraint("a load is at most 16 bytes", lambda p: p["vec"] * itemsize(hidden) <= 16),)
+    return Space(FAMILY, {"hidden": hidden}, DIMS, constraints)
+
+
+space_for, all_spaces, covering_set = fixed_spaces(space, hidden=DTYPES)
+
+# tokens, width (H), vocab, hidden (its dtype), reduction, label_smoothing; Llama 3 8B's head by default
+Problem = problem_class(OP_DECLARATION, FAMILY, {"tokens": 4096, "width": 4096, "vocab": 128256, "hidden": "bfloat16"},
+                        {"tokens": "tokens of the batch (rows of hidden)", "width": "the hidden size, H",
+                         "vocab": "the vocabulary (rows of the weight)"},
+                        scalars=("reduction", "label_smoothing"),
+                        fields={"label_smoothing": option(0.0, "label smoothing, from 0 to 1", parse="fraction")})
+
+
+def make_inputs(tokens: int, width: int, vocab: int, hidden: str = "bfloat16", ignored: float = 1 / 7,
+                device="cuda", seed: int = 0, **_scalars):
+    """Hidden states (normal), a head's weight scaled so that logits spread as a trained model's
+    (standard deviation ~3), and targets, `ignored` of them -100."""
+    import torch
+
+    dtype = getattr(torch, dtype_name(hidden))
+    g = torch.Generator(device=device).manual_seed(seed)
+    h = torch.randn(tokens, width, generator=g, device=device).to(dtype)
+    w = (torch.randn(vocab, width, generator=g, device=device) * (3 / max(width, 1) ** 0.5)).to(dtype)
+    target = torch.randint(0, vocab, (tokens,), generator=g, device=device)
+    target[torch.rand(tokens, generator=g, device=device) < ignored] = -100
+    return h, w, target
+
+
+BENCH_SHAPES = ((4096, 4096, 128256), (8192, 4096, 128256), (16384, 4096, 128256), (4096, 2048, 32000),
+                (4096, 3584, 151936))  # tokens x H x vocab: Llama 3 8B's head, Llama-2-style and Qwen2's
+BENCH_GRAPHS = False  # Liger's backward syncs: GPU times are the profiler's sum of kernels
+
+
+def bench_floors(problem: dict, inputs) -> dict:
+    """The three GEMMs of the loss alone (cuBLAS, the inputs' dtype): the logits, and the two
+    gradients' from a [tokens, vocab] gradient, a floor no chunking beats."""
+    import torch
+
+    h, w = inputs[0], inputs[1]
+    logits = torch.mm(h, w.T)
+    return {"floor: the three GEMMs": (lambda: torch.mm(h, w.T),
+                                       lambda: (torch.mm(h, w.T), torch.mm(logits, w), torch.mm(logits.T, h)))}
+
+
+def anchors() -> dict:
+    """Beside torch's op in `tuner bench`: Liger's fused linear cross-entropy and Apple's Cut
+    Cross-Entropy (`pip install 'tuner[bench]'`; Cut Cross-Entropy needs triton)."""
+    found = {}
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+
+    def liger(h, w, t, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+        return LigerFusedLinearCrossEntropyFunction.apply(h, w, t, None, None, ignore_index, 0.0, label_smoothing,
+                                                          reduction)[0]
+    found["Liger"] = liger
+    try:
+        from cut_cross_entropy import linear_cross_entropy as cce
+    except ImportError:
+        return found
+
+    def cut(h, w, t, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+        if label_smoothing:
+            raise ValueError("Cut Cross-Entropy has no label smoothing")
+        return cce(h, w, t, ignore_index=ignore_index, reduction=reduction)
+    found["Cut Cross-Entropy"] = cut
+    return found

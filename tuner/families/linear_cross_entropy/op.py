@@ -1,0 +1,73 @@
+"""Linear cross-entropy's op, declared: `torch.ops.tuner.linear_cross_entropy(hidden, weight, target,
+ignore_index=-100, label_smoothing=0.0, reduction="mean")`, F.cross_entropy(hidden @ weight.T,
+target) with a float32 loss, for hidden [tokens, H] and an LM head's weight [vocab, H]. A variant
+never holds the [tokens, vocab] logits: it takes the tokens a chunk at a time through cuBLAS
+(the op's declared library) and the cross-entropy kernels. The core renders its C++, C ABI, CPU
+and fake kernels from OP_DECLARATION and the reference."""
+
+from __future__ import annotations
+
+from ... import declare, opspec, runtime
+from .spec import BAD_TARGET, DTYPES, REDUCTIONS, reference
+
+OP_DECLARATION = declare.Op(
+    "linear_cross_entropy",
+    inputs=(declare.Tensor("hidden", dtypes=DTYPES, shape=("tokens", "width")),
+            declare.Tensor("weight", like="hidden", shape=("vocab", "width")),
+            declare.Tensor("target", dtypes=("int64",), grad=False, shape=("tokens",)),
+            declare.Scalar("ignore_index", "int", -100), declare.Scalar("label_smoothing", "float", 0.0),
+            declare.Scalar("reduction", "str", "mean", choices=REDUCTIONS)),
+    outputs=(declare.Tensor("loss", dtypes=("float32",), shape=("tokens",), reduced_by="reduction"),),
+    sizes={"tokens": "hidden.size(0)", "width": "hidden.size(1)", "vocab": "weight.size(0)"},
+    checks=(("hidden.dim() == 2", "hidden must be [tokens, H]"), ("weight.dim() == 2", "weight must be [vocab, H]"),
+            ("weight.size(1) == hidden.size(1)", "weight must be [vocab, H], H as hidden's"),
+            ("weight.size(0) >= 1", "weight must have at least one class")),
+    errors=(("bad_target", BAD_TARGET),),  # found by the cross-entropy kernel
+    guards=(("target", "weight.size(0)", "bad_target", "ignore_index"),),  # torch's path: its device-side assert
+    abi=1,
+    saves=(declare.Tensor("lse", dtypes=("float32",), shape=("tokens",)),  # each row's log-sum-exp
+           declare.Tensor("count", dtypes=("float32",), shape=()),  # rows whose target is not ignored
+           # written by the forward for an output gradient of 1 (a mean's or a sum's), scaled by the
+           # backward; reduction none's written by the backward, the logits recomputed
+           declare.Tensor("grad_of_hidden", like="hidden", gradient_of="hidden"),
+           declare.Tensor("grad_of_weight", like="weight", gradient_of="weight")),
+    work=("forward", "backward"),  # a chunk of rows' logits
+    libraries=("cublas",),
+    baseline="at::cross_entropy_loss(at::linear(hidden, weight), target, std::nullopt, reduction == \"none\" ? 0 : "
+             "reduction == \"mean\" ? 1 : 2, ignore_index, label_smoothing).to(at::kFloat)",
+)
+
+
+def torch_linear_cross_entropy(hidden, weight, target, ignore_index: int = -100, label_smoothing: float = 0.0,
+                               reduction: str = "mean"):
+    """The baseline in Python: F.linear, then F.cross_entropy, its loss in float32."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(F.linear(hidden, weight), target, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing).float()
+
+
+def linear_cross_entropy(input, weight, target, bias=None, ignore_index: int = -100, label_smoothing: float = 0.0,
+                         reduction: str = "mean"):
+    """`F.cross_entropy(F.linear(input, weight, bias), target, ...)` as one op (load an export first):
+    a CUDA call without a bias, input [..., H] and target [...], goes to
+    `torch.ops.tuner.linear_cross_entropy` (its loss in float32; reduction none's shaped as target),
+    every other call to torch's two functions."""
+    if (input.is_cuda and bias is None and input.dim() >= 1 and target.shape == input.shape[:-1]
+            and not target.dtype.is_floating_point):
+        loss = runtime.entry("linear_cross_entropy")(input.reshape(-1, input.shape[-1]), weight, target.reshape(-1),
+                                                      ignore_index, float(label_smoothing), reduction)
+        return loss.reshape(target.shape) if reduction == "none" else loss
+    import torch.nn.functional as F
+
+    return F.cross_entropy(F.linear(input, weight, bias).flatten(0, -2), target.flatten(), ignore_index=ignore_index,
+                           reduction=reduction, label_smoothing=label_smoothing).reshape(
+        target.shape if reduction == "none" else ())
+
+
+FUNCTIONS = {"linear_cross_entropy": linear_cross_entropy}
+# torch's path holds the whole logits (tokens x vocab, in hidden's dtype, and their gradient): a
+# variant serves every shape of every dtype, the nearest tuned problem's parameters where none was
+# tuned near; torch's op only where the export's check found it faster at a tuned problem.
+OP = opspec.spec(OP_DECLARATION, "linear_cross_entropy", reference=reference, torch_op=torch_linear_cross_entropy,
+                 unfused=lambda problem: True)
