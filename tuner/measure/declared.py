@@ -7,7 +7,8 @@ Of the family it reads: `make_inputs(**problem, seed=, device=)`, the input tens
 dict of the declared sizes, each varying tensor's dtype by the tensor's name, and any scalar); its
 op's `OP` (tuner.opspec.spec: the reference and the torch op); and, where it has them, `ODD_SIZES`
 (sizes beside the problem's that every variant is checked at too: widths no vector divides, rows
-that do not fill a block) and `TOLERANCE` (relative error beyond rounding, by output dtype)."""
+that do not fill a block), `TOLERANCE` (relative error beyond rounding, by output dtype) and
+`TOLERANCE_OF` (output -> the input whose dtype's tolerance it is held to)."""
 
 from __future__ import annotations
 
@@ -250,7 +251,11 @@ class Evaluation:
                  for o, out in zip(self.op.outputs, outs)}
         args = tuple(values[a.name] for a in self.op.inputs)
         want, want_grads = opspec.reference_answers(self.op, self.spec.reference, args, list(grads.values()))
-        answers = [(o.name, w, dtype_name(out)) for o, w, out in zip(self.op.outputs, want, outs)]
+        # an output is held to its dtype's tolerance, or to an input's where the family says its values
+        # pass through that dtype on the way (`TOLERANCE_OF`: a loss of logits rounded to hidden's)
+        by = getattr(self.module, "TOLERANCE_OF", {})
+        answers = [(o.name, w, dtype_name(values[by[o.name]]) if o.name in by else dtype_name(out))
+                   for o, w, out in zip(self.op.outputs, want, outs)]
         answers += [(f"grad_{t.name}", w, dtype_name(values[t.name])) for t, w in zip(self.op.differentiable, want_grads)
                     if values[t.name] is not None]  # an input left out has none
         return {"values": values, "grads": grads, "answers": answers}
