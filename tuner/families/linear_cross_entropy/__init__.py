@@ -20,7 +20,9 @@ FAMILY = "linear_cross_entropy"
 ODD_SIZES = ({"tokens": 300, "width": 72, "vocab": 1001}, {"tokens": 3, "width": 8, "vocab": 1},
              {"tokens": 5, "width": 16, "vocab": 300, "ignored": 1.0})
 CHECK_SIZES = {"tokens": 2048}  # a search's checks: several chunks still (the finalists: the problem's own)
-TOLERANCE = {"float16": 3e-3, "bfloat16": 1.5e-2, "float32": 2e-5}  # the gradients: logits rounded once more
+# the gradients: of logits rounded to hidden's dtype, and of their gradient rounded again (float16's
+# softmax of a 128256-word vocabulary is subnormal)
+TOLERANCE = {"float16": 1e-2, "bfloat16": 1.5e-2, "float32": 2e-5}
 TOLERANCE_OF = {"loss": "hidden"}  # the float32 loss of logits rounded to hidden's dtype
 DIMS = (
     Dim("chunk_rows", (128, 256, 512, 1024, 2048), "tokens a chunk at most (at most 1/8 of them, or 64 MiB of "
