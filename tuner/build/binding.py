@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from tuner import families, paths, runtime
-from tuner.build import toolkit
+from tuner.build import libraries, toolkit
 from tuner.build.toolkit import torch_version
 from tuner.build.render import header_text, templates_dir, write_headers
 from tuner.errors import TunerError
@@ -183,7 +183,10 @@ def _build(family: str, path: Path, verbose: bool) -> None:
         rendered = build_dir / f"{family}_op.cpp"
         rendered.write_text(sources(family)[f"{family}_op.cpp"])
         files.insert(0, rendered)
-    compile_library(path, files + _device_files(family), [write_headers(family, build_dir), templates_dir(family)],
+    # the headers of the libraries its variants call (ATen's CUDA context, which hands the op their
+    # handle, includes cuBLAS's)
+    extra = [libraries.find(name)[0] for name in libraries.linked(family)]
+    compile_library(path, files + _device_files(family), [write_headers(family, build_dir), templates_dir(family), *extra],
                     verbose)
 
 

@@ -96,16 +96,10 @@ def flags(arch: str, serving: bool = False) -> list[str]:
     return [HOST_OPT[serving], *BASE_FLAGS, gencode(arch)]
 
 
-def linked(family: str) -> tuple[str, ...]:
-    """The libraries a family's variants call (its op's declared `libraries`: cuBLAS)."""
-    op = getattr(families.get(family), "OP_DECLARATION", None)
-    return tuple(getattr(op, "libraries", ()))
-
-
 def content_key(variant: Variant, source: str, arch: str, serving: bool = False) -> str:
     h = hashlib.sha256()
     for part in (source, header_text(variant.family), " ".join(flags(arch, serving)), toolkit.nvcc_version(),
-                 torch_version(), arch, *([libraries.key(used)] if (used := linked(variant.family)) else [])):
+                 torch_version(), arch, *([libraries.key(used)] if (used := libraries.linked(variant.family)) else [])):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:20]
@@ -267,7 +261,7 @@ def _compile_units(units: list[list[str]], todo: dict[str, tuple[Variant, str]],
             (tmp / f"{name}.cu").write_text(text)
             if family not in headers:  # a declared op's ABI is rendered
                 headers[family] = write_headers(family, tmp / f"include-{family}")
-            library_in, library_out = libraries.flags(linked(family))
+            library_in, library_out = libraries.flags(libraries.linked(family))
             cmd = [nvcc, *nvcc_flags, f"-I{headers[family]}", f"-I{templates_dir(family)}", *library_in,
                    "-o", str(tmp / f"{name}.so"), str(tmp / f"{name}.cu"), *library_out]
             futures[pool.submit(run_nvcc, cmd, tmp / f"{name}.so.log", deadline, running)] = (name, unit)

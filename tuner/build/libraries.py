@@ -13,10 +13,17 @@ import functools
 import importlib.util
 from pathlib import Path
 
+from tuner import families
 from tuner.build import toolkit
 from tuner.errors import ToolchainError
 
 KNOWN = {"cublas": ("cublas_v2.h", "libcublas.so")}  # a library's header and shared library
+
+
+def linked(family: str) -> tuple[str, ...]:
+    """The libraries a family's variants call (its op's declared `libraries`)."""
+    op = getattr(families.get(family), "OP_DECLARATION", None)
+    return tuple(getattr(op, "libraries", ()))
 
 
 def _roots() -> list[Path]:
