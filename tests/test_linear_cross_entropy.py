@@ -95,3 +95,23 @@ def test_the_function_takes_model_shaped_calls_and_gives_torch_s_answers(op):
             got = TF.linear_cross_entropy(h.reshape(3, 4, 8), w, t.reshape(3, 4), b, reduction=reduction)
             want = F.cross_entropy(F.linear(h, w, b), t, reduction=reduction)
             torch.testing.assert_close(got, want.reshape(3, 4) if reduction == "none" else want)
+
+
+def test_a_captured_step_records_its_lm_head_and_loss(tmp_path):
+    """tuner.capture of a Llama-style step: hidden [batch, seq, H] through F.linear (no bias), the
+    logits upcast and flattened, F.cross_entropy: recorded as this family's problem (the hidden
+    states' dtype) beside cross-entropy's; a head with a bias, or logits made without autograd,
+    are not this family's."""
+    weight = torch.randn(50, 8, dtype=torch.bfloat16, requires_grad=True)
+    hidden = torch.randn(2, 6, 8, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 50, (2, 6))
+    with tuner.capture(tmp_path / "shapes.json") as cap:
+        logits = F.linear(hidden, weight).float()
+        F.cross_entropy(logits.view(-1, 50), labels.view(-1), ignore_index=-100, reduction="sum").backward()
+        F.cross_entropy(F.linear(hidden, weight, torch.zeros(50, dtype=torch.bfloat16)).view(-1, 50), labels.view(-1))
+        with torch.no_grad():
+            F.cross_entropy(F.linear(hidden, weight).view(-1, 50), labels.view(-1))
+    found = [p for p in cap.problems if p["family"] == "linear_cross_entropy"]
+    assert [p["problem"] for p in found] == [{"tokens": 12, "width": 8, "vocab": 50, "hidden": "bfloat16",
+                                              "reduction": "sum", "label_smoothing": 0.0}]
+    assert found[0]["calls"] == 1 and lce.Problem(**found[0]["problem"]).key() == found[0]["key"]
