@@ -166,12 +166,15 @@ def bench_at(family: str, directory, chosen: list[dict], out: Path | None = None
     keys, size = _configs(fam, op, chosen)
     rows = []
     for problem in chosen:
+        # each problem's compiled rows compiled afresh: dynamo's limit of 8 graphs a function
+        # (shapes times grad modes) would leave the later problems' rows eager, unsaid
+        torch._dynamo.reset()
         inputs, grad, agree = _inputs(family, problem)
         impls = {TUNED: tuned}
         impls.update({f"{TUNED}, {k}": fn for k, fn in (getattr(fam, "tuned_rows", lambda: {})()).items()})
         modes = {f"{TUNED}, validate={m}": m for m in getattr(fam, "BENCH_VALIDATE", ())}
         impls.update({name: tuned for name in modes})
-        if getattr(fam, "BENCH_REDUCE_OVERHEAD", False):  # made per problem: no recompilation limit reached
+        if getattr(fam, "BENCH_REDUCE_OVERHEAD", False):
             impls[f"{TUNED}, torch.compile reduce-overhead"] = torch.compile(lambda *a: tuned(*a),
                                                                              mode="reduce-overhead", dynamic=False)
         impls.update(getattr(fam, "bench_rows", lambda *_: {})(problem, inputs))

@@ -1,12 +1,7 @@
-"""The linear cross-entropy family: F.cross_entropy(hidden @ weight.T, target), an LM head and its
-loss as one op, for hidden [tokens, H] and weight [vocab, H] (float32, float16 or bfloat16) with
-ignore_index, label_smoothing and reduction none/mean/sum; the loss in float32, the gradients of
-hidden and of weight in their dtype. A variant takes the tokens a chunk at a time: the chunk's
-logits from one cuBLAS GEMM (math in float32), the cross-entropy kernel writes its loss and, over
-the logits, their gradient, and two GEMMs add the chunk's share of both gradients (the weight's
-summed over the chunks by the GEMM's beta = 1: float32 within a chunk, rounded to the weight's
-dtype between chunks, as Liger's is). A chunk's logits are at most 1/8 of the whole (or 64 MiB,
-the larger). Tuned: the chunk's rows and the cross-entropy kernel's threads, loads and L2 hints."""
+"""Linear cross-entropy: F.cross_entropy(hidden @ weight.T, target), an LM head and its loss as one op
+(hidden [tokens, H], weight [vocab, H]: float32, float16 or bfloat16), its GEMMs on cuBLAS a chunk of
+tokens at a time (docs/families.md). Tuned: the chunk's rows, the cross-entropy kernels' threads,
+loads and L2 hints."""
 
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ from tuner.families.linear_cross_entropy.spec import DTYPES, REDUCTIONS, referen
 from tuner.space import Constraint, Dim, Space, dtype_name, fixed_spaces, itemsize, option, problem_class
 
 FAMILY = "linear_cross_entropy"
-# checked beside the problem's: a vocabulary no vector divides over rows of several chunks, one
-# class, every target ignored
+# checked beside the problem's: a vocabulary no vector divides over chunks, one class, every target ignored
 ODD_SIZES = ({"tokens": 300, "width": 72, "vocab": 1001}, {"tokens": 3, "width": 8, "vocab": 1},
              {"tokens": 5, "width": 16, "vocab": 300, "ignored": 1.0})
 CHECK_SIZES = {"tokens": 2048}  # a search's checks: several chunks still (the finalists: the problem's own)
@@ -53,8 +47,7 @@ Problem = problem_class(OP_DECLARATION, FAMILY, {"tokens": 4096, "width": 4096, 
 
 def make_inputs(tokens: int, width: int, vocab: int, hidden: str = "bfloat16", ignored: float = 1 / 7,
                 device="cuda", seed: int = 0, **_scalars):
-    """Hidden states (normal), a head's weight scaled so that logits spread as a trained model's
-    (standard deviation ~3), and targets, `ignored` of them -100."""
+    """Hidden states, a head's weight that spreads logits as a trained model's (std ~3), targets (`ignored` -100)."""
     import torch
 
     dtype = getattr(torch, dtype_name(hidden))
@@ -72,8 +65,7 @@ BENCH_GRAPHS = False  # Liger's backward syncs: GPU times are the profiler's sum
 
 
 def bench_floors(problem: dict, inputs) -> dict:
-    """The three GEMMs of the loss alone (cuBLAS, the inputs' dtype): the logits, and the two
-    gradients' from a [tokens, vocab] gradient, a floor no chunking beats."""
+    """The three GEMMs alone (the logits, both gradients'; cuBLAS, the inputs' dtype): no chunking beats it."""
     import torch
 
     h, w = inputs[0], inputs[1]
@@ -83,23 +75,19 @@ def bench_floors(problem: dict, inputs) -> dict:
 
 
 def anchors() -> dict:
-    """Beside torch's op in `tuner bench`: Liger's fused linear cross-entropy and Apple's Cut
-    Cross-Entropy (`pip install 'tuner[bench]'`; Cut Cross-Entropy needs triton)."""
-    found = {}
+    """Beside torch's op in `tuner bench` (`pip install 'tuner[bench]'`): Liger's and Apple's (it needs triton)."""
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
-    def liger(h, w, t, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
-        return LigerFusedLinearCrossEntropyFunction.apply(h, w, t, None, None, ignore_index, 0.0, label_smoothing,
-                                                          reduction)[0]
-    found["Liger"] = liger
+    found = {"Liger": lambda h, w, t, ignore_index=-100, label_smoothing=0.0, reduction="mean":
+             LigerFusedLinearCrossEntropyFunction.apply(h, w, t, None, None, ignore_index, 0.0, label_smoothing,
+                                                        reduction)[0]}
     try:
-        from cut_cross_entropy import linear_cross_entropy as cce
+        from cut_cross_entropy import linear_cross_entropy as cut
     except ImportError:
         return found
 
-    def cut(h, w, t, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    def cut_ce(h, w, t, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
         if label_smoothing:
             raise ValueError("Cut Cross-Entropy has no label smoothing")
-        return cce(h, w, t, ignore_index=ignore_index, reduction=reduction)
-    found["Cut Cross-Entropy"] = cut
-    return found
+        return cut(h, w, t, ignore_index=ignore_index, reduction=reduction)
+    return {**found, "Cut Cross-Entropy": cut_ce}

@@ -1,8 +1,5 @@
-"""Which calls of a training run linear cross-entropy tunes (tuner.capture; the op's own calls are
-read by its declaration): F.cross_entropy of logits an LM head made, F.linear's matrix product of
-hidden states and a [vocab, H] weight with no bias, found on autograd's graph through the views
-and the cast to float32 a model's loss takes them through (Llama's `logits.float()`, the flatten
-to [tokens, vocab]). Logits made without autograd (evaluation) leave no graph: not recorded."""
+"""Which calls of a training run linear cross-entropy tunes (tuner.capture): F.cross_entropy of logits that
+autograd's graph shows as F.linear's product with no bias, through a loss's views and float32 cast."""
 
 from __future__ import annotations
 
@@ -14,8 +11,7 @@ PASSED = {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "ToCo
 
 
 def _head(logits):
-    """(hidden, weight) whose product `logits` is (F.linear without a bias: autograd's mm of hidden
-    [tokens, H] and weight.T), or None."""
+    """(hidden [tokens, H], weight.T) whose mm made `logits` (F.linear without a bias), or None."""
     fn = logits.grad_fn
     while fn is not None and type(fn).__name__ in PASSED:
         fn = fn.next_functions[0][0]

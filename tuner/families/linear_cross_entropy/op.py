@@ -1,9 +1,6 @@
 """Linear cross-entropy's op, declared: `torch.ops.tuner.linear_cross_entropy(hidden, weight, target,
-ignore_index=-100, label_smoothing=0.0, reduction="mean")`, F.cross_entropy(hidden @ weight.T,
-target) with a float32 loss, for hidden [tokens, H] and an LM head's weight [vocab, H]. A variant
-never holds the [tokens, vocab] logits: it takes the tokens a chunk at a time through cuBLAS
-(the op's declared library) and the cross-entropy kernels. The core renders its C++, C ABI, CPU
-and fake kernels from OP_DECLARATION and the reference."""
+ignore_index=-100, label_smoothing=0.0, reduction="mean")`, its loss in float32; the core renders its
+C++, C ABI, CPU and fake kernels from OP_DECLARATION and the reference."""
 
 from __future__ import annotations
 
@@ -49,10 +46,8 @@ def torch_linear_cross_entropy(hidden, weight, target, ignore_index: int = -100,
 
 def linear_cross_entropy(input, weight, target, bias=None, ignore_index: int = -100, label_smoothing: float = 0.0,
                          reduction: str = "mean"):
-    """`F.cross_entropy(F.linear(input, weight, bias), target, ...)` as one op (load an export first):
-    a CUDA call without a bias, input [..., H] and target [...], goes to
-    `torch.ops.tuner.linear_cross_entropy` (its loss in float32; reduction none's shaped as target),
-    every other call to torch's two functions."""
+    """`F.cross_entropy(F.linear(input, weight, bias), target, ...)` as one op (load an export first): a
+    CUDA call without a bias (input [..., H], target [...]) goes to the op, every other to torch's two."""
     if (input.is_cuda and bias is None and input.dim() >= 1 and target.shape == input.shape[:-1]
             and not target.dtype.is_floating_point):
         loss = runtime.entry("linear_cross_entropy")(input.reshape(-1, input.shape[-1]), weight, target.reshape(-1),
@@ -66,8 +61,7 @@ def linear_cross_entropy(input, weight, target, bias=None, ignore_index: int = -
 
 
 FUNCTIONS = {"linear_cross_entropy": linear_cross_entropy}
-# torch's path holds the whole logits (tokens x vocab, in hidden's dtype, and their gradient): a
-# variant serves every shape of every dtype, the nearest tuned problem's parameters where none was
-# tuned near; torch's op only where the export's check found it faster at a tuned problem.
+# torch's path holds the whole logits and their gradient: variants serve every shape (the nearest tuned
+# problem's parameters), torch's op only where the export's check found it faster at a tuned problem
 OP = opspec.spec(OP_DECLARATION, "linear_cross_entropy", reference=reference, torch_op=torch_linear_cross_entropy,
                  unfused=lambda problem: True)
