@@ -23,6 +23,21 @@ def test_the_covering_variants_compile_and_link_cublas(tuner_home):
     assert all(v["vec"] * (4 if v["hidden"] == "float32" else 2) <= 16 for v in (b.variant.as_dict() for b in builds))
 
 
+def test_a_declared_library_is_found_keyed_by_its_version_and_refused_when_unknown():
+    include, folder, file = libraries.find("cublas")
+    assert (include / "cublas_v2.h").exists() and (folder / file).exists()
+    assert libraries.flags(("cublas",)) == ([f"-I{include}"], [f"-L{folder}", f"-l:{file}"])
+    assert str(include) not in libraries.key(("cublas",)) and file in libraries.key(("cublas",))
+    from tuner import declare
+    from tuner.errors import ToolchainError
+
+    with pytest.raises(declare.DeclarationError, match="libraries=.*of \\['cublas'\\]"):
+        declare.Op("lib_op", inputs=(declare.Tensor("x", dtypes=("float32",)),),
+                   outputs=(declare.Tensor("y", like="x"),), sizes={"n": "x.numel()"}, libraries=("mkl",))
+    with pytest.raises(ToolchainError, match="no library 'mkl' is known"):
+        libraries.find("mkl")
+
+
 def test_the_reference_is_torch_s_loss_a_chunk_at_a_time(monkeypatch):
     """Chunked (a chunk's float64 logits at a time, recomputed in the backward) and whole agree,
     label smoothing and ignored targets included."""

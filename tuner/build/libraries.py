@@ -10,6 +10,7 @@ wheel does."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from tuner import families
 from tuner.build import toolkit
 from tuner.errors import ToolchainError
 
-KNOWN = {"cublas": ("cublas_v2.h", "libcublas.so")}  # a library's header and shared library
+# a library's header, shared library, and the header that holds its version
+KNOWN = {"cublas": ("cublas_v2.h", "libcublas.so", "cublas_api.h")}
 
 
 def linked(family: str) -> tuple[str, ...]:
@@ -44,7 +46,7 @@ def find(name: str) -> tuple[Path, Path, str]:
     """(include folder, library folder, the library's file name) of a known library."""
     if name not in KNOWN:
         raise ToolchainError(f"no library {name!r} is known to the build; known: {', '.join(KNOWN)}")
-    header, library = KNOWN[name]
+    header, library, _ = KNOWN[name]
     for root in _roots():
         include = root / "include"
         if not (include / header).exists():
@@ -68,6 +70,13 @@ def flags(names) -> tuple[list[str], list[str]]:
     return compile_, link
 
 
-def key(names) -> str:
-    """What of the libraries a build depends on: their headers' folders and library files."""
-    return ";".join(f"{name}:{find(name)[0]}:{find(name)[2]}" for name in names)
+@functools.cache
+def key(names: tuple[str, ...]) -> str:
+    """What of the libraries a build depends on: each one's library file and its version header's
+    content (not where they are installed: a cache moved with its machine's Python stays valid)."""
+    parts = []
+    for name in names:
+        include, _, file = find(name)
+        digest = hashlib.sha256((include / KNOWN[name][2]).read_bytes()).hexdigest()[:16]
+        parts.append(f"{name}:{file}:{digest}")
+    return ";".join(parts)
