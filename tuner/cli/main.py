@@ -212,8 +212,11 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     study_opts = _study_parser()
     s = sub.add_parser("search", parents=[family_opt, target, problem, study_opts],
                        help="search for the fastest correct variant")
-    s.add_argument("--trials", type=cli_args.count, default=200,
-                   help="finished trials the study should reach (with --problems: per problem on average)")
+    # a family whose calls take milliseconds says fewer (its SEARCH_TRIALS: linear cross-entropy's)
+    trials = getattr(families.get(family or families.DEFAULT), "SEARCH_TRIALS", 200)
+    s.add_argument("--trials", type=cli_args.count, default=trials,
+                   help=f"finished trials the study should reach (with --problems: per problem on average; "
+                        f"default {trials})")
     s.add_argument("--problems", type=Path, metavar="FILE",
                    help="search every problem a capture recorded (tuner.capture), one study each, trials split "
                         "by their share of the captured time; the problem options are ignored")

@@ -13,6 +13,7 @@ FAMILY = "linear_cross_entropy"
 # checked beside the problem's: a vocabulary no vector divides over chunks, one class, every target ignored
 ODD_SIZES = ({"tokens": 300, "width": 72, "vocab": 1001}, {"tokens": 3, "width": 8, "vocab": 1},
              {"tokens": 5, "width": 16, "vocab": 300, "ignored": 1.0})
+SEARCH_TRIALS = 24  # `tuner search`'s default: a call takes ~24 ms at the default problem (70 s on an H200)
 CHECK_SIZES = {"tokens": 2048}  # a search's checks: several chunks still (the finalists: the problem's own)
 # the gradients: of logits rounded to hidden's dtype, and of their gradient rounded again (float16's
 # softmax of a 128256-word vocabulary is subnormal)
