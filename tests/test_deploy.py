@@ -65,6 +65,19 @@ def rms_export(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def lce_export(tmp_path_factory):
+    """An export whose variants link cuBLAS (linear cross-entropy's declared `libraries`) and its wheel."""
+    from tuner.families import linear_cross_entropy as lce
+
+    out = tmp_path_factory.mktemp("lce")
+    winners = [{"variant": lce.space("float32").variant(chunk_rows=256, threads_per_row=256, vec=4, first_read="normal",
+                                                        reread="in_order"),
+                "problem": lce.Problem(tokens=512, width=64, vocab=1000, hidden="float32").__dict__}]
+    export.write(out / "export", winners, GPU)
+    return out / "export", wheels.pack(out / "export", out / "wheels", export.read(out / "export"), gpu_label="H100")
+
+
+@pytest.fixture(scope="module")
 def standins(tmp_path_factory):
     """A folder of stand-ins for every compiler tool; each appends its name to `ran` and fails."""
     folder = tmp_path_factory.mktemp("standins")
@@ -159,6 +172,19 @@ y.square().sum().backward()
 torch.library.opcheck(op.default, (x.detach().requires_grad_(), w.detach(), 1e-5))
 no_weight = op(x.detach(), None, 1e-5)
 result = {"x": x.detach(), "w": w.detach(), "y": y.detach(), "gx": x.grad, "gw": w.grad, "no_weight": no_weight}
+"""
+
+
+LCE_CALLS = r"""
+g = torch.Generator().manual_seed(6)
+h = torch.randn(9, 16, generator=g).requires_grad_()
+w = (torch.randn(21, 16, generator=g) * 0.5).requires_grad_()
+t = torch.randint(0, 21, (9,), generator=g)
+t[2] = -100
+loss = op(h, w, t, -100, 0.1, "mean")
+loss.backward()
+torch.library.opcheck(op.default, (h.detach().requires_grad_(), w.detach().requires_grad_(), t, -100, 0.0, "sum"))
+result = {"h": h.detach(), "w": w.detach(), "t": t, "loss": loss.detach(), "gh": h.grad, "gw": w.grad}
 """
 
 
@@ -303,3 +329,18 @@ def test_a_declared_op_s_wheel_needs_torch_alone(rms_export, venv, standins, tmp
     torch.testing.assert_close(got["gx"].double(), gx, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got["gw"].double(), gw, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got["no_weight"], torch.nn.functional.rms_norm(got["x"], (64,), None, 1e-5))
+
+
+def test_a_wheel_whose_variants_link_cublas_needs_torch_alone(lce_export, venv, standins, tmp_path):
+    """Linear cross-entropy's variants link the cuBLAS of the NVIDIA wheel torch runs on: its wheel
+    installs and loads with torch alone (no toolkit, no compiler), and its CPU kernels are the float64
+    reference's, both gradients by autograd."""
+    _, whl = lce_export
+    got = _install_and_run(venv, whl, standins, tmp_path, "tuned_linear_cross_entropy_h100", "linear_cross_entropy",
+                           LCE_CALLS)
+    h64, w64 = got["h"].double().requires_grad_(), got["w"].double().requires_grad_()
+    want = torch.nn.functional.cross_entropy(h64 @ w64.T, got["t"], label_smoothing=0.1)
+    gh, gw = torch.autograd.grad(want, (h64, w64))
+    torch.testing.assert_close(got["loss"].double(), want.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["gh"].double(), gh, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(got["gw"].double(), gw, rtol=1e-4, atol=1e-6)
