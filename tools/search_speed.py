@@ -124,6 +124,9 @@ def main() -> int:
     print(HEADER, flush=True)
     for i, family in enumerate(names):
         for label, tuner, cwd in (places if i % 2 == 0 else places[::-1]):
+            if cwd is not None and not (Path(cwd) / "tuner" / "families" / family).is_dir():
+                print(f"{family}: not in the checkout {label}: run here alone", flush=True)
+                continue  # a family newer than the checkout
             cache = base / f"cache-{label}-{family}"
             for run in args.runs:
                 if run != RUNS[0]:
