@@ -14,8 +14,7 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
-from tuner import families
-from tuner.build import toolkit
+from tuner.build import declared, toolkit
 from tuner.errors import ToolchainError
 
 # a library's header, shared library, and the header that holds its version
@@ -24,8 +23,8 @@ KNOWN = {"cublas": ("cublas_v2.h", "libcublas.so", "cublas_api.h")}
 
 def linked(family: str) -> tuple[str, ...]:
     """The libraries a family's variants call (its op's declared `libraries`)."""
-    op = getattr(families.get(family), "OP_DECLARATION", None)
-    return tuple(getattr(op, "libraries", ()))
+    op = declared.declaration(family)
+    return tuple(op.libraries) if op is not None else ()
 
 
 def _roots() -> list[Path]:

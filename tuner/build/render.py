@@ -23,9 +23,9 @@ def templates_dir(family: str) -> Path:
 @functools.lru_cache(maxsize=None)
 def _environment(family: str) -> jinja2.Environment:
     return jinja2.Environment(
-        # a family's own folder, and the folders beside it: a template may include another
-        # family's parts by path ("cross_entropy/rows.cuh.j2")
-        loader=jinja2.FileSystemLoader([str(templates_dir(family)), str(templates_dir(family).parent)]),
+        # a family's own folder, then tuner's templates: a template may include a built-in
+        # family's parts by path ("cross_entropy/rows.cuh.j2"), a plugin family's too
+        loader=jinja2.FileSystemLoader([str(templates_dir(family)), str(families.templates_root())]),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
