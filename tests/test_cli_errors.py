@@ -495,3 +495,26 @@ def test_a_usage_error_and_a_missing_gpu_as_a_process(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and err.startswith("tuner bench: error: --gpu H100: no CUDA GPU is attached")
     assert len(err.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_a_command_ends_without_the_interpreters_teardown_but_keeps_its_exit_and_its_results(tmp_path):
+    """`tuner` leaves through os._exit after its exit handlers (cli.main._leave): the code, the
+    whole output, an exit handler's work and the study it wrote are all kept."""
+    mark = tmp_path / "handler-ran"
+    code = (f"import atexit, pathlib, sys; atexit.register(pathlib.Path({str(mark)!r}).write_text, 'yes'); "
+            "from tuner.cli.main import main; sys.exit(main())")
+    env = {**os.environ, "TUNER_HOME": str(tmp_path), "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    recording = str(Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl")
+    proc = subprocess.run([sys.executable, "-c", code, "search", "--gpu", "H100", "--simulate", recording,
+                           "--trials", "20", "--quiet"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("measurements: ")  # the last line, flushed
+    assert mark.read_text() == "yes"
+    shown = _tuner("list", home=tmp_path)
+    out, _ = shown.communicate(timeout=120)
+    assert shown.returncode == 0 and " 20 " in out
+    proc = subprocess.run([sys.executable, "-c", code, "show", "--study", "nope"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.startswith("tuner show: error:")
