@@ -40,6 +40,16 @@ def queue_for(jobs: int) -> concurrent.futures.ThreadPoolExecutor:
         return _QUEUES[jobs]
 
 
+def shutdown() -> None:
+    """Stop the queues' threads once their compilers have ended, as the interpreter's exit does
+    (the command's own end, `tuner.cli.main._leave`, comes before it)."""
+    with _QUEUES_LOCK:
+        pools = list(_QUEUES.values())
+        _QUEUES.clear()
+    for pool in pools:
+        pool.shutdown(wait=True)
+
+
 # Each compiler in a process group of its own, so that a kill reaches cicc, ptxas and the host
 # compiler under it; in this session where Python allows (3.11): a session is a scheduling group
 # (Linux's autogroup), and a compiler in one of its own would take a share of the CPU beside the

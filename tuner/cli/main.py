@@ -334,12 +334,14 @@ def _leave(code: int) -> int:
     SQLAlchemy, pandas, torch: ~1,000) one by one took 0.3-0.4 s on the CI machine and ~1 s on the
     GPU hosts after the last line, memory the system frees at once. The exit handlers still run
     (logging's flush, the searcher's lock file, multiprocessing's children) and every writer of the
-    project closed its files; a thread still running gets the interpreter's own exit, which waits
-    for it."""
+    project closed its files; a thread still running (not a daemon) gets the interpreter's own
+    exit, which waits for it."""
     import atexit
     import threading
 
-    if threading.active_count() > 1:
+    if "tuner.build.queue" in sys.modules:  # its idle threads would keep the interpreter's exit
+        sys.modules["tuner.build.queue"].shutdown()
+    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
         return code
     atexit._run_exitfuncs()  # what the interpreter's exit would run first
     for stream in (sys.stdout, sys.stderr):
