@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _leave(code: int) -> int:
     """The command's end without the interpreter's teardown: freeing a search's modules (Optuna,
-    SQLAlchemy, pandas, torch: ~1,000) one by one took 0.3-0.4 s on the CI machine and ~1 s on the
+    SQLAlchemy, pandas, torch: 960-1,760) one by one took 0.3-0.4 s on the CI machine and ~1 s on the
     GPU hosts after the last line, memory the system frees at once. The exit handlers still run
     (logging's flush, the searcher's lock file, multiprocessing's children) and every writer of the
     project closed its files; a thread still running (not a daemon) gets the interpreter's own
