@@ -58,3 +58,20 @@ def test_search_without_a_gpu_names_what_was_asked():
     r = subprocess.run([sys.executable, "-m", "tuner", "search", "--gpu", "H10", "--trials", "1"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "unknown GPU 'H10'" in r.stderr and "H100" in r.stderr, r.stderr  # a usage error
+
+
+def test_what_a_worker_says_of_its_gpu_unpickles_without_torch(monkeypatch):
+    """The worker's hello carries Attached.describe(); torch's version as torch's TorchVersion would
+    make the search's process import torch to unpickle it (seconds, its GPU waiting)."""
+    import pickle
+    import pickletools
+    import types
+
+    import torch
+
+    props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132,
+                                  L2_cache_size=50 << 20)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    said = pickle.dumps(gpus.Attached(0).describe(driver=""))
+    assert not any(op.name in ("GLOBAL", "STACK_GLOBAL") for op, _, _ in pickletools.genops(said))  # plain values
+    assert pickle.loads(said)["torch"] == torch.__version__

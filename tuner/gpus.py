@@ -78,7 +78,9 @@ class Attached:
         self.arch = f"sm_{props.major}{props.minor}"
         self.sm_count: int = props.multi_processor_count
         self.l2_bytes: int = getattr(props, "L2_cache_size", 0)
-        self.torch = torch.__version__
+        # a str, not torch's TorchVersion: a worker's hello carries this, and unpickling a
+        # TorchVersion imports torch in the search's process (seconds, while its GPU waits)
+        self.torch = str(torch.__version__)
         self.cuda = torch.version.cuda or ""
 
     def matches(self, gpu: str) -> bool:
