@@ -513,7 +513,7 @@ def _as_the_command(tmp_path, *argv, timeout=300):
 
 
 def test_a_command_ends_without_the_interpreters_teardown_but_keeps_its_exit_and_its_results(tmp_path):
-    """`tuner` leaves through os._exit after its exit handlers (cli.main._leave): the code, the
+    """`tuner` leaves through os._exit after its exit handlers (tuner.cli.ending.leave): the code, the
     whole output, an exit handler's work and the study it wrote are all kept; the modules are not
     freed one by one (0.3-1 s)."""
     recording = str(Path(__file__).parent / "data" / "h100-giou-bf16-u8.jsonl")

@@ -13,6 +13,7 @@ from typing import Callable
 
 from tuner import gpus, paths
 from tuner.cli import args as cli_args
+from tuner.cli import ending
 from tuner.cli import problems as cli_problems
 from tuner.cli import target as cli_target
 from tuner.cli.build import cmd_bench, cmd_build, cmd_variants, compilable
@@ -326,28 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):  # ValueError: a stdout without a descriptor
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    return _leave(code) if command else code
-
-
-def _leave(code: int) -> int:
-    """The command's end without the interpreter's teardown: freeing a search's modules (Optuna,
-    SQLAlchemy, pandas, torch: 960-1,760) one by one took 0.3-0.4 s on the CI machine and ~1 s on the
-    GPU hosts after the last line, memory the system frees at once. The exit handlers still run
-    (logging's flush, the searcher's lock file, multiprocessing's children) and every writer of the
-    project closed its files; a thread still running (not a daemon) gets the interpreter's own
-    exit, which waits for it."""
-    import atexit
-    import threading
-
-    if "tuner.build.queue" in sys.modules:  # its idle threads would keep the interpreter's exit
-        sys.modules["tuner.build.queue"].shutdown()
-    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
-        return code
-    atexit._run_exitfuncs()  # what the interpreter's exit would run first
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            stream.flush()
-    os._exit(int(code or 0))
+    return ending.leave(code) if command else code
 
 
 def _run(argv: list[str]) -> int:
