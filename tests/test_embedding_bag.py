@@ -48,7 +48,7 @@ def test_longest_first_orders_whole_bags_and_keeps_the_names_of_bags_in_order():
     with pytest.raises(Exception, match="longest first orders whole bags"):
         s.variant(order="longest", **{**base, "mapping": "warp", "split": 32})
     assert "length_passes" not in render(given)
-    assert f"constexpr int LENGTH_CLASSES = {eb.LENGTH_CLASSES};" in render(longest)
+    assert "constexpr int LENGTH_CLASSES = 4;" in render(longest)
     # parameters recorded before the dimension existed: bags in order, rendered and bound as such
     old = Variant.of(eb.FAMILY, {k: v for k, v in given.as_dict().items() if k != "order"})
     assert render(old) == render(given)

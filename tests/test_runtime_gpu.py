@@ -8,6 +8,7 @@ import pytest
 
 from tuner.families import giou
 import oploader
+import references
 
 pytestmark = pytest.mark.gpu
 
@@ -79,7 +80,7 @@ def test_gradients_match_the_reference(op, pred, target, reduction):
     loss = fn(leaf, t, n, reduction)
     g = torch.rand_like(loss) + 0.5
     loss.backward(g)
-    want, want_grad = giou.reference_with_grad(p, t, n, reduction, grad_out=g)
+    want, want_grad = references.with_grad(giou, p, t, n, reduction, grad_out=g)
     assert giou.check("loss", loss, want, giou.LOSS_TOL)[0]
     ok, _, msg = giou.check("grad", leaf.grad, want_grad, giou.GRAD_TOL[pred], getattr(torch, pred))
     assert ok, msg
@@ -332,7 +333,7 @@ def test_load_gpu_auto_and_an_untuned_pair(shared_home, op):
             fn(p, t, n)  # warned once
         leaf = p.clone().requires_grad_(True)
         fn(leaf, t, n).backward()
-        _, want = giou.reference_with_grad(p, t, n)
+        _, want = references.with_grad(giou, p, t, n)
         assert giou.check("grad", leaf.grad, want, giou.GRAD_TOL["float32"], torch.float32)[0]
     finally:
         oploader.load(covering)  # the module's artifact again

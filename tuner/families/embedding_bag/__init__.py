@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, itemsize, option  # noqa: F401
-from tuner.variant import Variant
 
 FAMILY = "embedding_bag"  # its files by convention (tuner.families.conventions): embedding_bag.cu.j2, ...
 KERNEL_ARGS = {"0": "sum", "1": "mean", "2": "max"}  # the kernels' template argument: the mode
@@ -52,10 +51,6 @@ DIMS = (
     Dim("backward", ("atomic", "sorted"),
         "gradient of weight: float atomics per gathered row, or a sorted, deterministic segment reduction"),
 )
-PIECE = 64  # sorted entries per partial sum in the sorted backward
-LENGTH_CLASSES = 4  # passes of a longest-first grid: bags by length in classes of half the mean
-LONG_BAGS = 64  # ... when the mean bag has at least this many entries (else one pass)
-
 
 
 def _constraints(weight: str) -> tuple[Constraint, ...]:
@@ -82,18 +77,6 @@ def space(weight: str = "float32", index: str = "int64") -> Space:
 
 
 space_for, all_spaces, covering_set = fixed_spaces(space, weight=WEIGHT_DTYPES, index=INDEX_DTYPES)
-
-
-_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16",
-          "int64": "long long", "int32": "int"}
-
-
-def render_context(variant: Variant) -> dict[str, Any]:
-    ctx = variant.as_dict()
-    ctx.update(name=variant.name, length_classes=LENGTH_CLASSES, long_bags=LONG_BAGS,
-               weight_ctype=_CTYPE[ctx["weight"]], index_ctype=_CTYPE[ctx["index"]],
-               group={"warp": 32, "subwarp": 8, "block": ctx["block_size"]}[ctx["mapping"]], piece=PIECE)
-    return ctx
 
 
 def search_focus(problem: dict) -> dict[str, Any]:

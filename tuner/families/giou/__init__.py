@@ -16,14 +16,13 @@ import importlib.util
 from typing import Any
 
 from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option, problem_class  # noqa: F401
-from tuner.variant import Variant
 
 FAMILY = "giou"  # giou.cu.j2 by convention (tuner.families.conventions); its op is declared (op.py)
 KERNEL_ARGS = {"0": "none", "1": "mean", "2": "sum"}  # the kernels' template argument: the reduction
 
 from tuner.families.giou.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
-from tuner.families.giou.spec import (C10_NAMES, DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES,  # noqa: F401
-                                      giou_loss_elementwise, reference, reference_with_grad, valid_mask)
+from tuner.families.giou.spec import (DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES,  # noqa: F401
+                                      giou_loss_elementwise, reference, valid_mask)
 
 DIMS = (
     Dim("boxes_per_thread", (1, 2, 4, 8), "boxes each thread handles"),
@@ -46,9 +45,6 @@ CONSTRAINTS = (
     ),
 )
 
-_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "uint8": "uint8_t"}
-
-
 # Opt-in kinds of variant, a switch each on the command line (tuner.cli.target): space(device_assert=True).
 SPACE_FLAGS = {"device_assert": "variants that also stop on a device-side assert when validation fails (opt-in)"}
 
@@ -66,21 +62,6 @@ def space(pred: str = "bfloat16", target: str = "uint8", device_assert: bool = F
 
 
 space_for, all_spaces, covering_set = fixed_spaces(space, pred=PRED_DTYPES, target=TARGET_DTYPES)
-
-
-def render_context(variant: Variant) -> dict[str, Any]:
-    ctx = variant.as_dict()
-    pred, target = ctx["pred"], ctx["target"]
-    ctx.update(
-        name=variant.name,
-        pred_ctype=_CTYPE[pred],
-        target_ctype=_CTYPE[target],
-        pred_torch=C10_NAMES[pred],
-        target_torch=C10_NAMES[target],
-        uses_half="float16" in (pred, target),
-        uses_bf16="bfloat16" in (pred, target),
-    )
-    return ctx
 
 
 def search_focus(problem: dict) -> dict[str, Any]:

@@ -10,7 +10,6 @@ PRED_DTYPES = ("float32", "float16", "bfloat16")
 TARGET_DTYPES = ("uint8", "float16", "bfloat16", "float32")
 REDUCTIONS = ("none", "mean", "sum")
 DEFAULT_EPS = 1e-7
-C10_NAMES = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "uint8": "Byte"}  # c10's dtype names
 
 
 def valid_mask(target, num_boxes=None):
@@ -77,19 +76,3 @@ def _loss(pred, target, num_boxes, reduction: str, eps: float, dtype):
     if reduction == "sum":
         return total
     return total / valid.sum().clamp(min=1)
-
-
-def reference_with_grad(pred, target, num_boxes=None, reduction: str = "mean", eps: float = DEFAULT_EPS,
-                        grad_out=None):
-    """(loss, d loss / d pred) in float64; grad_out defaults to ones."""
-    import torch
-
-    with torch.enable_grad():  # also when called from inside a backward pass
-        leaf = pred.detach().to(torch.float64).requires_grad_(True)
-        loss = reference(leaf, target, num_boxes, reduction, eps)
-        if grad_out is None:
-            grad_out = torch.ones_like(loss)
-        # of the sum: autograd's check of a grad_outputs tensor imports sympy (0.3-2.4 s of a
-        # worker's start, where the first check case waits)
-        (grad,) = torch.autograd.grad((loss * grad_out.to(torch.float64)).sum(), leaf)
-    return loss.detach(), grad
