@@ -173,3 +173,23 @@ def test_bench_shapes_are_parsed_for_the_family_s_number_of_sizes():
         one("1024x2")
     with pytest.raises(argparse.ArgumentTypeError, match="expected ROWSxDIMxBAGS shapes"):
         three("1x2")
+
+
+def test_the_host_floors_are_a_launch_and_autograd_on_a_leaf_shaped_as_the_first_input():
+    """BENCH_HOST_FLOORS (GIoU's): one kernel launch timed as a forward, `x.sum().backward()` on a
+    leaf of the first floating-point input's shape as a forward+backward; none for other families."""
+    import types
+
+    from tuner.report import declared
+
+    p, t, n = giou.make_inputs(4, 8, "bfloat16", "uint8", seed=1)
+    floors = declared._host_floors(giou, (t, p, n, "mean", 1e-7))
+    assert list(floors) == ["floor: one kernel launch", "floor: x.sum().backward()"]
+    launch, none = floors["floor: one kernel launch"]
+    assert none is None and launch().tolist() == [1.0]
+    nothing, backward = floors["floor: x.sum().backward()"]
+    assert nothing is None
+    backward()
+    leaf = backward.__closure__[0].cell_contents
+    assert leaf.shape == p.shape and leaf.dtype == torch.float32 and (leaf.grad == 1).all()
+    assert declared._host_floors(types.SimpleNamespace(), (p, t, n)) == {}

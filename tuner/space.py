@@ -206,7 +206,8 @@ _SCALAR_TYPE = {"float": float, "int": int, "bool": bool, "str": str}
 
 def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], helps: Mapping[str, str] | None = None,
                   *, scalars: Sequence[str] = (), fields: Mapping[str, Any] | None = None,
-                  key: Callable[[Any], str] | None = None) -> type:
+                  key: Callable[[Any], str] | None = None, sizes: Sequence[str] | None = None,
+                  dtype_fields: Mapping[str, str] | None = None) -> type:
     """A declared family's Problem, from its op's declaration: a frozen dataclass with `family` and,
     each an `option` of the command line, an int field per size, a str field per varying tensor
     (its dtype), then a field per scalar named in `scalars` (the values a search checks and times
@@ -218,6 +219,9 @@ def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], help
     `fields`: more, each an `option(...)`: one named as a made field replaces it (a parser of its
     own), any other shapes the inputs alone (how GIoU's boxes are drawn, which make_inputs takes)
     and follows the dtypes.
+    `sizes`: the declared sizes that are fields, where some only describe a call (EmbeddingBag's
+    entries `n`); `dtype_fields`: a tensor's dtype field by another name ({"indices": "index"},
+    as the op's spec names it).
     `key()` names the problem in studies and exports: each size as its initial, upper-cased, and
     its value, then the dtypes, the fields that shape the inputs and the scalars, a word as itself
     and a number after its name's initials ("R4096-V32000-bfloat16-mean-ls0.1"); `key(problem)`
@@ -230,7 +234,11 @@ def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], help
     unknown = [n for n in scalars if n not in declared]
     if unknown:
         fail(f"{unknown[0]!r} is no scalar of the op (one of {', '.join(declared) or 'none'})")
-    made_names = [*op.sizes, *(t.name for t in op.varying), *scalars]
+    if any(n not in op.sizes for n in sizes or ()):
+        fail(f"{next(n for n in sizes if n not in op.sizes)!r} is no size of the op (one of {', '.join(op.sizes)})")
+    sizes = {n: op.sizes[n] for n in (op.sizes if sizes is None else sizes)}
+    tensors = {dict(dtype_fields or {}).get(t.name, t.name): t for t in op.varying}  # field -> tensor
+    made_names = [*sizes, *tensors, *scalars]
     inputs = [n for n in given if n not in made_names]  # the fields that shape the inputs alone
     names = [*made_names, *inputs]
     stray = [n for n in [*defaults, *helps] if n not in names]
@@ -241,13 +249,13 @@ def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], help
     if missing:
         fail(f"give defaults[{missing[0]!r}]: the value a search tunes for unless told")
     made: dict[str, tuple] = {}
-    for n, expression in op.sizes.items():
+    for n, expression in sizes.items():
         made[n] = (int, option(int(defaults[n]), helps.get(n, f"{n}: {expression}")))
-    for t in op.varying:
-        dtype = dtype_name(defaults[t.name])
+    for n, t in tensors.items():
+        dtype = dtype_name(defaults[n])
         if dtype not in t.dtypes:
             fail(f"{t.name}'s default dtype {dtype!r} is not one of its dtypes {list(t.dtypes)}")
-        made[t.name] = (str, option(dtype, helps.get(t.name, f"{t.name} dtype"), dtype=True))
+        made[n] = (str, option(dtype, helps.get(n, f"{t.name} dtype"), dtype=True))
     scalar_fields = {}
     for n in scalars:
         s = declared[n]
@@ -261,8 +269,8 @@ def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], help
     made.update({n: (made[n][0], given[n]) for n in made_names if n in given})
 
     def made_key(problem) -> str:
-        parts = [n[0].upper() + str(getattr(problem, n)) for n in op.sizes]
-        parts += [getattr(problem, t.name) for t in op.varying] + [str(getattr(problem, n)) for n in inputs]
+        parts = [n[0].upper() + str(getattr(problem, n)) for n in sizes]
+        parts += [getattr(problem, n) for n in tensors] + [str(getattr(problem, n)) for n in inputs]
         for n in scalars:  # a word says what it is; a number is named by its initials ("ls0.1")
             v = getattr(problem, n)
             if not isinstance(v, str):

@@ -130,13 +130,27 @@ def _floors(fam, problem: dict, inputs, grad) -> tuple[list[dict], dict]:
     fwd, both = fam.floor_bytes(problem, inputs) if hasattr(fam, "floor_bytes") else least_bytes(inputs, grad)
     floor = {"impl": f"floor: HBM at {HBM_TBS} TB/s",
              **{k: b / (HBM_TBS * 1e6) for k, b in (("fwd_kernel_us", fwd), ("fwd_bwd_kernel_us", both)) if b}}
-    rows, calls = [floor], {}
+    rows, calls = [floor], _host_floors(fam, inputs)
     for name, got in getattr(fam, "bench_floors", lambda *_: {})(problem, inputs).items():
         if isinstance(got, dict):
             rows.append({"impl": name, **got})
         else:
             calls[name] = got
     return rows, calls
+
+
+def _host_floors(fam, inputs) -> dict:
+    """Where the family's calls are bound by the host (`BENCH_HOST_FLOORS`): one kernel launch
+    through the dispatcher, and autograd's own cost (`x.sum().backward()` on a float32 leaf shaped
+    as the first floating-point input), timed beside the rows."""
+    import torch
+
+    if not getattr(fam, "BENCH_HOST_FLOORS", False):
+        return {}
+    first = next(t for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point())
+    one, leaf = torch.zeros(1, device=first.device), torch.randn(first.shape, device=first.device, requires_grad=True)
+    return {"floor: one kernel launch": (lambda: one.fill_(1.0), None),
+            "floor: x.sum().backward()": (None, lambda: leaf.sum().backward())}
 
 
 def bench(family: str, directory, args) -> list[dict]:

@@ -15,10 +15,9 @@ the loads are, how many rows are in flight.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, itemsize, option  # noqa: F401
+from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, itemsize, option, problem_class  # noqa: F401
 
 FAMILY = "embedding_bag"  # its files by convention (tuner.families.conventions): embedding_bag.cu.j2, ...
 KERNEL_ARGS = {"0": "sum", "1": "mean", "2": "max"}  # the kernels' template argument: the mode
@@ -92,24 +91,18 @@ FINALISTS_WHOLE = True
 JOINED_TEMPLATE = "embedding_bag_joined.cu.j2"
 
 
-@dataclass(frozen=True)
-class Problem:
-    """What a kernel is tuned for. Defaults: the PR's configuration."""
-
-    family: ClassVar[str] = FAMILY
-    rows: int = option(5_000_000, "embedding rows (the PR's)")
-    dim: int = option(128, "embedding dim")
-    bags: int = option(2048, "bags")
-    bag_size: int = option(150, "mean indices per bag", parse="size_or_zero")
-    mode: str = option("sum", "how a bag's rows combine", choices=MODES)
-    weight: str = option("float32", "weight dtype", dtype=True)
-    index: str = option("int64", "index dtype", dtype=True)
-    distribution: str = option("random", "index distribution: random, one_hot, multi_hot", flag="--ids",
-                               choices=DISTRIBUTIONS)
-
-    def key(self) -> str:
-        return (f"R{self.rows}-D{self.dim}-B{self.bags}-L{self.bag_size}-{self.mode}-{self.weight}-"
-                f"{self.index}-{self.distribution}")
+# What a kernel is tuned for (defaults: the PR's configuration); its key
+# "R5000000-D128-B2048-L150-sum-float32-int64-random"
+Problem = problem_class(
+    OP_DECLARATION, FAMILY, {"rows": 5_000_000, "dim": 128, "bags": 2048, "bag_size": 150, "mode": "sum",
+                             "weight": "float32", "index": "int64"},
+    {"rows": "embedding rows (the PR's)", "dim": "embedding dim", "bags": "bags", "mode": "how a bag's rows combine",
+     "index": "index dtype"},
+    scalars=("mode",), sizes=("rows", "dim", "bags", "bag_size"), dtype_fields={"indices": "index"},
+    fields={"bag_size": option(150, "mean indices per bag", parse="size_or_zero"),
+            "distribution": option("random", "index distribution: random, one_hot, multi_hot", flag="--ids",
+                                   choices=DISTRIBUTIONS)},
+    key=lambda p: f"R{p.rows}-D{p.dim}-B{p.bags}-L{p.bag_size}-{p.mode}-{p.weight}-{p.index}-{p.distribution}")
 
 
 # A row's gradient is a float32 sum of a term per entry naming it, rounded about sqrt(hits) * eps: a
