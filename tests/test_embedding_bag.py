@@ -258,3 +258,24 @@ def test_the_binding_s_functional_form_hands_cpu_calls_to_torch(op):
         torch.testing.assert_close(fast(ids, weight.clone(), offsets, **kwargs),
                                    F.embedding_bag(ids, weight.clone(), offsets, **kwargs))
     torch.testing.assert_close(fast(ids.view(2, 4), weight), F.embedding_bag(ids.view(2, 4), weight))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_the_gpu_tests_hand_written_backward_agrees_with_autograd_of_the_reference(mode):
+    """tests/references.py's backward from segment sums (the GPU tests' second opinion) against the
+    float64 autograd of the op's reference that the search checks variants by: padding, empty bags,
+    per-sample weights in sum mode."""
+    import references
+    from tuner import opspec
+    from tuner.families.embedding_bag import op as eb_op
+
+    w, idx, offs, psw = eb.make_inputs(50, 12, 9, 4, mode, "float32", seed=5,
+                                       per_sample_weights=mode == "sum", padding_idx=-1)
+    g = torch.randn(9, 12, dtype=torch.float64)
+    args = (w, idx, offs, mode, psw, False, -1)
+    _, (want_w, want_psw) = opspec.reference_answers(eb.OP_DECLARATION, eb_op.reference, args, [g])
+    got_w, got_psw = references.embedding_bag_backward(w, idx, offs, mode, psw, g, padding_idx=49)  # -1, from the end
+    assert torch.allclose(got_w, want_w, atol=1e-12) and (want_w != 0).any()
+    assert (got_psw is None) == (psw is None)
+    if psw is not None:
+        assert torch.allclose(got_psw, want_psw, atol=1e-12)

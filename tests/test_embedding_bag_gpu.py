@@ -5,6 +5,7 @@ empty bags, and bad indices and offsets reported (never read out of bounds)."""
 import pytest
 
 import oploader
+import references
 
 from tuner.families import embedding_bag as eb
 
@@ -168,7 +169,7 @@ def test_chunked_bags_match_the_reference(kernels, mode):
                 assert relative_error(out, want) <= TOL[v["weight"]], (v.name, mode, dist, pad)
                 g = torch.randn(offs.numel(), p.dim, device="cuda").to(w.dtype)
                 grad_w, grad_psw = k.backward(saved, g, psw_grad=psw is not None)
-                want_w, want_psw = eb.reference_backward(w, idx, offs, mode, psw, g, padding_idx=pad)
+                want_w, want_psw = references.embedding_bag_backward(w, idx, offs, mode, psw, g, padding_idx=pad)
                 assert grad_close(grad_w, want_w, v["weight"]), (v.name, mode, pad)
                 if psw is not None:
                     assert grad_close(grad_psw, want_psw, v["weight"]), v.name
@@ -292,7 +293,7 @@ def test_atomic_backward_merges_a_hot_id(kernels):
             call, saved = k.prepare(w, idx, offs, mode, s)
             call()
             grad_w, _ = k.backward(saved, g)
-            want_w, _ = eb.reference_backward(w, idx, offs, mode, s, g)
+            want_w, _ = references.embedding_bag_backward(w, idx, offs, mode, s, g)
             assert grad_close(grad_w, want_w, v["weight"]), (v.name, mode)
 
 
@@ -308,10 +309,10 @@ def test_reference_on_the_gpu_equals_the_reference_on_the_cpu(weight):
         g = torch.randn(p.bags, p.dim, generator=torch.Generator().manual_seed(3)).to(w.dtype)
         for pad in (None, int(idx[0])):
             cpu = (*eb.reference(w, idx, offs, mode, psw, padding_idx=pad),
-                   *eb.reference_backward(w, idx, offs, mode, psw, g, padding_idx=pad))
+                   *references.embedding_bag_backward(w, idx, offs, mode, psw, g, padding_idx=pad))
             cw, ci, co, cp, cg = (t.cuda() if t is not None else None for t in (w, idx, offs, psw, g))
             gpu = (*eb.reference(cw, ci, co, mode, cp, padding_idx=pad),
-                   *eb.reference_backward(cw, ci, co, mode, cp, cg, padding_idx=pad))
+                   *references.embedding_bag_backward(cw, ci, co, mode, cp, cg, padding_idx=pad))
             for want, got in zip(cpu, gpu):
                 assert (want is None) == (got is None)
                 if want is not None:
@@ -435,7 +436,7 @@ def test_op_forward_and_backward_match_torch(op, weight, index):
             g = torch.randn_like(want)
             got.backward(g)
             if weight == "bfloat16":  # torch has no CUDA bfloat16 backward for max or per_sample_weights
-                want_w, want_psw = eb.reference_backward(w, idx, offsets, mode, psw if s is not None else None, g,
+                want_w, want_psw = references.embedding_bag_backward(w, idx, offsets, mode, psw if s is not None else None, g,
                                                          **kwargs)
                 torch.testing.assert_close(a.grad.double(), want_w, **tol)  # the reference stays on the GPU
                 if s is not None:
@@ -543,7 +544,7 @@ def test_op_chunked_long_bags_autograd_and_cuda_graphs(op):
             torch.testing.assert_close(got.double(), want, **tol)
             g = torch.randn_like(got)
             got.backward(g)
-            want_w, want_psw = eb.reference_backward(w, idx, offsets, mode, psw if s is not None else None, g,
+            want_w, want_psw = references.embedding_bag_backward(w, idx, offsets, mode, psw if s is not None else None, g,
                                                      **kwargs)
             torch.testing.assert_close(a.grad.double(), want_w, **tol)
             if s is not None:

@@ -23,8 +23,7 @@ FAMILY = "embedding_bag"  # its files by convention (tuner.families.conventions)
 KERNEL_ARGS = {"0": "sum", "1": "mean", "2": "max"}  # the kernels' template argument: the mode
 
 from tuner.families.embedding_bag.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
-from tuner.families.embedding_bag.spec import (INDEX_DTYPES, MODES, WEIGHT_DTYPES, _counts,  # noqa: F401
-                                               _entries, _flat, reference, reference_backward)
+from tuner.families.embedding_bag.spec import INDEX_DTYPES, MODES, WEIGHT_DTYPES, reference  # noqa: F401
 DISTRIBUTIONS = ("random", "one_hot", "multi_hot")  # the PR's three index distributions
 
 DIMS = (

@@ -52,36 +52,6 @@ def _max(rows, bag_of, idx, bags: int):
     return torch.where(first < n, top, 0.0), chosen
 
 
-def reference_backward(weight, indices, offsets, mode: str, per_sample_weights, grad_out,
-                       include_last_offset: bool = False, padding_idx: int | None = None):
-    """float64 gradients of embedding_bag: (d weight [rows, dim], d per_sample_weights [n] or None),
-    torch's dense gradient (sparse=False); on weight's device."""
-    import torch
-
-    w = weight.double()
-    g = grad_out.to(w.device, w.dtype)
-    idx, offs, bag_of, keep = _entries(indices, offsets, include_last_offset, padding_idx, w.device)
-    bags = offs.numel() - 1
-    grad_w = torch.zeros_like(w)
-    if mode == "max":
-        _, chosen = reference(weight, indices, offsets, mode, None, include_last_offset, padding_idx)
-        col = torch.arange(w.shape[1], device=w.device).expand(bags, -1)
-        found = chosen >= 0
-        grad_w.index_put_((chosen[found], col[found]), g[found], accumulate=True)
-        return grad_w, None
-    scale = torch.ones(idx.numel(), dtype=torch.float64, device=w.device)
-    if per_sample_weights is not None:
-        scale = scale * per_sample_weights.to(w.device, w.dtype)
-    if mode == "mean":
-        scale = scale / _counts(bag_of, keep, bags).clamp(min=1)[bag_of]
-    grad_w.index_add_(0, idx[keep], g[bag_of[keep]] * scale[keep][:, None])
-    grad_psw = None
-    if per_sample_weights is not None:
-        grad_psw = scale.new_zeros(idx.numel())
-        grad_psw[keep] = (_rows(w, idx[keep]) * g[bag_of[keep]]).sum(1)
-    return grad_w, grad_psw
-
-
 def _rows(w, idx):
     """The rows the entries name (clamped: an out-of-range id is the op's error, not the reference's)."""
     return w[idx.clamp(0, max(w.shape[0] - 1, 0))] if idx.numel() else w.new_zeros(0, w.shape[1])
