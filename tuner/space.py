@@ -280,7 +280,8 @@ def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], help
 
     cls = dataclasses.make_dataclass("Problem", [("family", ClassVar[str], family)]
                                      + [(n, kind, f) for n, (kind, f) in made.items()],
-                                     frozen=True, namespace={"key": key or made_key})
+                                     frozen=True, namespace={"key": key or made_key,
+                                                             "dtype_fields": dict(dtype_fields or {})})
     cls.__module__ = sys._getframe(1).f_globals["__name__"]  # the family's: pickle finds it there as Problem
     return cls
 

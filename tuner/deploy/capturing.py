@@ -85,7 +85,9 @@ def _mappings() -> dict[str, list[tuple[str, Callable]]]:
 
 
 def declared_calls(family: str) -> dict[str, Callable]:
-    """`tuner::<op>` -> problem_of, for a family that declares its op (tuner.opspec.problem)."""
+    """`tuner::<op>` -> problem_of, for a family that declares its op: the call's problem
+    (tuner.opspec.problem) as the family's Problem names it (a tensor's dtype field by its
+    `dtype_fields` name), the fields that only shape its inputs at their defaults."""
     import dataclasses
 
     from tuner import opspec
@@ -93,8 +95,17 @@ def declared_calls(family: str) -> dict[str, Callable]:
     op = getattr(families.get(family), "OP_DECLARATION", None)
     if op is None:
         return {}
-    fields = {f.name for f in dataclasses.fields(families.get(family).Problem)}
-    return {f"tuner::{op.name}": lambda args, kwargs: opspec.problem(op, opspec.bind(op, args, kwargs), fields)}
+    cls = families.get(family).Problem
+    fields, renamed = {f.name: f.default for f in dataclasses.fields(cls)}, getattr(cls, "dtype_fields", {})
+
+    def problem_of(args, kwargs) -> dict | None:
+        found = opspec.problem(op, opspec.bind(op, args, kwargs), fields)
+        if found is None:
+            return None
+        found = {renamed.get(k, k): v for k, v in found.items()}
+        return {n: found.get(n, default) for n, default in fields.items()}
+
+    return {f"tuner::{op.name}": problem_of}
 
 
 class Capture(TorchFunctionMode):
