@@ -50,7 +50,7 @@ def render(variant: Variant, focus: dict | None = None) -> str:
     return _render(family, variant, family.TEMPLATE, {**context, **(focus or {})})
 
 
-_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double",
+_CTYPE = {"float32": "float", "float16": "tuner_half", "bfloat16": "tuner_bfloat16", "float64": "double",
           "uint8": "unsigned char", "int8": "signed char", "int32": "int", "int64": "long long"}
 _C10 = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "float64": "Double", "uint8": "Byte",
         "int8": "Char", "int32": "Int", "int64": "Long"}
@@ -59,7 +59,8 @@ _C10 = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "float64"
 def default_context(family, variant: Variant) -> dict:
     """What a kernel template reads where its family gives no `render_context`: the variant's
     parameters and `name`; and for each tensor of a declared op whose dtype the variant fixes (a
-    parameter of the tensor's name), `<tensor>_ctype` (CUDA's type, "__nv_bfloat16") and
+    parameter of the tensor's name), `<tensor>_ctype` (the kernel's type: "tuner_bfloat16" of
+    templates/common/half.cuh.j2, which a template includes in place of cuda_bf16.h) and
     `<tensor>_torch` (c10's name, for the table: "BFloat16")."""
     ctx = {**variant.as_dict(), "name": variant.name}
     op = getattr(family, "OP_DECLARATION", None)
