@@ -4,6 +4,10 @@ wall time and the CPU time of the compilers (nvcc and what it runs), each build 
 No GPU needed: the number that bounds a first search on a many-core host is the compilers' CPU.
 
     python tools/compile_cost.py [--families giou rms_norm ...] [--variants 32] [--rounds 3] [--jobs N]
+                                 [--kinds search export]
+
+Another checkout's compile, beside this one's: `PYTHONPATH=DIR python tools/compile_cost.py ...` (its
+tuner is imported in place of this one's), the two in turns.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="builds of each kind, in turns")
     ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="nvcc processes at once (default: the cores)")
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--kinds", nargs="+", choices=("search", "export"), default=["search", "export"])
     args = ap.parse_args()
 
     os.environ["TUNER_HOME"] = tempfile.mkdtemp(prefix="compile-cost-home-")
@@ -42,9 +47,10 @@ def main() -> None:
         random.Random(0).shuffle(variants)
         variants = variants[:args.variants]
         focus = fam.search_focus(fam.Problem().__dict__) if hasattr(fam, "search_focus") else None
-        times: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        kinds = [kind == "export" for kind in args.kinds]  # serving: an export's flags
+        times: dict[bool, list[tuple[float, float]]] = {serving: [] for serving in kinds}
         for _ in range(args.rounds):
-            for serving in (False, True):
+            for serving in kinds:
                 os.environ["TUNER_CACHE"] = tempfile.mkdtemp(prefix="compile-cost-cache-")  # nothing cached
                 t0, cpu0 = time.perf_counter(), _children_cpu()
                 built = build.build(variants, args.arch, jobs=args.jobs, focus=focus, serving=serving)
@@ -52,10 +58,13 @@ def main() -> None:
                 if failed:
                     raise SystemExit(f"{failed[0].variant.name}: {failed[0].error[-500:]}")
                 times[serving].append((time.perf_counter() - t0, _children_cpu() - cpu0))
-        (sw, sc), (ew, ec) = ((statistics.median(t[0] for t in times[s]), statistics.median(t[1] for t in times[s]))
-                              for s in (False, True))
-        print(f"{name:14s} search build {sw:6.1f} / {sc:6.1f}   export flags {ew:6.1f} / {ec:6.1f}   "
-              f"search / export: wall {sw / ew:.2f}x, CPU {sc / ec:.2f}x", flush=True)
+        medians = {s: (statistics.median(t[0] for t in got), statistics.median(t[1] for t in got))
+                   for s, got in times.items()}
+        line = "   ".join(f"{'export flags' if s else 'search build'} {w:6.1f} / {c:6.1f}" for s, (w, c) in medians.items())
+        if len(medians) == 2:
+            (sw, sc), (ew, ec) = medians[False], medians[True]
+            line += f"   search / export: wall {sw / ew:.2f}x, CPU {sc / ec:.2f}x"
+        print(f"{name:14s} {line}", flush=True)
 
 
 if __name__ == "__main__":
