@@ -159,3 +159,36 @@ def test_export_best_lists_each_measured_shape_and_who_serves_it():
     assert lines[1] == f"  bfloat16/bfloat16 rows={first['rows']} width={first['width']}: a variant (op / torch's op at most 0.90x, fwd+bwd GPU)"
     assert lines[2] == f"  bfloat16/bfloat16 rows={second['rows']} width={second['width']}: torch's op (op / torch's op at most 1.30x, fwd wall; 1 cell(s) not timed)"
     assert studies.region_lines([], str) == []
+
+
+def test_show_export_reads_back_each_problem_the_measured_shapes_and_each_pair_s_word(tmp_path, capsys):
+    """`tuner show --export DIR`: what export-best printed, from the manifest alone (no GPU, no
+    study), and what serves each dtype pair; a study's options beside it are refused."""
+    from tuner.cli.main import main
+
+    problem = rms_norm.Problem().__dict__
+    space = rms_norm.space()
+    entries = [_entry(space, problem)]
+    points = regions.grid("rms_norm", entries)[:2]
+    decided = [{**p, "served_by": who, "checked": {"fwd wall": r}} for p, who, r in zip(points, ("variant", "torch"),
+                                                                                         (0.7, 1.2))]
+    winners = [{"variant": space.variant(**entries[0]["params"]), "problem": problem}]
+    out = export.write(tmp_path / "exp", winners, {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"},
+                       binaries=False, regions=decided)
+    assert main(["show", "--export", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"bfloat16/bfloat16 rows={problem['rows']} width={problem['width']}: "
+                               f"{entries[0]['variant']}")
+    assert lines[1].startswith("measured around them (2 shapes")
+    assert lines[2].endswith(": a variant (op / torch's op at most 0.70x, fwd wall)")
+    assert lines[3].endswith(": torch's op (op / torch's op at most 1.20x, fwd wall)")
+    assert lines[4] == f"exported 1 tuned problem(s) for NVIDIA H100 80GB HBM3 to {out}"
+    pairs = lines[lines.index("each dtype pair, at shapes near no tuned or measured one:") + 1:]
+    assert len(pairs) == len(rms_norm.all_spaces())
+    assert next(p for p in pairs if p.startswith("  bfloat16/bfloat16: ")).endswith(
+        export.read(out)["serving"]["bfloat16/bfloat16"])
+
+    assert main(["show", "--export", str(out), "--batch", "8"]) == 2  # a usage error
+    assert "--batch name a study" in capsys.readouterr().err
+    assert main(["show", "--export", str(tmp_path / "none")]) == 1
+    assert "is not a tuned export" in capsys.readouterr().err

@@ -252,8 +252,11 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress bar")
 
     problem = [family_opt, gpu_only, problem, study_opts]
-    s = sub.add_parser("show", parents=problem, help="print a stored study")
+    s = sub.add_parser("show", parents=problem, help="print a stored study, or an export")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--export", type=Path, metavar="DIR",
+                   help="an exported folder instead: its problems and what serves each, the shapes measured "
+                        "around them, and what serves each dtype pair elsewhere")
     s.add_argument("--top-k", type=cli_args.count, default=10, help="variants to list (default 10)")
 
     s = sub.add_parser("export-best", parents=[family_opt, gpu_only], help="export the winners of a GPU's studies")

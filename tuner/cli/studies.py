@@ -63,6 +63,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     from tuner.store import journal
     from tuner.store import study, trials
 
+    if args.export is not None:
+        return _show_export(args)
     st = study.load(cli_target.study_name(args), args.storage)
     if args.json:
         space = study.family_of(st).space_for(st.user_attrs.get("problem", {}))
@@ -74,6 +76,26 @@ def cmd_show(args: argparse.Namespace) -> int:
         skipped = journal.damaged_lines(st._storage)
         if skipped:
             print(f"damaged records skipped: {len(skipped)} (lines {_spans(skipped)} of {study.storage_url(args.storage)})")
+    return 0
+
+
+def _show_export(args: argparse.Namespace) -> int:
+    """`tuner show --export DIR`: what `export-best` said of the export, read back from its manifest,
+    with each dtype pair's word on what serves it."""
+    from tuner import families
+    from tuner.deploy import export
+
+    named = getattr(args, "options", set()) - cli_target.NAME_FREE - {"--export"}
+    if named - {"--json"}:
+        raise UsageError(f"--export shows an exported folder; {', '.join(sorted(named))} name a study: drop one or the other")
+    manifest = export.read(args.export)
+    if args.json:
+        print(json.dumps(manifest, indent=1))
+        return 0
+    name = manifest["family"]
+    op = families.part(name, "op") if families.has_part(name, "op") else None
+    for line in export_lines(manifest, args.export, families.get(name), op, pairs=True):
+        print(line)
     return 0
 
 
@@ -143,27 +165,36 @@ def cmd_export_best(args: argparse.Namespace) -> int:
                             wheel=args.wheel)
     for note in done.notes:
         print(note)
-    manifest = done.manifest
-    describe = cli_target.cli_part(manifest["family"]).describe
-    for e in manifest["entries"]:
-        print(f"{describe(e['problem'])}: {_served(e)}")
-    for line in region_lines(manifest.get("regions") or [], describe):
+    for line in export_lines(done.manifest, done.out, done.family, done.op):
         print(line)
-    by_torch = sum(e.get("served_by") == "torch" for e in manifest["entries"])
-    print(f"exported {len(manifest['entries'])} tuned problem(s) for {manifest['gpu'].get('gpu_name')} to {done.out}"
-          + (f"; torch's op serves {by_torch} of them, where no variant beat it" if by_torch else ""))
-    untuned = elsewhere(done.op.OP, [space.fixed for space in done.family.all_spaces()]) if done.op else None
-    if untuned:
-        print(untuned)
-    if manifest.get("binaries"):
-        b = manifest["binaries"]["identity"]
-        print(f"binaries for {b['arch']}, torch {b['torch']}, CUDA {b['cuda']}, Python {b['python']} "
-              "(loaded without a toolchain where these match)")
     print(f'load it with: op = tuner.load("{done.out}")')
     if done.wheel is not None:
         print(f"wheel: {done.wheel} ({done.wheel.stat().st_size / 1e6:.1f} MB); `pip install {done.wheel}`, then "
               f"`import {done.wheel.name.split('-')[0]}` registers torch.ops.tuner.{done.op.OP.op}")
     return 0
+
+
+def export_lines(manifest: dict, out, family, op, pairs: bool = False) -> list[str]:
+    """What an export holds, a line each: every tuned problem and what serves it, the shapes its
+    check measured around them, what serves calls near none of them (`pairs`: the manifest's word for
+    each dtype pair, else one line) and the binaries' setup."""
+    describe = cli_target.cli_part(manifest["family"]).describe
+    lines = [f"{describe(e['problem'])}: {_served(e)}" for e in manifest["entries"]]
+    lines += region_lines(manifest.get("regions") or [], describe)
+    by_torch = sum(e.get("served_by") == "torch" for e in manifest["entries"])
+    lines.append(f"exported {len(manifest['entries'])} tuned problem(s) for {manifest['gpu'].get('gpu_name')} to {out}"
+                 + (f"; torch's op serves {by_torch} of them, where no variant beat it" if by_torch else ""))
+    if pairs and manifest.get("serving"):
+        lines.append("each dtype pair, at shapes near no tuned or measured one:")
+        lines += [f"  {pair}: {words}" for pair, words in manifest["serving"].items()]
+    else:
+        untuned = elsewhere(op.OP, [space.fixed for space in family.all_spaces()]) if op else None
+        lines += [untuned] if untuned else []
+    if manifest.get("binaries"):
+        b = manifest["binaries"]["identity"]
+        lines.append(f"binaries for {b['arch']}, torch {b['torch']}, CUDA {b['cuda']}, Python {b['python']} "
+                     "(loaded without a toolchain where these match)")
+    return lines
 
 
 def region_lines(regions: list[dict], describe) -> list[str]:
@@ -188,7 +219,8 @@ def region_lines(regions: list[dict], describe) -> list[str]:
 
 def _served(entry: dict) -> str:
     """One problem of an export: its winner and time, beside the baseline's where it was timed."""
-    timing = f"{entry['objective']} {entry['objective_us']:.2f} us"
+    timing = (f"{entry['objective']} {entry['objective_us']:.2f} us" if entry.get("objective_us") is not None
+              else "not timed")
     base = entry.get("baseline_us")
     if base:
         objective = entry.get("objective") or "fwd+bwd"
