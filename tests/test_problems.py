@@ -3,6 +3,7 @@ its own study warm-started from the others', the baseline's recorded timings rep
 finalists, and an export that serves each problem with its winner or with torch's op."""
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -130,3 +131,51 @@ def test_a_declared_option_checks_its_values_through_the_space(capsys):
     with pytest.raises(SystemExit) as stop:
         cli.parser("embedding_bag").parse_args(["search", "--gpu", "H100", "--bag-size", "-1"])
     assert stop.value.code == 2
+
+
+def test_dtypes_name_one_problem_each_at_the_options_sizes_and_training_is_the_family_s_word():
+    from tuner.cli import main as cli
+    from tuner.cli import target
+    from tuner.families import cross_entropy, rms_norm
+
+    args = cli.parser("rms_norm").parse_args(["search", "--family", "rms_norm", "--gpu", "H100", "--rows", "64",
+                                              "--dtypes", "training"])
+    made = target.dtype_problems(args)
+    assert [(p.x, p.weight) for p in made] == list(rms_norm.TRAINING_DTYPES)
+    assert ("bfloat16", "float32") in rms_norm.TRAINING_DTYPES and {p.rows for p in made} == {64}
+    args = cli.parser("cross_entropy").parse_args(["search", "--family", "cross_entropy", "--gpu", "H100",
+                                                   "--dtypes", "float32,bf16,float32"])
+    assert [p.logits for p in target.dtype_problems(args)] == ["float32", "bfloat16"]  # once each
+    assert ("float32",) in cross_entropy.TRAINING_DTYPES
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--dtypes", "training", "--x", "float16"], "--dtypes names each problem's dtypes: drop --x"),
+    (["--dtypes", "training", "--study", "s"], "--dtypes searches one study per problem, named after it: drop --study"),
+    (["--dtypes", "training", "--problems", "shapes.json"], "--problems and --dtypes each name the problems"),
+    (["--dtypes", "bfloat16/int8"], "int8 is no weight dtype"),
+])
+def test_dtypes_beside_what_names_the_problem_another_way_is_a_usage_error(argv, why, capsys):
+    from tuner.cli import main as cli
+
+    try:
+        code = cli.main(["search", "--family", "rms_norm", "--gpu", "H100", *argv])
+    except SystemExit as stop:  # refused by the parser itself
+        code = stop.code
+    assert code == 2
+    assert why in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_search_of_several_dtypes_makes_a_study_of_each(tmp_path):
+    recording = tmp_path / "three.jsonl"
+    recording.write_text("".join((Path(__file__).parent / "data" / f"h100-giou-{n}.jsonl").read_text() for n in ("bf16-u8", "f16-u8", "f32-f32")))
+    run = _tuner("search", "--gpu", "H100", "--simulate", str(recording), "--dtypes", "bf16/u8,f16/u8,float32",
+                 "--trials", "64", "--quiet", home=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "3 problems from --dtypes:" in run.stdout and "33% of the trials, 64 trials" in run.stdout
+    run = _tuner("export-best", "--gpu", "H100", "--sources-only", home=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    manifest = export.read(tmp_path / "exports" / "giou-H100")
+    assert sorted((e["problem"]["pred"], e["problem"]["target"]) for e in manifest["entries"]) == [
+        ("bfloat16", "uint8"), ("float16", "uint8"), ("float32", "float32")]

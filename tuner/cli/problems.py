@@ -1,6 +1,7 @@
 """`tuner search --problems FILE`: every problem a capture recorded, searched in one command
 (tuner.search.problems), with a line per problem as it starts and a table at the end: each
-problem's winner beside torch's op, and which of the two the export will serve it with."""
+problem's winner beside torch's op, and which of the two the export will serve it with. `tuner
+search --dtypes ...`: the problems of those dtypes, the same way, each an even share."""
 
 from __future__ import annotations
 
@@ -33,8 +34,11 @@ def search(base: SearchConfig, captured: list[tuple[object, float]], args, start
     shares = [share for _, share in captured]
     cfgs = problems.configs(base, [p for p, _ in captured], shares)
 
+    source = args.problems if args.problems is not None else "--dtypes"
+    share_of = "the captured time" if args.problems is not None else "the trials"
+
     def on_start(i: int, cfg: SearchConfig) -> None:
-        print(f"[{i + 1}/{len(cfgs)}] {_describe(cfg.problem)}: {shares[i]:.0%} of the captured time, "
+        print(f"[{i + 1}/{len(cfgs)}] {_describe(cfg.problem)}: {shares[i]:.0%} of {share_of}, "
               f"{cfg.trials} trials ({time.monotonic() - started:.0f} s from the command's start)", flush=True)
 
     def on_end(i: int, report) -> None:
@@ -43,7 +47,7 @@ def search(base: SearchConfig, captured: list[tuple[object, float]], args, start
               flush=True)
 
     reports = problems.run(cfgs, on_start, on_end)
-    print(f"\n{len(cfgs)} problems from {args.problems}:")
+    print(f"\n{len(cfgs)} problems from {source}:")
     served = 0
     for cfg, report in zip(cfgs, reports):
         st = study.load(report.study_name, args.storage)

@@ -4,7 +4,7 @@ describe, and the study they name (shared by every command module, below all of 
 from __future__ import annotations
 
 from tuner import gpus
-from tuner.space import dtype_fields
+from tuner.space import dtype_fields, dtype_name
 from tuner.errors import TunerError, UsageError
 
 # options of show and report that say nothing about which study to read
@@ -79,6 +79,40 @@ def _bench_args(family: str, p) -> None:
                             f"(default {shown})")
 
 
+def add_search_dtypes(family: str, p) -> None:
+    """`tuner search --dtypes`: one problem per dtype tuple at the options' sizes, searched in one
+    command (for a family with dtype fields). The family's `TRAINING_DTYPES`, where it has them,
+    are named in the help: the tuples mixed-precision training calls it with."""
+    from tuner import families
+
+    fam = families.get(family)
+    fields = dtype_fields(fam)
+    if not fields:
+        return
+    training = tuple(tuple(d) for d in getattr(fam, "TRAINING_DTYPES", ()))
+    parse = _dtype_list(fields)
+    p.add_argument("--dtypes", type=lambda text: training if training and text == "training" else parse(text),
+                   metavar="/".join(fields) + ",...",
+                   help=f"search each of these {'/'.join(fields)} dtype tuples (comma-separated; one name sets "
+                        "every field) at the options' sizes, one study each, the trials split evenly"
+                        + (f"; `training`: those models train with, {','.join('/'.join(d) for d in training)}"
+                           if training else ""))
+
+
+def dtype_problems(args) -> list:
+    """The problems `--dtypes` names: the options' problem with each tuple's dtypes, once each."""
+    from tuner import families
+
+    fam, base = families.get(args.family), problem(args)
+    fields = list(dtype_fields(fam))
+    found = []
+    for given in dict.fromkeys(args.dtypes):
+        values = {**base.__dict__, **dict(zip(fields, given))}
+        fam.space_for(values)
+        found.append(fam.Problem(**values))
+    return found
+
+
 def _dtype_list(fields: dict[str, tuple[str, ...]]):
     """The parser of a bench's dtypes (`--dtypes bfloat16/uint8,float32`): each item a dtype of each
     dtype field in order, or one dtype of them all, so that a dtype no variant takes is refused
@@ -95,7 +129,7 @@ def _dtype_list(fields: dict[str, tuple[str, ...]]):
             if len(given) not in (1, len(names)) or not all(re.fullmatch(r"\w+", d) for d in given):
                 raise argparse.ArgumentTypeError(f"expected {'/'.join(names)} dtypes such as "
                                                  f"{'/'.join(fields[n][0] for n in names)}, got {text!r}")
-            given = given * len(names) if len(given) == 1 else given
+            given = tuple(dtype_name(d) for d in (given * len(names) if len(given) == 1 else given))  # bf16 too
             for name, d in zip(names, given):
                 if d not in fields[name]:
                     raise argparse.ArgumentTypeError(f"{item}: {d} is no {name} dtype ({', '.join(fields[name])})")

@@ -40,6 +40,8 @@ def space(logits: str = "bfloat16") -> Space:
 
 
 space_for, all_spaces, covering_set = fixed_spaces(space, logits=DTYPES)
+# `tuner search --dtypes training`: bfloat16 logits, and float32 ones of models that upcast before the loss
+TRAINING_DTYPES = (("bfloat16",), ("float32",))
 
 
 def search_focus(problem: dict) -> dict[str, int]:

@@ -80,6 +80,9 @@ FINALISTS_WHOLE = True
 FOCUS_RUNS_ODD_SIZES = False  # a search's build runs its problem's width only (tuner/measure/declared.py)
 
 BENCH_SHAPES = ((4096, 4096), (8192, 8192), (16384, 4096))  # rows x width, `tuner bench`'s default
+# `tuner search --dtypes training`: mixed precision keeps a norm's weight in float32 beside 16-bit
+# activations, a pair torch does not fuse (its unfused path ~10x a variant's)
+TRAINING_DTYPES = (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float16", "float32"))
 
 
 def anchors() -> dict:
