@@ -87,7 +87,6 @@ def _import_meanwhile(module: str):
 @command
 def cmd_search(args: argparse.Namespace) -> int:
     from tuner import families, paths, search
-    from tuner.space import dtype_fields
     from tuner.store import study
     from tuner.measure import worker
 
@@ -103,25 +102,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise UsageError("--devices: a simulated search replays a recording and runs on no GPU; drop --devices")
     if args.arch:
         compilable(gpus.check_arch(args.arch))  # before anything is written
-    dtyped = getattr(args, "dtypes", None) is not None
-    if args.problems is not None and dtyped:
-        raise UsageError("--problems and --dtypes each name the problems to search: drop one")
-    if args.study and (args.problems is not None or dtyped):
-        raise UsageError(f"{'--problems' if args.problems is not None else '--dtypes'} searches one study per "
-                         "problem, named after it: drop --study")
-    if args.problems is not None:
-        captured = cli_problems.read(args.problems, args.family if "--family" in args.options else None)
-        problem = captured[0][0]
-    elif dtyped:
-        fields = set(dtype_fields(families.get(args.family)))
-        given = sorted(o for o in args.options if o.removeprefix("--").replace("-", "_") in fields)
-        if given:
-            raise UsageError(f"--dtypes names each problem's dtypes: drop {', '.join(given)}")
-        named = cli_target.dtype_problems(args)
-        captured = [(p, 1 / len(named)) for p in named]
-        problem = named[0]
-    else:
-        problem = cli_target.problem(args)
+    captured = cli_problems.named(args)  # --problems FILE or --dtypes: several problems, else None
+    problem = captured[0][0] if captured else cli_target.problem(args)
     faults = tuple(f for f in (args.plant_faults or "").split(",") if f)
     known = families.get(problem.family).FAULTS  # before the study is made: a failed command leaves none
     if any(f not in known for f in faults):
@@ -142,7 +124,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         plant_faults=faults,
         arch=args.arch, jobs=args.jobs, batch=args.ask_batch, top_k=args.top_k, eval_timeout=args.eval_timeout,
         seed=args.seed, warm_start=not args.no_warm_start, progress=not args.quiet, prune=args.prune or None, devices=args.devices)
-    if args.problems is not None or dtyped:
+    if captured:
         try:
             return cli_problems.search(cfg, captured, args, started)
         finally:

@@ -11,6 +11,32 @@ from pathlib import Path
 from tuner.search.config import SearchConfig
 
 
+def named(args) -> list[tuple[object, float]] | None:
+    """The problems a search's options name, with their shares: a capture's (`--problems FILE`), or
+    one per dtype tuple (`--dtypes`, even shares); None where they name one problem."""
+    from tuner import families
+    from tuner.cli import target
+    from tuner.errors import UsageError
+    from tuner.space import dtype_fields
+
+    dtyped = getattr(args, "dtypes", None) is not None
+    if args.problems is not None and dtyped:
+        raise UsageError("--problems and --dtypes each name the problems to search: drop one")
+    if args.study and (args.problems is not None or dtyped):
+        raise UsageError(f"{'--problems' if args.problems is not None else '--dtypes'} searches one study per "
+                         "problem, named after it: drop --study")
+    if args.problems is not None:
+        return read(args.problems, args.family if "--family" in args.options else None)
+    if not dtyped:
+        return None
+    fields = set(dtype_fields(families.get(args.family)))
+    given = sorted(o for o in args.options if o.removeprefix("--").replace("-", "_") in fields)
+    if given:
+        raise UsageError(f"--dtypes names each problem's dtypes: drop {', '.join(given)}")
+    problems = target.dtype_problems(args)
+    return [(p, 1 / len(problems)) for p in problems]
+
+
 def read(path: Path, family: str | None) -> list[tuple[object, float]]:
     """(a family's Problem, its share of the captured time) per captured problem, of `family`
     if given, largest share first."""
