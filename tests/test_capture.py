@@ -306,3 +306,23 @@ def test_import_tuner_and_reading_a_capture_leave_torch_alone(tmp_path):
     code = (f"import sys, tuner\nfrom tuner.deploy import captured\nassert captured.read({str(path)!r})\n"
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_declared_functional_s_torch_function_is_captured_by_the_op_s_served():
+    """F.cross_entropy and F.embedding_bag come from their declarations (no capture.py): the calls
+    the op's `served` takes, as the op's own calls would be recorded; the others are not."""
+    from tuner.deploy.capturing import declared_calls
+
+    ce = declared_calls("cross_entropy")["torch.nn.functional.cross_entropy"]
+    logits, labels = torch.randn(6, 11, dtype=torch.bfloat16), torch.randint(0, 11, (6,))
+    assert ce((logits, labels), {"label_smoothing": 0.1, "reduction": "sum"}) == {
+        **families.get("cross_entropy").Problem().__dict__, "rows": 6, "vocab": 11, "logits": "bfloat16",
+        "label_smoothing": 0.1, "reduction": "sum"}
+    assert ce((logits, labels), {"weight": torch.ones(11)}) is None  # class weights: torch's alone
+    assert ce((logits, labels.float()), {}) is None  # class probabilities
+    eb = declared_calls("embedding_bag")["torch.nn.functional.embedding_bag"]
+    table, ids = torch.randn(30, 4), torch.randint(0, 30, (12,))
+    assert eb((ids, table, torch.tensor([0, 5])), {"mode": "max"})["bag_size"] == 6
+    assert eb((ids, table, torch.tensor([0, 5])), {"max_norm": 1.0}) is None
+    assert eb((ids, table.double(), torch.tensor([0, 5])), {}) is None
+    assert "torch.nn.functional.rms_norm" not in declared_calls("rms_norm")  # its capture.py says it

@@ -9,9 +9,11 @@
 A search tunes a problem (a family's `Problem`: sizes and dtypes); which problems matter is what
 the training run calls, how often and for how long. While the block runs, a TorchFunctionMode sees
 every torch function call of this thread and passes it through unchanged. The calls a family
-replaces are named in its `tuner/families/<name>/capture.py`: `CALLS` maps a qualified name
-(`torch.nn.functional.rms_norm`, what nn.RMSNorm calls; `tuner::rms_norm`, the tuned op) to
-`problem_of(args, kwargs)`, the Problem's fields, or None for a call outside what the family tunes.
+replaces are read from its declaration (`tuner::rms_norm`, the tuned op; the torch function its
+`functional` stands in for, through its op.py's `served`: `declared_calls`), or named in its
+`tuner/families/<name>/capture.py`: `CALLS` maps a qualified name (`torch.nn.functional.rms_norm`,
+what nn.RMSNorm calls) to `problem_of(args, kwargs)`, the Problem's fields, or None for a call
+outside what the family tunes.
 Per problem the file holds its calls and their total time.
 
 Custom ops reach the mode: in this torch a call of `torch.ops.<ns>.<op>` (the packet or an
@@ -87,7 +89,10 @@ def _mappings() -> dict[str, list[tuple[str, Callable]]]:
 def declared_calls(family: str) -> dict[str, Callable]:
     """`tuner::<op>` -> problem_of, for a family that declares its op: the call's problem
     (tuner.opspec.problem) as the family's Problem names it (a tensor's dtype field by its
-    `dtype_fields` name), the fields that only shape its inputs at their defaults."""
+    `dtype_fields` name), the fields that only shape its inputs at their defaults. And where the op
+    declares the torch function it stands in for (its `functional`) and its op.py says which of those
+    calls it takes (`served(*args, **kwargs)`: the op's arguments, or None), that function's
+    calls (`torch.nn.functional.<name>`) by the same problem."""
     import dataclasses
 
     from tuner import opspec
@@ -105,7 +110,15 @@ def declared_calls(family: str) -> dict[str, Callable]:
         found = {renamed.get(k, k): v for k, v in found.items()}
         return {n: found.get(n, default) for n, default in fields.items()}
 
-    return {f"tuner::{op.name}": problem_of}
+    calls = {f"tuner::{op.name}": problem_of}
+    served = getattr(families.part(family, "op"), "served", None) if op.functional is not None else None
+    if served is not None:
+        def functional_problem(args, kwargs) -> dict | None:
+            call = served(*args, **kwargs)
+            return None if call is None else problem_of(call, {})
+
+        calls[f"torch.nn.functional.{op.functional.signature.split('(', 1)[0]}"] = functional_problem
+    return calls
 
 
 class Capture(TorchFunctionMode):

@@ -2,7 +2,8 @@
 per_sample_weights=None, include_last_offset=False, padding_idx=None)`, F.embedding_bag's meaning
 with weight first (as torch.embedding_bag takes it). The core renders its C++ and C ABI from
 OP_DECLARATION (tuner/build/declared.py), its CPU and fake kernels from the float64 reference;
-`embedding_bag()` is F.embedding_bag's signature on it. This module and spec.py import nothing of
+`embedding_bag()` is F.embedding_bag's signature on it, and `served` the calls of it the op takes
+(tuner.capture records them by it). This module and spec.py import nothing of
 tuner but the core's declaration modules, so that an exported wheel carries them as they are."""
 
 from __future__ import annotations
@@ -118,24 +119,33 @@ def torch_embedding_bag(weight, indices, offsets=None, mode: str = "mean", per_s
                            include_last_offset=include_last_offset, padding_idx=padding_idx)
 
 
+def served(input, weight, offsets=None, max_norm=None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+           mode: str = "mean", sparse: bool = False, per_sample_weights=None, include_last_offset: bool = False,
+           padding_idx=None) -> tuple | None:
+    """The op's arguments for an F.embedding_bag call it takes, wherever its tensors are (the op's
+    dtypes), else None: max_norm (which renormalizes the table in place), scale_grad_by_freq and
+    sparse=True are torch's alone, as are per-sample weights of another dtype or mode."""
+    indices = runtime.dtypes(INDEX_DTYPES)
+    if (max_norm is not None or scale_grad_by_freq or sparse or input.is_nested
+            or weight.dtype not in runtime.dtypes(WEIGHT_DTYPES) or input.dtype not in indices
+            or (offsets is not None and offsets.dtype not in indices)
+            or (per_sample_weights is not None and (per_sample_weights.dtype != weight.dtype or mode != "sum"))):
+        return None
+    return weight, input, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+
+
 @runtime.functional("embedding_bag")
 def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float = 2.0,
                   scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
                   per_sample_weights=None, include_last_offset: bool = False, padding_idx=None):
     """`torch.nn.functional.embedding_bag`'s signature on the tuned op (load an export first): a
-    CUDA call in the op's dtypes goes to `torch.ops.tuner.embedding_bag` (a variant, or torch's op
-    where the export says so); a call with max_norm (which renormalizes the table in place),
-    scale_grad_by_freq or sparse=True, on another device or in other dtypes, to F.embedding_bag
-    itself, so that every call torch accepts works and the results are torch's."""
-    indices = runtime.dtypes(INDEX_DTYPES)
-    if not (max_norm is not None or scale_grad_by_freq or sparse or not weight.is_cuda or input.is_nested
-            or input.device != weight.device or weight.dtype not in runtime.dtypes(WEIGHT_DTYPES)
-            or input.dtype not in indices
-            or (offsets is not None and (offsets.dtype not in indices or offsets.device != weight.device))
-            or (per_sample_weights is not None and (per_sample_weights.dtype != weight.dtype or mode != "sum"
-                                                    or per_sample_weights.device != weight.device))):
-        return runtime.entry("embedding_bag")(weight, input, offsets, mode, per_sample_weights, include_last_offset,
-                                               padding_idx)
+    CUDA call it takes (`served`, every tensor on the weight's device) goes to
+    `torch.ops.tuner.embedding_bag` (a variant, or torch's op where the export says so), any other
+    to F.embedding_bag itself, so that every call torch accepts works and the results are torch's."""
+    call = served(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                  include_last_offset, padding_idx) if weight.is_cuda else None
+    if call is not None and all(t is None or t.device == weight.device for t in (input, offsets, per_sample_weights)):
+        return runtime.entry("embedding_bag")(*call)
     import torch.nn.functional as F
 
     return F.embedding_bag(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse,
