@@ -189,6 +189,8 @@ def test_show_export_reads_back_each_problem_the_measured_shapes_and_each_pair_s
         export.read(out)["serving"]["bfloat16/bfloat16"])
 
     assert main(["show", "--export", str(out), "--batch", "8"]) == 2  # a usage error
-    assert "--batch name a study" in capsys.readouterr().err
+    assert "--batch names a study" in capsys.readouterr().err
+    assert main(["show", "--export", str(out), "--family", "giou"]) == 1
+    assert "holds the rms_norm family, not giou" in capsys.readouterr().err
     assert main(["show", "--export", str(tmp_path / "none")]) == 1
     assert "is not a tuned export" in capsys.readouterr().err

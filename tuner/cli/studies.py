@@ -85,10 +85,13 @@ def _show_export(args: argparse.Namespace) -> int:
     from tuner import families
     from tuner.deploy import export
 
-    named = getattr(args, "options", set()) - cli_target.NAME_FREE - {"--export"}
-    if named - {"--json"}:
-        raise UsageError(f"--export shows an exported folder; {', '.join(sorted(named))} name a study: drop one or the other")
+    named = sorted(getattr(args, "options", set()) - cli_target.NAME_FREE - {"--export", "--family"})
+    if named:
+        raise UsageError(f"--export shows an exported folder; {', '.join(named)} {'name' if len(named) > 1 else 'names'} "
+                         "a study: drop one or the other")
     manifest = export.read(args.export)
+    if "--family" in getattr(args, "options", set()) and manifest["family"] != args.family:
+        raise TunerError(f"{args.export} holds the {manifest['family']} family, not {args.family}")
     if args.json:
         print(json.dumps(manifest, indent=1))
         return 0
