@@ -1,7 +1,7 @@
 """Translation units of variants (tuner.build.compile builds them).
 
 nvcc's fixed cost (host preprocessing, cudafe++, the host compiler reading CUDA's headers: about
-1.5 s) is paid once per translation unit, so a batch is split into units of up to MAX_PER_UNIT
+1.3 s of a core) is paid once per translation unit, so a batch is split into units of up to MAX_PER_UNIT
 variants, as many units as there are cores when the batch allows. In a unit each variant's source
 sits in its own namespace, and its one C-linkage name (the family's `ENTRY`, the variant's table)
 is renamed `<ENTRY>_<key>` by `#define`, so that every variant's kernels compile exactly as they
@@ -16,7 +16,9 @@ from tuner import families
 from tuner.build.render import in_namespace, includes
 from tuner.variant import Variant
 
-MAX_PER_UNIT = 16  # nvcc's fixed cost is ~1.5 s, a variant's own ~0.7 s: 16 per unit pays it ~10%
+# nvcc's fixed cost is ~1.3 s of a core, a search's variant's own 0.25-0.4 s (units of 1-16 focused GIoU and
+# RMSNorm variants, a CI core, 2026-12-07): 16 a unit pay it a fifth of the unit
+MAX_PER_UNIT = 16
 
 def namespace(key: str) -> str:
     return f"tuner_variant_{key}"
@@ -64,8 +66,8 @@ def plan_units(todo: dict[str, tuple[Variant, str]], jobs: int, staggered: bool 
 def staggered_sizes(n: int, jobs: int) -> list[int] | None:
     """`jobs` unit sizes for `n` variants, growing linearly from (1 - r) n/jobs to (1 + r) n/jobs
     and summing to n, with r = 2/3 or less where that would leave a unit under 2 variants or over
-    MAX_PER_UNIT; None where no spread is left (even units then). A unit costs nvcc's fixed ~1.5 s
-    plus ~0.2 s a variant (a 16-core host, the default family's search): the smallest end first,
+    MAX_PER_UNIT; None where no spread is left (even units then). A unit costs nvcc's fixed ~1.3 s
+    plus 0.25-0.4 s a variant (a search's GIoU and RMSNorm units on a CI core): the smallest end first,
     and the GPU starts on them while the largest compile."""
     share = n / jobs if jobs > 1 else 0.0
     spread = min(2 / 3, MAX_PER_UNIT / share - 1, 1 - 2 / share) if share >= 2 else 0.0
