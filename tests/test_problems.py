@@ -154,12 +154,13 @@ def test_dtypes_name_one_problem_each_at_the_options_sizes_and_training_is_the_f
     (["--dtypes", "training", "--study", "s"], "--dtypes searches one study per problem, named after it: drop --study"),
     (["--dtypes", "training", "--problems", "shapes.json"], "--problems and --dtypes each name the problems"),
     (["--dtypes", "bfloat16/int8"], "int8 is no weight dtype"),
+    (["--family", "giou", "--dtypes", "training"], "giou names no dtypes models train with"),
 ])
 def test_dtypes_beside_what_names_the_problem_another_way_is_a_usage_error(argv, why, capsys):
     from tuner.cli import main as cli
 
     try:
-        code = cli.main(["search", "--family", "rms_norm", "--gpu", "H100", *argv])
+        code = cli.main(["search", "--gpu", "H100", *(argv if "--family" in argv else ["--family", "rms_norm", *argv])])
     except SystemExit as stop:  # refused by the parser itself
         code = stop.code
     assert code == 2

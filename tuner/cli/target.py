@@ -89,9 +89,19 @@ def add_search_dtypes(family: str, p) -> None:
     fields = dtype_fields(fam)
     if not fields:
         return
+    import argparse
+
     training = tuple(tuple(d) for d in getattr(fam, "TRAINING_DTYPES", ()))
     parse = _dtype_list(fields)
-    p.add_argument("--dtypes", type=lambda text: training if training and text == "training" else parse(text),
+
+    def dtypes(text: str):
+        if text != "training":
+            return parse(text)
+        if not training:
+            raise argparse.ArgumentTypeError(f"{family} names no dtypes models train with (TRAINING_DTYPES): give "
+                                             f"the {'/'.join(fields)} tuples")
+        return training
+    p.add_argument("--dtypes", type=dtypes,
                    metavar="/".join(fields) + ",...",
                    help=f"search each of these {'/'.join(fields)} dtype tuples (comma-separated; one name sets "
                         "every field) at the options' sizes, one study each, the trials split evenly"
