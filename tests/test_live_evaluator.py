@@ -166,6 +166,23 @@ def test_whole_finalists_are_checked_one_job_each_before_they_are_timed(fakes):
     assert [j["kind"] for j in FakeWorker.made[0].jobs] == ["check", "check"]
 
 
+def test_on_several_devices_the_finalists_checks_are_dealt_over_the_workers_and_timed_on_one(fakes):
+    from tuner.families import embedding_bag
+
+    ev = evaluate.LiveEvaluator("H100", embedding_bag.Problem(), "fwd+bwd", devices=[0, 1])
+    names = ("good", "bad", "other", "crash", "last")
+    vs = [type("V", (), {"name": n}) for n in names]
+    got = ev.retime(vs, {n: {"so": f"{n}.so", "entry": "e"} for n in names}, "fwd+bwd", whole=True)
+    first, second = FakeWorker.made
+    assert [(j["kind"], j.get("name")) for j in first.jobs] == [("check", "good"), ("check", "other"),
+                                                                ("check", "last"), ("retime", None)]
+    assert [(j["kind"], j.get("name")) for j in second.jobs] == [("check", "bad"), ("check", "crash")]
+    assert [k["name"] for k in first.jobs[-1]["kernels"]] == ["good", "other", "last"]  # side by side, one GPU
+    assert got["bad"]["failed"] == "wrong result: max" and got["crash"]["failed"].startswith("crash")
+    assert got["last"] == {"fwd": {"median_us": 1.0}}
+    ev.close()
+
+
 def test_a_search_builds_only_what_its_problem_runs(fakes, monkeypatch):
     from tuner.build import binding
     from tuner.build import compile as build

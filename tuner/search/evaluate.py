@@ -199,10 +199,10 @@ class LiveEvaluator(Evaluator):
                 for v in variants if prepared[v.name]["so"]]
         failed = {v.name: {"failed": f"compile error: {prepared[v.name].get('message', '')}"}
                   for v in variants if not prepared[v.name]["so"]}
-        if check or whole:  # one job each: a finalist that crashes in another mode costs only itself
+        if check or whole:
+            verdicts = self._checked(jobs, whole)
             for job in list(jobs):
-                verdict = self.workers[0].evaluate({"kind": "check", "family": self.problem.family,
-                                                    "problem": self.problem.__dict__, "whole": whole, **job})
+                verdict = verdicts[job["name"]]
                 if verdict["status"] != "ok":
                     failed[job["name"]] = {"failed": f"{verdict['reason']}: {verdict.get('message', '')}"}
                     jobs.remove(job)
@@ -212,6 +212,23 @@ class LiveEvaluator(Evaluator):
                                            "problem": self.problem.__dict__, "objective": objective,
                                            "baseline": baseline})
         return {**failed, **result.get("timings", {})}
+
+    def _checked(self, jobs: list[dict], whole: bool) -> dict[str, dict]:
+        """Each finalist checked in full, one job each (a finalist that crashes in another mode costs
+        only itself), the jobs dealt over the workers in turn: a check's verdict is the same on any
+        GPU of the study's model, and at the problem's own sizes (an embedding table of millions of
+        rows) it is most of the finalists' time. Name -> the worker's verdict."""
+        import concurrent.futures
+
+        def check(slot: int) -> dict[str, dict]:
+            return {job["name"]: self.workers[slot].evaluate({"kind": "check", "family": self.problem.family,
+                                                              "problem": self.problem.__dict__, "whole": whole, **job})
+                    for job in jobs[slot::self.parallel]}
+
+        if self.parallel == 1 or len(jobs) < 2:
+            return check(0)
+        with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix="tuner-check") as pool:
+            return {name: verdict for part in pool.map(check, range(self.parallel)) for name, verdict in part.items()}
 
     def close(self):
         for w in self.workers:
