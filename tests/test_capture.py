@@ -323,6 +323,9 @@ def test_a_declared_functional_s_torch_function_is_captured_by_the_op_s_served()
     eb = declared_calls("embedding_bag")["torch.nn.functional.embedding_bag"]
     table, ids = torch.randn(30, 4), torch.randint(0, 30, (12,))
     assert eb((ids, table, torch.tensor([0, 5])), {"mode": "max"})["bag_size"] == 6
+    assert eb((ids[:7], table, torch.tensor([0, 4])), {})["bag_size"] == 3  # the op's key: n // bags
+    assert eb((ids[:1], table, torch.tensor([0, 1, 1])), {})["bag_size"] == 1  # sparse bags: tuned as bags of one
+    assert eb((ids, table, torch.tensor([0])), {"include_last_offset": True}) is None  # no bag
     assert eb((ids, table, torch.tensor([0, 5])), {"max_norm": 1.0}) is None
     assert eb((ids, table.double(), torch.tensor([0, 5])), {}) is None
     assert "torch.nn.functional.rms_norm" not in declared_calls("rms_norm")  # its capture.py says it

@@ -211,7 +211,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     # a family whose calls take milliseconds says fewer (its SEARCH_TRIALS: linear cross-entropy's)
     trials = getattr(families.get(family or families.DEFAULT), "SEARCH_TRIALS", 200)
     s.add_argument("--trials", type=cli_args.count, default=trials,
-                   help=f"finished trials the study should reach (with --problems: per problem on average; "
+                   help=f"finished trials the study should reach (with --problems or --dtypes: per problem on average; "
                         f"default {trials})")
     s.add_argument("--problems", type=Path, metavar="FILE",
                    help="search every problem a capture recorded (tuner.capture), one study each, trials split "

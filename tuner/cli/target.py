@@ -104,7 +104,7 @@ def add_search_dtypes(family: str, p) -> None:
     p.add_argument("--dtypes", type=dtypes,
                    metavar="/".join(fields) + ",...",
                    help=f"search each of these {'/'.join(fields)} dtype tuples (comma-separated; one name sets "
-                        "every field) at the options' sizes, one study each, the trials split evenly"
+                        "every field) at the options' sizes, one study each of --trials trials"
                         + (f"; `training`: those models train with, {','.join('/'.join(d) for d in training)}"
                            if training else ""))
 

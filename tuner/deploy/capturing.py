@@ -89,7 +89,8 @@ def _mappings() -> dict[str, list[tuple[str, Callable]]]:
 def declared_calls(family: str) -> dict[str, Callable]:
     """`tuner::<op>` -> problem_of, for a family that declares its op: the call's problem
     (tuner.opspec.problem) as the family's Problem names it (a tensor's dtype field by its
-    `dtype_fields` name), the fields that only shape its inputs at their defaults. And where the op
+    `dtype_fields` name), the fields that only shape its inputs at their defaults, as the family's
+    `captured(problem)` has it where it has one (None: not a problem to tune). And where the op
     declares the torch function it stands in for (its `functional`) and its op.py says which of those
     calls it takes (`served(*args, **kwargs)`: the op's arguments, or None), that function's
     calls (`torch.nn.functional.<name>`) by the same problem."""
@@ -97,18 +98,19 @@ def declared_calls(family: str) -> dict[str, Callable]:
 
     from tuner import opspec
 
-    op = getattr(families.get(family), "OP_DECLARATION", None)
+    fam = families.get(family)
+    op = getattr(fam, "OP_DECLARATION", None)
     if op is None:
         return {}
-    cls = families.get(family).Problem
-    fields, renamed = {f.name: f.default for f in dataclasses.fields(cls)}, getattr(cls, "dtype_fields", {})
+    fields, renamed = {f.name: f.default for f in dataclasses.fields(fam.Problem)}, getattr(fam.Problem, "dtype_fields", {})
+    captured = getattr(fam, "captured", lambda problem: problem)  # the family's word on a call's problem
 
     def problem_of(args, kwargs) -> dict | None:
         found = opspec.problem(op, opspec.bind(op, args, kwargs), fields)
         if found is None:
             return None
         found = {renamed.get(k, k): v for k, v in found.items()}
-        return {n: found.get(n, default) for n, default in fields.items()}
+        return captured({n: found.get(n, default) for n, default in fields.items()})
 
     calls = {f"tuner::{op.name}": problem_of}
     served = getattr(families.part(family, "op"), "served", None) if op.functional is not None else None

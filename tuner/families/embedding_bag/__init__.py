@@ -115,6 +115,13 @@ ODD_SIZES = ({"padding_idx": -1},)
 CHECK_SIZES = {"rows": 1 << 16}
 
 
+def captured(problem: dict) -> dict | None:
+    """A recorded call's problem (tuner.capture): bags of under one entry on average tuned as bags of
+    one (its key's mean, n // bags, is 0 there, and make_inputs would draw no entry at all); a call
+    with no bag is none."""
+    return {**problem, "bag_size": max(1, problem["bag_size"])} if problem["bags"] else None
+
+
 # ---------------------------------------------------------------------- inputs
 
 def make_inputs(rows: int, dim: int, bags: int, bag_size: int, mode: str = "sum", weight: str = "float32",
