@@ -194,3 +194,25 @@ def test_show_export_reads_back_each_problem_the_measured_shapes_and_each_pair_s
     assert "holds the rms_norm family, not giou" in capsys.readouterr().err
     assert main(["show", "--export", str(tmp_path / "none")]) == 1
     assert "is not a tuned export" in capsys.readouterr().err
+
+
+def test_list_names_the_exports_under_the_home_and_one_it_cannot_load(tmp_path, monkeypatch, capsys):
+    from tuner.cli.main import main
+
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path))
+    problem, space = rms_norm.Problem().__dict__, rms_norm.space()
+    winners = [{"variant": next(iter(space)), "problem": problem}]
+    gpu = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
+    good = export.write(export.default_dir("H100", "rms_norm"), winners, gpu, binaries=False)
+    bad = export.write(export.default_dir("L4", "rms_norm"), winners, gpu, binaries=False)
+    edited = (bad / export.MANIFEST).read_text().replace("H100 80GB HBM3", "L4")
+    assert "L4" in edited
+    (bad / export.MANIFEST).write_text(edited)  # its checksum no longer holds
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("no studies in ")
+    rows = out.split("(`tuner show --export DIR` prints one):\n")[1].splitlines()
+    assert rows[0].split() == ["export", "family", "gpu", "problems", "by", "torch", "binaries"]
+    assert rows[1].split()[:2] == [good.name, "rms_norm"] and rows[1].split()[-4:] == ["1", "0", "sources", "only"]
+    assert rows[2].split()[0] == bad.name and "not loadable" in rows[2]
+    assert not (tmp_path / "studies").exists()  # listing wrote nothing

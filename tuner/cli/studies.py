@@ -119,19 +119,39 @@ def cmd_list(args: argparse.Namespace) -> int:
     from tuner.store import study
 
     url = study.storage_url(args.storage)
-    if study.absent(url):
-        print(f"no studies in {study.shown(url)} (no such file yet)")
-        return 0
     rows = []
-    for s in study.summaries(url):
+    for s in ([] if study.absent(url) else study.summaries(url)):
         best = s.best_trial.value if s.best_trial is not None else None
         rows.append({"study": s.study_name, "trials": s.n_trials, "best_us": best,
                      "gpu": s.user_attrs.get("gpu", {}).get("gpu_name", "")})
-    if not rows:
-        print(f"no studies in {study.shown(url)}")
-        return 0
-    print(pd.DataFrame(rows).to_string(index=False))
+    if rows:
+        print(pd.DataFrame(rows).to_string(index=False))
+    else:
+        print(f"no studies in {study.shown(url)}" + (" (no such file yet)" if study.absent(url) else ""))
+    exported = _exports()
+    if exported:
+        print(f"\nexports under {paths.home() / 'exports'} (`tuner show --export DIR` prints one):")
+        print(pd.DataFrame(exported).to_string(index=False))
     return 0
+
+
+def _exports() -> list[dict]:
+    """The exports `export-best` wrote under $TUNER_HOME/exports, a row each (one it cannot read says why)."""
+    from tuner.deploy import export
+
+    rows = []
+    folders = sorted((paths.home() / "exports").glob(f"*/{export.MANIFEST}"))
+    for folder in (m.parent for m in folders):
+        try:
+            m = export.read(folder)
+        except TunerError as exc:
+            rows.append({"export": folder.name, "family": "", "gpu": "", "problems": "", "by torch": "",
+                         "binaries": f"not loadable: {str(exc)[:80]}"})
+            continue
+        rows.append({"export": folder.name, "family": m["family"], "gpu": m["gpu"].get("gpu_name", ""),
+                     "problems": len(m["entries"]), "by torch": sum(e.get("served_by") == "torch" for e in m["entries"]),
+                     "binaries": m["binaries"]["identity"]["arch"] if m.get("binaries") else "sources only"})
+    return rows
 
 
 def elsewhere(op, pairs: list[dict] | None = None) -> str | None:
