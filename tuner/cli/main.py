@@ -298,7 +298,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--fail-above", type=cli_args.percent, metavar="PCT",
                    help="exit 1 when the default sampler's (ranked) median is above PCT %% of the space")
 
-    s = sub.add_parser("list", help="list stored studies")
+    s = sub.add_parser("list", help="list stored studies and exports")
     s.add_argument("--storage", type=cli_args.name, help=STORAGE_HELP)
 
     s = sub.add_parser("dashboard", help="Optuna's dashboard on a storage (pip install optuna-dashboard)")
