@@ -211,8 +211,11 @@ def test_list_names_the_exports_under_the_home_and_one_it_cannot_load(tmp_path, 
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("no studies in ")
-    rows = out.split("(`tuner show --export DIR` prints one):\n")[1].splitlines()
+    rows = out.split("(`tuner show --export NAME` prints one):\n")[1].splitlines()
     assert rows[0].split() == ["export", "family", "gpu", "problems", "by", "torch", "binaries"]
     assert rows[1].split()[:2] == [good.name, "rms_norm"] and rows[1].split()[-4:] == ["1", "0", "sources", "only"]
     assert rows[2].split()[0] == bad.name and "not loadable" in rows[2]
     assert not (tmp_path / "studies").exists()  # listing wrote nothing
+    monkeypatch.chdir(tmp_path)  # the name alone: no such folder here, one under the exports
+    assert main(["show", "--export", good.name]) == 0
+    assert f"to {good}" in capsys.readouterr().out

@@ -251,8 +251,9 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("show", parents=problem, help="print a stored study, or an export")
     s.add_argument("--json", action="store_true")
     s.add_argument("--export", type=Path, metavar="DIR",
-                   help="an exported folder instead: its problems and what serves each, the shapes measured "
-                        "around them, and what serves each dtype pair elsewhere")
+                   help="an exported folder instead (or its name under $TUNER_HOME/exports, as `tuner list` shows "
+                        "it): its problems and what serves each, the shapes measured around them, and what serves "
+                        "each dtype pair elsewhere")
     s.add_argument("--top-k", type=cli_args.count, default=10, help="variants to list (default 10)")
 
     s = sub.add_parser("export-best", parents=[family_opt, gpu_only], help="export the winners of a GPU's studies")

@@ -89,15 +89,18 @@ def _show_export(args: argparse.Namespace) -> int:
     if named:
         raise UsageError(f"--export shows an exported folder; {', '.join(named)} {'name' if len(named) > 1 else 'names'} "
                          "a study: drop one or the other")
-    manifest = export.read(args.export)
+    folder = args.export
+    if not folder.exists() and len(folder.parts) == 1 and (paths.home() / "exports" / folder).exists():
+        folder = paths.home() / "exports" / folder  # a name `tuner list` shows
+    manifest = export.read(folder)
     if "--family" in getattr(args, "options", set()) and manifest["family"] != args.family:
-        raise TunerError(f"{args.export} holds the {manifest['family']} family, not {args.family}")
+        raise TunerError(f"{folder} holds the {manifest['family']} family, not {args.family}")
     if args.json:
         print(json.dumps(manifest, indent=1))
         return 0
     name = manifest["family"]
     op = families.part(name, "op") if families.has_part(name, "op") else None
-    for line in export_lines(manifest, args.export, families.get(name), op, pairs=True):
+    for line in export_lines(manifest, folder, families.get(name), op, pairs=True):
         print(line)
     return 0
 
@@ -130,7 +133,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"no studies in {study.shown(url)}" + (" (no such file yet)" if study.absent(url) else ""))
     exported = _exports()
     if exported:
-        print(f"\nexports under {paths.home() / 'exports'} (`tuner show --export DIR` prints one):")
+        print(f"\nexports under {paths.home() / 'exports'} (`tuner show --export NAME` prints one):")
         print(pd.DataFrame(exported).to_string(index=False))
     return 0
 
