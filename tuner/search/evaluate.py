@@ -217,7 +217,7 @@ class LiveEvaluator(Evaluator):
         """Each finalist checked in full, one job each (a finalist that crashes in another mode costs
         only itself), the jobs dealt over the workers in turn: a check's verdict is the same on any
         GPU of the study's model, and at the problem's own sizes (an embedding table of millions of
-        rows) it is most of the finalists' time. Name -> the worker's verdict."""
+        rows) the checks take seconds. Name -> the worker's verdict."""
         import concurrent.futures
 
         def check(slot: int) -> dict[str, dict]:
