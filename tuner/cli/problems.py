@@ -14,6 +14,8 @@ from tuner.search.config import SearchConfig
 def named(args) -> list[tuple[object, float]] | None:
     """The problems a search's options name, with their shares: a capture's (`--problems FILE`), or
     one per dtype tuple (`--dtypes`, even shares); None where they name one problem."""
+    import dataclasses
+
     from tuner import families
     from tuner.cli import target
     from tuner.errors import UsageError
@@ -29,8 +31,11 @@ def named(args) -> list[tuple[object, float]] | None:
         return read(args.problems, args.family if "--family" in args.options else None)
     if not dtyped:
         return None
-    fields = set(dtype_fields(families.get(args.family)))
-    given = sorted(o for o in args.options if o.removeprefix("--").replace("-", "_") in fields)
+    fam = families.get(args.family)
+    fields = set(dtype_fields(fam))
+    flags = {f.metadata["option"]["flag"] or "--" + f.name.replace("_", "-")  # as add_problem_args names them
+             for f in dataclasses.fields(fam.Problem) if f.name in fields and "option" in f.metadata}
+    given = sorted(flags & args.options)
     if given:
         raise UsageError(f"--dtypes names each problem's dtypes: drop {', '.join(given)}")
     problems = target.dtype_problems(args)
