@@ -309,7 +309,7 @@ def test_import_tuner_and_reading_a_capture_leave_torch_alone(tmp_path):
 
 
 def test_a_declared_functional_s_torch_function_is_captured_by_the_op_s_served():
-    """F.cross_entropy and F.embedding_bag come from their declarations (no capture.py): the calls
+    """F.cross_entropy, F.embedding_bag and F.rms_norm come from their declarations (no capture.py): the calls
     the op's `served` takes, as the op's own calls would be recorded; the others are not."""
     from tuner.deploy.capturing import declared_calls
 
@@ -328,4 +328,10 @@ def test_a_declared_functional_s_torch_function_is_captured_by_the_op_s_served()
     assert eb((ids, table, torch.tensor([0])), {"include_last_offset": True}) is None  # no bag
     assert eb((ids, table, torch.tensor([0, 5])), {"max_norm": 1.0}) is None
     assert eb((ids, table.double(), torch.tensor([0, 5])), {}) is None
-    assert "torch.nn.functional.rms_norm" not in declared_calls("rms_norm")  # its capture.py says it
+    norm = declared_calls("rms_norm")["torch.nn.functional.rms_norm"]
+    x, w = torch.randn(5, 3, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16)
+    assert norm((x, (16,), w), {}) == {**families.get("rms_norm").Problem().__dict__, "rows": 15, "width": 16,
+                                       "x": "bfloat16", "weight": "bfloat16"}
+    assert norm((x, 16, w), {"eps": 1e-5})["rows"] == 15  # an int normalized_shape, as torch takes it
+    assert norm((x, (3, 16), torch.randn(3, 16)), {}) is None  # two normalized dimensions: torch's alone
+    assert norm((x.double(), (16,), w.double()), {}) is None

@@ -11,9 +11,9 @@ the training run calls, how often and for how long. While the block runs, a Torc
 every torch function call of this thread and passes it through unchanged. The calls a family
 replaces are read from its declaration (`tuner::rms_norm`, the tuned op; the torch function its
 `functional` stands in for, through its op.py's `served`: `declared_calls`), or named in its
-`tuner/families/<name>/capture.py`: `CALLS` maps a qualified name (`torch.nn.functional.rms_norm`,
-what nn.RMSNorm calls) to `problem_of(args, kwargs)`, the Problem's fields, or None for a call
-outside what the family tunes.
+`tuner/families/<name>/capture.py`: `CALLS` maps a qualified name (`torch.nn.functional.cross_entropy`
+for linear cross-entropy, which reads the LM head from the logits' autograd graph) to
+`problem_of(args, kwargs)`, the Problem's fields, or None for a call outside what the family tunes.
 Per problem the file holds its calls and their total time.
 
 Custom ops reach the mode: in this torch a call of `torch.ops.<ns>.<op>` (the packet or an

@@ -1,6 +1,7 @@
 """RMSNorm's op, declared: `torch.ops.tuner.rms_norm(x, weight=None, eps=1e-6)`; the core renders
 its C++ and C ABI from OP_DECLARATION (tuner/build/declared.py) and its CPU and fake kernels from
-the float64 reference (tuner/opspec.py). `rms_norm()` is F.rms_norm's signature on it."""
+the float64 reference (tuner/opspec.py). `rms_norm()` is F.rms_norm's signature on it, and
+`served` the calls of it the op takes."""
 
 from __future__ import annotations
 
@@ -38,6 +39,16 @@ def torch_rms_norm(x, weight=None, eps: float = DEFAULT_EPS):
     import torch
 
     return torch.rms_norm(x, [x.shape[-1]], weight, eps).to(x.dtype)
+
+
+def served(input, normalized_shape, weight=None, eps: float | None = None) -> tuple | None:
+    """The op's arguments for an F.rms_norm call over one normalized dimension, the last (what
+    nn.RMSNorm calls), wherever its tensors are, else None (tuner.capture records those calls by
+    it; the declaration's problem then leaves out the dtypes and weights the op does not take)."""
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if len(shape) != 1 or input.dim() < 1 or shape[0] != input.shape[-1]:
+        return None
+    return input, weight, FLOAT32_EPS if eps is None else eps
 
 
 @runtime.functional("rms_norm")
