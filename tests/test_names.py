@@ -62,7 +62,8 @@ def _missing(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", sorted(TESTS.glob("test_*.py")), ids=lambda p: p.name)
 def test_every_name_a_test_reads_from_the_project_exists(path):
-    assert not _missing(path), _missing(path)
+    missing = _missing(path)
+    assert not missing, missing
 
 
 def test_a_removed_name_is_found(tmp_path):
