@@ -33,8 +33,7 @@ def named(args) -> list[tuple[object, float]] | None:
         return None
     fam = families.get(args.family)
     fields = set(dtype_fields(fam))
-    flags = {f.metadata["option"]["flag"] or "--" + f.name.replace("_", "-")  # as add_problem_args names them
-             for f in dataclasses.fields(fam.Problem) if f.name in fields and "option" in f.metadata}
+    flags = {target.option_flag(f) for f in dataclasses.fields(fam.Problem) if f.name in fields and "option" in f.metadata}
     given = sorted(flags & args.options)
     if given:
         raise UsageError(f"--dtypes names each problem's dtypes: drop {', '.join(given)}")

@@ -205,9 +205,14 @@ def add_problem_args(parser, family: str) -> None:
             continue
         o = f.metadata["option"]
         parse = o["parse"] or ("size" if isinstance(f.default, int) else None)
-        parser.add_argument(o["flag"] or "--" + f.name.replace("_", "-"), dest=f.name, default=f.default,
+        parser.add_argument(option_flag(f), dest=f.name, default=f.default,
                             type=getattr(cli_args, parse) if parse else None,
                             choices=o["choices"], help=f"{o['help']} (default {f.default})")
+
+
+def option_flag(field) -> str:
+    """The command-line flag of a Problem's option field (`--boxes`, or `--bag-size` from its name)."""
+    return field.metadata["option"]["flag"] or "--" + field.name.replace("_", "-")
 
 
 def problem(args):
