@@ -12,7 +12,10 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/SmallVector.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -200,6 +203,9 @@ class Workspaces {
 
 // ------------------------------------------------------------------ the op's state
 
+// A call's sizes (and the key a winner is picked by): a few numbers, kept off the heap.
+using Sizes = c10::SmallVector<int64_t, 8>;
+
 // A winner bound at load: the variant's table, the problem it was tuned for (sizes compared
 // in log distance, and a kind, e.g. a mode, that a call prefers to match), and, when it was
 // tuned for another dtype pair, which (the call warns once). No table: the baseline (the torch
@@ -210,6 +216,7 @@ struct Winner {
   int64_t kind;
   const Vtable* vt;
   std::string tuned_for;
+  std::vector<double> logs = {};  // log(max(size, 1)) of `shape`, made once at stage (a call takes its own once)
   bool baseline() const { return vt == nullptr; }
 };
 
@@ -272,8 +279,10 @@ class Op {
     if (vt != nullptr) pair = pair_of_(vt);
     TORCH_CHECK(pair >= 0 && pair < pairs_, name, ": ", vt ? vt->name : "the baseline", " has unknown dtypes");
     for (int64_t s : shape) TORCH_CHECK(s > 0, name, ": a tuned shape must be positive");
+    std::vector<double> logs;
+    for (int64_t s : shape) logs.push_back(std::log(static_cast<double>(s)));
     std::lock_guard<std::mutex> lock(mutex_);
-    staging_.pairs[pair].winners.push_back(Winner<Vtable>{std::move(shape), kind, vt, std::move(tuned_for)});
+    staging_.pairs[pair].winners.push_back(Winner<Vtable>{std::move(shape), kind, vt, std::move(tuned_for), std::move(logs)});
   }
 
   // The staged pair's own reach (see Pair::reach).
@@ -284,23 +293,26 @@ class Op {
     staging_.pairs[pair].reach = reach;
   }
 
-  // Makes the staged winners the live table (calls in flight keep the one they took).
+  // Makes the staged winners the live table. Every table published stays (a few hundred bytes
+  // a tuner.load), so that a call in flight keeps the one it took and a call reads the live one
+  // as a plain pointer: no lock and no count on the call path.
   void publish(bool reference, double reach) {
     std::lock_guard<std::mutex> lock(mutex_);
     staging_.reference = reference;
     staging_.reach = reach;
-    std::atomic_store(&live_, std::shared_ptr<const Table<Vtable>>(std::make_shared<Table<Vtable>>(std::move(staging_))));
+    published_.push_back(std::make_unique<const Table<Vtable>>(std::move(staging_)));
+    live_.store(published_.back().get(), std::memory_order_release);
     staging_ = Table<Vtable>();
     staging_.pairs.resize(pairs_);
   }
 
-  std::shared_ptr<const Table<Vtable>> bound() const {
-    auto t = std::atomic_load(&live_);
+  const Table<Vtable>* bound() const {
+    const Table<Vtable>* t = bound_or_null();
     TORCH_CHECK(t != nullptr, name, ": no export is loaded; call tuner.load(...) first");
     return t;
   }
 
-  std::shared_ptr<const Table<Vtable>> bound_or_null() const { return std::atomic_load(&live_); }
+  const Table<Vtable>* bound_or_null() const { return live_.load(std::memory_order_acquire); }
 
   void set_check(int64_t mode) {
     TORCH_CHECK(mode >= CHECK_DEFERRED && mode <= CHECK_ASYNC, name, ": check mode must be 0, 1 or 2");
@@ -309,20 +321,23 @@ class Op {
   int64_t check() const { return check_.load(std::memory_order_relaxed); }
 
   // Nearest tuned problem: log distance over the shape, 10 more for another kind; the first
-  // of equals wins. -1 when the pair has no winner (of a variant, with `variants_only`).
-  int64_t nearest(const Table<Vtable>& t, int pair, const std::vector<int64_t>& shape, int64_t kind,
+  // of equals wins. -1 when the pair has no winner (of a variant, with `variants_only`). A table
+  // with the export's measured regions holds dozens of winners: their logs are made at stage, so
+  // that a call takes only its own (a log a size, not one a size and winner).
+  int64_t nearest(const Table<Vtable>& t, int pair, c10::IntArrayRef shape, int64_t kind,
                   double* distance = nullptr, bool variants_only = false) const {
     if (pair < 0 || pair >= pairs_) return -1;
     const auto& winners = t.pairs[pair].winners;
+    c10::SmallVector<double, 8> logs;
+    for (int64_t s : shape) logs.push_back(std::log(static_cast<double>(std::max<int64_t>(s, 1))));
     int64_t best = -1;
     double best_d = 0;
     for (size_t i = 0; i < winners.size(); ++i) {
       const auto& w = winners[i];
       if (variants_only && w.baseline()) continue;
       double d = w.kind == kind ? 0.0 : 10.0;
-      for (size_t k = 0; k < shape.size() && k < w.shape.size(); ++k)
-        d += std::fabs(std::log(std::max<double>(shape[k], 1) / std::max<double>(w.shape[k], 1)));
-      if (best < 0 || d < best_d) best = static_cast<int64_t>(i), best_d = d;
+      for (size_t k = 0; k < logs.size() && k < w.logs.size(); ++k) d += std::fabs(logs[k] - w.logs[k]);
+      if (best < 0 || d < best_d - 1e-12) best = static_cast<int64_t>(i), best_d = d;
     }
     if (distance != nullptr) *distance = best_d;
     return best;
@@ -334,7 +349,7 @@ class Op {
   // made only for a message. With a baseline, that where no variant was tuned near the call
   // (another pair, beyond the table's reach, another kind) or where none beat it.
   template <class What>
-  const Winner<Vtable>& choose(const Table<Vtable>& t, int pair, const std::vector<int64_t>& shape, int64_t kind,
+  const Winner<Vtable>& choose(const Table<Vtable>& t, int pair, c10::IntArrayRef shape, int64_t kind,
                                What&& what) const {
     double d = 0;
     const int64_t i = nearest(t, pair, shape, kind, &d);
@@ -347,14 +362,14 @@ class Op {
   // nothing is bound or the CPU reference serves CUDA calls): what an Autograd or plain CUDA kernel
   // asks before it calls the torch op its family replaces.
   template <class What>
-  bool serves_baseline(int pair, const std::vector<int64_t>& shape, int64_t kind, What&& what) const {
+  bool serves_baseline(int pair, c10::IntArrayRef shape, int64_t kind, What&& what) const {
     const auto t = bound_or_null();
     return t != nullptr && !t->reference && choose(*t, pair, shape, kind, what).baseline();
   }
 
   // The nearest variant whatever the baseline would serve (an op below the autograd kernel that
   // must run a variant, e.g. a graph traced with symbolic shapes); nullptr when the pair has none.
-  const Vtable* variant(const Table<Vtable>& t, int pair, const std::vector<int64_t>& shape, int64_t kind) const {
+  const Vtable* variant(const Table<Vtable>& t, int pair, c10::IntArrayRef shape, int64_t kind) const {
     const int64_t i = nearest(t, pair, shape, kind, nullptr, true);
     return i < 0 ? nullptr : t.pairs[pair].winners[i].vt;
   }
@@ -449,7 +464,8 @@ class Op {
   Winner<Vtable> baseline_;  // what choose() returns for a call the baseline serves
   std::mutex mutex_;
   Table<Vtable> staging_;
-  std::shared_ptr<const Table<Vtable>> live_;  // read with std::atomic_load: never half-bound
+  std::vector<std::unique_ptr<const Table<Vtable>>> published_;  // every table published, kept
+  std::atomic<const Table<Vtable>*> live_{nullptr};  // the last of them: never half-bound
   std::atomic<int64_t> check_{CHECK_ASYNC};
 };
 
@@ -457,16 +473,28 @@ class Op {
 
 // An op of the dispatcher by name ("tuner::rms_norm_forward") with its C++ signature, looked
 // up once. Kept by name, not by signature alone: ops of one signature are many, and every
-// binding loaded in a process shares these template statics.
+// binding loaded in a process shares these template statics. A call finds it among the names
+// its thread asked for last, by the address of the name's literal (each call site's own: no
+// lock, no string), and by name under the lock only the first time.
 template <class Sig>
 const c10::TypedOperatorHandle<Sig>& handle(const char* op) {
+  using Found = std::pair<const char*, const c10::TypedOperatorHandle<Sig>*>;
+  thread_local std::array<Found, 4> recent{};
+  for (const Found& f : recent)
+    if (f.first == op) return *f.second;
   static std::mutex mutex;
-  static std::map<std::string, c10::TypedOperatorHandle<Sig>> handles;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = handles.find(op);
-  if (it == handles.end())
-    it = handles.emplace(op, c10::Dispatcher::singleton().findSchemaOrThrow(op, "").typed<Sig>()).first;
-  return it->second;
+  static std::map<std::string, c10::TypedOperatorHandle<Sig>> handles;  // elements stay where they are
+  const c10::TypedOperatorHandle<Sig>* found;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = handles.find(op);
+    if (it == handles.end())
+      it = handles.emplace(op, c10::Dispatcher::singleton().findSchemaOrThrow(op, "").typed<Sig>()).first;
+    found = &it->second;
+  }
+  std::move_backward(recent.begin(), recent.end() - 1, recent.end());
+  recent[0] = Found(op, found);
+  return *found;
 }
 
 // How an Autograd kernel calls the forward and backward ops below it.
@@ -476,6 +504,10 @@ template <class Ret, class... Args>
 struct Call<Ret(Args...)> {
   static Ret call(const char* op, Args... args) { return handle<Ret(Args...)>(op).call(std::forward<Args>(args)...); }
 };
+
+// `t` in dtype `dtype`: itself where it has it (Tensor::to is a dispatcher call even then, a
+// fraction of a µs on every call of a baseline that serves small shapes).
+inline at::Tensor cast_to(at::Tensor t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
 
 inline at::Tensor to_cpu(const at::Tensor& t) { return t.defined() ? t.to(c10::Device(c10::kCPU)) : t; }
 inline std::optional<at::Tensor> to_cpu(const std::optional<at::Tensor>& t) {

@@ -30,8 +30,8 @@ OP_DECLARATION = declare.Op(
            declare.Tensor("count", dtypes=("float32",), shape=()),  # rows whose target is not ignored
            # written in the forward, or the backward; in the logits' storage where in_place is set
            declare.Tensor("gradient", like="logits", gradient_of="logits", in_place="in_place")),
-    baseline="at::cross_entropy_loss(logits, target, std::nullopt, reduction == \"none\" ? 0 : "
-             "reduction == \"mean\" ? 1 : 2, ignore_index, label_smoothing).to(at::kFloat)",
+    baseline="cast_to(at::cross_entropy_loss(logits, target, std::nullopt, reduction == \"none\" ? 0 : "
+             "reduction == \"mean\" ? 1 : 2, ignore_index, label_smoothing), at::kFloat)",
     functional=declare.Functional(  # cross_entropy() below, its test in C++
         "cross_entropy(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
         "int64_t ignore_index=-100, bool? reduce=None, c10::string_view reduction=\"mean\", "

@@ -30,8 +30,8 @@ OP_DECLARATION = declare.Op(
            declare.Tensor("grad_of_weight", like="weight", gradient_of="weight")),
     work=("forward", "backward"),  # a chunk of rows' logits
     libraries=("cublas",),
-    baseline="at::cross_entropy_loss(at::linear(hidden, weight), target, std::nullopt, reduction == \"none\" ? 0 : "
-             "reduction == \"mean\" ? 1 : 2, ignore_index, label_smoothing).to(at::kFloat)",
+    baseline="cast_to(at::cross_entropy_loss(at::linear(hidden, weight), target, std::nullopt, reduction == \"none\" ? 0 : "
+             "reduction == \"mean\" ? 1 : 2, ignore_index, label_smoothing), at::kFloat)",
 )
 
 

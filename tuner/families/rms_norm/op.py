@@ -23,7 +23,7 @@ OP_DECLARATION = declare.Op(
     saves=(declare.Tensor("rstd", dtypes=("float32",), shape=("rows",)),),  # 1/rms of each row
     table=("int saves_rstd", "long long (*scratch_floats)(long long rows, long long width)"),
     scratch="vt->scratch_floats(sizes[0], sizes[1])",
-    baseline="at::rms_norm(x, {x.size(-1)}, weight, eps).to(x.scalar_type())",  # F.rms_norm, in x's dtype
+    baseline="cast_to(at::rms_norm(x, {x.size(-1)}, weight, eps), x.scalar_type())",  # F.rms_norm, in x's dtype
     # rms_norm() below, its test in C++
     functional=declare.Functional(
         "rms_norm(Tensor input, IntArrayRef normalized_shape, Tensor? weight=None, double? eps=None)",
