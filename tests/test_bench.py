@@ -13,11 +13,27 @@ def test_the_articles_losses_match_the_reference(pred, target):
     p, t, n = giou.make_inputs(16, 32, pred, target, "article", seed=4)
     want = giou.reference(p, t, n)
     rows = giou.bench_rows({"batch": 16, "slots": 32, "pred": pred, "target": target}, (p, t, n, "mean", 1e-7))
-    assert list(rows) == ["article loop", "article concat", "torchvision + mask", "simple CUDA kernel"]
+    assert list(rows) == ["article loop", "article concat", "torchvision + mask"]
     for name in ("article loop", "article concat", "torchvision + mask"):
         assert giou.check("loss", rows[name](p, t, n, "mean", 1e-7), want, 1e-4)[0], name
     assert "article loop" not in giou.bench_rows({"batch": 2048, "slots": 4, "pred": pred, "target": target},
                                                  giou.make_inputs(2048, 4, pred, target, seed=1) + ("mean", 1e-7))
+
+
+def test_a_declared_variant_row_is_a_variant_of_the_problem_s_space():
+    """GIoU's `BENCH_VARIANTS` row (the article's CUDA kernel): its parameters name one variant of
+    each dtype pair's space (a constraint or a dimension renamed would refuse them here), built
+    only when the row is first called (on a GPU)."""
+    from tuner.report import declared
+
+    for pred, target in (("bfloat16", "uint8"), ("float32", "float32")):
+        problem = {**giou.Problem().__dict__, "pred": pred, "target": target}
+        rows = declared.variant_rows("giou", problem)
+        assert list(rows) == ["simple CUDA kernel"] and callable(rows["simple CUDA kernel"])
+        params, scalars, _ = giou.BENCH_VARIANTS["simple CUDA kernel"]
+        assert giou.space_for(problem).variant(**params).as_dict()["reduction"] == "atomic"
+        assert scalars == {"reduction": "none"}
+    assert declared.variant_rows("rms_norm", {}) == {}  # a family without any
 
 
 def test_a_floor_of_gpu_time_alone_is_compared_in_gpu_time(tmp_path):

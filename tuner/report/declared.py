@@ -192,6 +192,7 @@ def bench_at(family: str, directory, chosen: list[dict], out: Path | None = None
             impls[f"{TUNED}, torch.compile reduce-overhead"] = torch.compile(lambda *a: tuned(*a),
                                                                              mode="reduce-overhead", dynamic=False)
         impls.update(getattr(fam, "bench_rows", lambda *_: {})(problem, inputs))
+        impls.update(variant_rows(family, problem))
         impls[f"anchor: torch {op.name}"] = spec.torch_op
         if compiled is not None:
             impls["anchor: torch.compile"] = compiled
@@ -209,6 +210,50 @@ def bench_at(family: str, directory, chosen: list[dict], out: Path | None = None
     if out is not None:
         write(rows, Path(out), size=size)
     return rows
+
+
+def variant_rows(family: str, problem: dict) -> dict:
+    """The family's `BENCH_VARIANTS` as rows: name -> (parameters, scalars, finish): the variant of
+    the problem's space with those parameters (built for the attached GPU at its first call, the
+    check's), called with those scalars in place of the call's (a reduction of none, say) as an
+    autograd function with its own backward, and its output handed to `finish(output, *inputs)` (the
+    torch ops a simple kernel leaves the rest to)."""
+    import functools
+
+    import torch
+
+    from tuner import gpus
+    from tuner.build import compile as build
+    from tuner.measure.declared import DeclaredKernel
+
+    fam, op, _ = _parts(family)
+    names, out = [a.name for a in op.inputs], op.outputs[0].name
+    differentiable = {t.name for t in op.differentiable}
+
+    def row(params: dict, scalars: dict, finish):
+        @functools.cache
+        def kernel():
+            v = fam.space_for(problem).variant(**params)
+            (b,) = build.build([v], gpus.attached().arch, serving=True)
+            return DeclaredKernel(family, b.so, v.name, b.entry)
+
+        class Variant(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                ctx.values = {**dict(zip(names, args)), **scalars}
+                outs = kernel().forward(ctx.values, check=False)
+                ctx.saved = {t.name: outs[t.name] for t in op.saves}
+                return outs[out]
+
+            @staticmethod
+            def backward(ctx, grad):
+                call, grads = kernel().prepare_backward({out: grad}, ctx.values, ctx.saved)
+                call()
+                return tuple(grads.get(n) if n in differentiable else None for n in names)
+
+        return lambda *args: finish(Variant.apply(*args[:len(names)]), *args)
+
+    return {name: row(*how) for name, how in getattr(fam, "BENCH_VARIANTS", {}).items()}
 
 
 def torch_name(family: str) -> str:

@@ -11,7 +11,6 @@ the storage dtype; the loss is float32, the gradient has pred's dtype.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 from typing import Any
 
@@ -173,8 +172,8 @@ LOOP_MAX_BATCH = 1024  # the article's per-sample loop takes seconds a call beyo
 def bench_rows(problem: dict, inputs) -> dict:
     """What the article's users run (1 - GIoU in float32 math on upcast targets: its own loss is
     the mean GIoU on uint8 targets, which overflows): its per-sample loop, its concatenation of
-    the valid boxes, torchvision's loss masked, and its single CUDA kernel. The targets' list and
-    mask are made once, as a data loader hands them over."""
+    the valid boxes and torchvision's loss masked (its single CUDA kernel: BENCH_VARIANTS). The
+    targets' list and mask are made once, as a data loader hands them over."""
     import torch
 
     pred, target, counts = inputs[:3]
@@ -203,43 +202,15 @@ def bench_rows(problem: dict, inputs) -> dict:
         rows["torchvision + mask"] = torchvision
     else:
         print("torchvision is not installed: its row is left out", flush=True)
-    return {**rows, "simple CUDA kernel": _simple_kernel(problem["pred"], problem["target"])}
+    return rows
 
 
-def _simple_kernel(pred: str, target: str):
-    """The article's single CUDA kernel: one thread per slot, float32 math, the sums done apart
-    (a variant's per-box losses, reduced by torch ops)."""
-    import torch
-
-    from tuner import gpus
-    from tuner.build import compile as build
-    from tuner.measure.declared import DeclaredKernel
-
-    @functools.cache
-    def built():  # at the first call (the check's, before any timing)
-        v = space(pred, target).variant(boxes_per_thread=1, padding="branch", validation="none", block_size=256,
-                                        loads="scalar", reduction="atomic", backward="recompute")
-        (b,) = build.build([v], gpus.attached().arch, serving=True)  # timed from the host too
-        return DeclaredKernel(FAMILY, b.so, v.name, b.entry)
-
-    class PerBox(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, p, t, n):
-            outs = built().forward({"pred": p, "target": t, "num_boxes": n, "reduction": "none", "eps": DEFAULT_EPS},
-                                  check=False)
-            ctx.save_for_backward(p, t, n, outs["count"])
-            return outs["loss"]
-
-        @staticmethod
-        def backward(ctx, g):
-            p, t, n, count = ctx.saved_tensors
-            call, grads = built().prepare_backward(  # a variant that recomputes saves no gradient
-                {"loss": g}, {"pred": p, "target": t, "num_boxes": n, "reduction": "none", "eps": DEFAULT_EPS},
-                {"count": count, "saved_grad": None})
-            call()
-            return grads["pred"], None, None
-
-    return lambda p, t, n, *_: PerBox.apply(p, t, n).sum() / n.clamp(0, p.shape[1]).sum().clamp(min=1)
+# The article's single CUDA kernel, a row beside those (tuner.report.declared.variant_rows): one thread
+# per slot, float32 math, the per-box losses summed by torch ops.
+BENCH_VARIANTS = {"simple CUDA kernel": (
+    {"boxes_per_thread": 1, "padding": "branch", "validation": "none", "block_size": 256, "loads": "scalar",
+     "reduction": "atomic", "backward": "recompute"},
+    {"reduction": "none"}, lambda loss, p, t, n, *_: loss.sum() / n.clamp(0, p.shape[1]).sum().clamp(min=1))}
 
 
 def bench_floors(problem: dict, inputs) -> dict:
