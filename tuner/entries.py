@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Callable
 
 _entries: dict[str, Callable] = {}  # op -> its binding's own Python function (`python_entry`)
-_compiling: Callable[[], bool] = bool  # torch.compiler.is_compiling once an op is bound (looked up once)
+_compiling: Callable[[], bool] = bool  # torch.compiler.is_dynamo_compiling once an op is bound (looked up once):
+# dynamo reads it as True where it traces (what cannot trace a C function); one Python call where
+# is_compiling makes two (make_fx and export's tracing take the C functions: they dispatch the op)
 _python_forms: dict[str, Callable] = {}  # op -> its family's Python function with torch's signature
 _functionals: dict[str, Callable] = {}  # op -> that function as its binding offers it (`functional_entry`)
 _loaded: dict[str, object] = {}  # op -> what tuner.load returns (`loaded`): one object, however often loaded
@@ -22,7 +24,7 @@ def bind(binding: Path, op: str) -> None:
     import torch
 
     global _compiling
-    _entries[op], _compiling = python_entry(binding, op), torch.compiler.is_compiling
+    _entries[op], _compiling = python_entry(binding, op), torch.compiler.is_dynamo_compiling
     fast = _functionals.get(op) or functional_entry(binding, op)  # made once: the C++ keeps its first
     if fast is not None:
         _functionals[op] = fast
