@@ -45,7 +45,8 @@ class FakeWorker:
     def evaluate(self, job, on_probe=None):
         self.jobs.append(job)
         if job["kind"] == "retime":
-            return {"status": "ok", "timings": {k["name"]: {"fwd": {"median_us": 1.0}} for k in job["kernels"]}}
+            return {"status": "ok", "timings": {k["name"]: {"fwd": {"median_us": 1.0 + self.index}}
+                                                for k in job["kernels"]}}
         if job["kind"] == "check":  # a whole build checked: "bad" fails it, "crash" kills the child
             return {"status": "fail", "reason": "crash" if job["name"] == "crash" else "wrong result",
                     "message": "max"} if job["name"] in ("bad", "crash") else {"status": "ok"}
@@ -166,8 +167,9 @@ def test_whole_finalists_are_checked_one_job_each_before_they_are_timed(fakes):
     assert [j["kind"] for j in FakeWorker.made[0].jobs] == ["check", "check"]
 
 
-def test_on_several_devices_the_finalists_checks_are_dealt_over_the_workers_and_timed_on_one(fakes):
+def test_on_several_devices_the_finalists_checks_are_dealt_over_the_workers_and_timed_on_all(fakes):
     from tuner.families import embedding_bag
+    from tuner.measure.child import RETIME_TIMING
 
     ev = evaluate.LiveEvaluator("H100", embedding_bag.Problem(), "fwd+bwd", devices=[0, 1])
     names = ("good", "bad", "other", "crash", "last")
@@ -176,11 +178,30 @@ def test_on_several_devices_the_finalists_checks_are_dealt_over_the_workers_and_
     first, second = FakeWorker.made
     assert [(j["kind"], j.get("name")) for j in first.jobs] == [("check", "good"), ("check", "other"),
                                                                 ("check", "last"), ("retime", None)]
-    assert [(j["kind"], j.get("name")) for j in second.jobs] == [("check", "bad"), ("check", "crash")]
-    assert [k["name"] for k in first.jobs[-1]["kernels"]] == ["good", "other", "last"]  # side by side, one GPU
+    assert [(j["kind"], j.get("name")) for j in second.jobs] == [("check", "bad"), ("check", "crash"),
+                                                                 ("retime", None)]
+    for w in (first, second):  # every finalist on every GPU, side by side, each GPU with half the repetitions
+        assert [k["name"] for k in w.jobs[-1]["kernels"]] == ["good", "other", "last"]
+        assert w.jobs[-1]["timing"] == {"min_reps": RETIME_TIMING["min_reps"] // 2,
+                                        "budget_ms": RETIME_TIMING["budget_ms"] / 2}
     assert got["bad"]["failed"] == "wrong result: max" and got["crash"]["failed"].startswith("crash")
-    assert got["last"] == {"fwd": {"median_us": 1.0}}
+    assert got["last"] == {"fwd": {"median_us": 1.5}}  # the two GPUs' medians (1 and 2 µs), pooled
     ev.close()
+
+
+def test_re_timings_on_several_gpus_pool_into_one():
+    def t(median, spread, least, reps, graphed=True):
+        return {"median_us": median, "spread_us": spread, "min_us": least, "reps": reps, "graphed": graphed}
+
+    got = evaluate.pooled([{"a": {"fwd": t(10.0, 0.5, 9.0, 200), "bwd": t(20.0, 1.0, 19.0, 200), "extra_round": True},
+                            "b": {"fwd": t(12.0, 0.2, 11.5, 200, False)}},
+                           {"a": {"fwd": t(11.0, 0.3, 9.5, 100), "bwd": t(22.0, 2.0, 20.0, 100)},
+                            "torch": {"bwd": t(30.0, 1.0, 29.0, 100)}},
+                           {}])  # a GPU whose worker failed: nothing from it
+    assert got["a"] == {"fwd": t(10.5, 0.5, 9.0, 300), "bwd": t(21.0, 2.0, 19.0, 300), "extra_round": True}
+    assert got["b"] == {"fwd": t(12.0, 0.2, 11.5, 200, False)}  # timed by one GPU alone: its own
+    assert got["torch"] == {"bwd": t(30.0, 1.0, 29.0, 100)}
+    assert evaluate.pooled([]) == {}
 
 
 def test_a_search_builds_only_what_its_problem_runs(fakes, monkeypatch):

@@ -38,6 +38,9 @@ def classify(message: str) -> str | None:
 
 
 CLOSE = 0.02  # finalists this near the best get an extra round of timing among themselves
+# A finalists' re-timing: rounds of each in turn, its repetitions and GPU time a kind (a search on
+# several GPUs gives each GPU its share of the repetitions: tuner.search.evaluate.LiveEvaluator.retime).
+RETIME_TIMING = {"rounds": 20, "min_reps": 400, "budget_ms": 100.0}
 
 class Child:
     """State kept across jobs in the child: each family's evaluation hooks, the L2 flush buffer."""
@@ -140,7 +143,7 @@ class Child:
             calls["fwd"][name] = f
             if b is not None:
                 calls["bwd"][name] = b
-        cfg = {"rounds": 20, "min_reps": 400, "budget_ms": 100.0, **job.get("timing", {})}
+        cfg = {**RETIME_TIMING, **job.get("timing", {})}
         samples: dict[str, dict[str, list[float]]] = {"fwd": {}, "bwd": {}}
         out: dict[str, dict] = {}
         names = list(calls["fwd"])

@@ -30,6 +30,29 @@ from tuner.variant import Variant
 SEARCH_TIMING = {"min_reps": 16, "max_reps": 192, "budget_ms": 4.0, "precision": 0.01}
 
 
+_POOL = {"median_us": lambda xs: sum(xs) / len(xs), "spread_us": max, "min_us": min, "reps": sum, "graphed": all}
+
+
+def pooled(timings: list[dict[str, dict]]) -> dict[str, dict]:
+    """Re-timings of the same finalists on several GPUs of one model (name -> {"fwd": a Timing's
+    dict, "bwd": ...}, one mapping a GPU; a GPU whose worker failed gives none) as one: each
+    median the mean of the GPUs' medians, each spread the widest, each minimum the least, the
+    repetitions added; a finalist timed twice on any GPU was (`extra_round`). A finalist or kind
+    only some GPUs timed keeps theirs."""
+    out: dict[str, dict] = {}
+    for name in dict.fromkeys(n for t in timings for n in t):
+        each = [t[name] for t in timings if name in t]
+        merged: dict = {}
+        for kind in dict.fromkeys(k for e in each for k in e if isinstance(e[k], dict)):
+            parts = [e[kind] for e in each if isinstance(e.get(kind), dict)]
+            merged[kind] = {**parts[0], **{key: how([p[key] for p in parts]) for key, how in _POOL.items()
+                                           if all(key in p for p in parts)}}
+        if any(e.get("extra_round") for e in each):
+            merged["extra_round"] = True
+        out[name] = merged
+    return out
+
+
 def _build_result(b: build.Build) -> dict:
     result = {
         "status": "ok" if b.ok else "fail", "compile_s": b.compile_s, "compiled": not b.cached,
@@ -208,10 +231,26 @@ class LiveEvaluator(Evaluator):
                     jobs.remove(job)
         if not jobs:
             return failed
-        result = self.workers[0].evaluate({"kind": "retime", "family": self.problem.family, "kernels": jobs,
-                                           "problem": self.problem.__dict__, "objective": objective,
-                                           "baseline": baseline})
-        return {**failed, **result.get("timings", {})}
+        job = {"kind": "retime", "family": self.problem.family, "kernels": jobs, "problem": self.problem.__dict__,
+               "objective": objective, "baseline": baseline}
+        if self.parallel == 1:
+            return {**failed, **self.workers[0].evaluate(job).get("timings", {})}
+        return {**failed, **self._retimed_everywhere(job)}
+
+    def _retimed_everywhere(self, job: dict) -> dict[str, dict]:
+        """The finalists re-timed on every GPU at once, each GPU with its share of the repetitions
+        and of the GPU time: every finalist meets every GPU, so the comparison stays fair while the
+        re-timing, which one GPU did alone, takes a share of its time. Their timings pooled
+        (`pooled`)."""
+        import concurrent.futures
+
+        from tuner.measure.child import RETIME_TIMING
+
+        share = {"min_reps": -(-RETIME_TIMING["min_reps"] // self.parallel),
+                 "budget_ms": RETIME_TIMING["budget_ms"] / self.parallel}
+        with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix="tuner-retime") as pool:
+            results = list(pool.map(lambda w: w.evaluate({**job, "timing": share}), self.workers))
+        return pooled([r.get("timings", {}) for r in results])
 
     def _checked(self, jobs: list[dict], whole: bool) -> dict[str, dict]:
         """Each finalist checked in full, one job each (a finalist that crashes in another mode costs
