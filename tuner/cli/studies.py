@@ -90,8 +90,8 @@ def _show_export(args: argparse.Namespace) -> int:
         raise UsageError(f"--export shows an exported folder; {', '.join(named)} {'name' if len(named) > 1 else 'names'} "
                          "a study: drop one or the other")
     folder = args.export
-    if not folder.exists() and len(folder.parts) == 1 and (paths.home() / "exports" / folder).exists():
-        folder = paths.home() / "exports" / folder  # a name `tuner list` shows
+    if not folder.exists() and len(folder.parts) == 1 and (export.exports_dir() / folder).exists():
+        folder = export.exports_dir() / folder  # a name `tuner list` shows
     manifest = export.read(folder)
     if "--family" in getattr(args, "options", set()) and manifest["family"] != args.family:
         raise TunerError(f"{folder} holds the {manifest['family']} family, not {args.family}")
@@ -119,6 +119,7 @@ def _spans(lines: list[int]) -> str:
 def cmd_list(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from tuner.deploy import export
     from tuner.store import study
 
     url = study.storage_url(args.storage)
@@ -133,7 +134,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"no studies in {study.shown(url)}" + (" (no such file yet)" if study.absent(url) else ""))
     exported = _exports()
     if exported:
-        print(f"\nexports under {paths.home() / 'exports'} (`tuner show --export NAME` prints one):")
+        print(f"\nexports under {export.exports_dir()} (`tuner show --export NAME` prints one):")
         print(pd.DataFrame(exported).to_string(index=False))
     return 0
 
@@ -143,7 +144,7 @@ def _exports() -> list[dict]:
     from tuner.deploy import export
 
     rows = []
-    folders = sorted((paths.home() / "exports").glob(f"*/{export.MANIFEST}"))
+    folders = sorted(export.exports_dir().glob(f"*/{export.MANIFEST}"))
     for folder in (m.parent for m in folders):
         try:
             m = export.read(folder)

@@ -40,9 +40,14 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def exports_dir() -> Path:
+    """$TUNER_HOME/exports: where `export-best` writes by default and `tuner list` looks."""
+    return paths.home() / "exports"
+
+
 def default_dir(gpu: str, family: str) -> Path:
     """Where `export-best` writes and `tuner.load(gpu=...)` looks: exports/<family>-<GPU>."""
-    return paths.home() / "exports" / (family + "-" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-"))
+    return exports_dir() / (family + "-" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-"))
 
 
 class NoTrial(TunerError):

@@ -242,23 +242,25 @@ class LiveEvaluator(Evaluator):
         and of the GPU time: every finalist meets every GPU, so the comparison stays fair while the
         re-timing, which one GPU did alone, takes a share of its time. Their timings pooled
         (`pooled`)."""
-        import concurrent.futures
-
         from tuner.measure.child import RETIME_TIMING
 
         share = {"min_reps": -(-RETIME_TIMING["min_reps"] // self.parallel),
                  "budget_ms": RETIME_TIMING["budget_ms"] / self.parallel}
-        with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix="tuner-retime") as pool:
-            results = list(pool.map(lambda w: w.evaluate({**job, "timing": share}), self.workers))
+        results = self._on_every_worker(lambda slot: self.workers[slot].evaluate({**job, "timing": share}))
         return pooled([r.get("timings", {}) for r in results])
+
+    def _on_every_worker(self, work) -> list:
+        """`work(slot)` for every worker's slot at once, a thread each (each waits on its own GPU)."""
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix="tuner-workers") as pool:
+            return list(pool.map(work, range(self.parallel)))
 
     def _checked(self, jobs: list[dict], whole: bool) -> dict[str, dict]:
         """Each finalist checked in full, one job each (a finalist that crashes in another mode costs
         only itself), the jobs dealt over the workers in turn: a check's verdict is the same on any
         GPU of the study's model, and at the problem's own sizes (an embedding table of millions of
         rows) the checks take seconds. Name -> the worker's verdict."""
-        import concurrent.futures
-
         def check(slot: int) -> dict[str, dict]:
             return {job["name"]: self.workers[slot].evaluate({"kind": "check", "family": self.problem.family,
                                                               "problem": self.problem.__dict__, "whole": whole, **job})
@@ -266,8 +268,7 @@ class LiveEvaluator(Evaluator):
 
         if self.parallel == 1 or len(jobs) < 2:
             return check(0)
-        with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix="tuner-check") as pool:
-            return {name: verdict for part in pool.map(check, range(self.parallel)) for name, verdict in part.items()}
+        return {name: verdict for part in self._on_every_worker(check) for name, verdict in part.items()}
 
     def close(self):
         for w in self.workers:
