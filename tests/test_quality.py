@@ -132,3 +132,19 @@ def test_an_interrupted_table_in_processes_stops_at_once(tuner_home):
     assert proc.returncode == 130, out[-2000:]
     assert time.monotonic() - sent < 30  # margins for 2 busy cores; it took under a second alone
     assert "Traceback" not in out and out.rstrip().endswith("tuner samplers: interrupted")
+
+
+def test_a_stopped_pool_leaves_no_thread_for_the_exit_to_wake():
+    """Python 3.11's exit wakes a process pool's thread still running through a pipe that thread may
+    close meanwhile: a traceback (bad file descriptor) after `tuner samplers: interrupted`."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+
+    pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    running = pool.submit(time.sleep, 60)
+    manager = pool._executor_manager_thread
+    while not running.running():
+        time.sleep(0.05)
+    quality._stop(pool)
+    assert not manager.is_alive()

@@ -154,11 +154,17 @@ def _stop(pool) -> None:
         terminate()
         return
     workers = list((getattr(pool, "_processes", None) or {}).values())  # before shutdown forgets them
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for process in workers:
         process.terminate()
     for process in workers:
         process.join(timeout=10)
+    # The pool's own thread ends once its workers have: waited for here, because Python 3.11's exit
+    # wakes a thread still running through a pipe that thread may close meanwhile (OSError, bad file
+    # descriptor, printed at the command's end)
+    if manager is not None:
+        manager.join(timeout=10)
 
 
 def _run(dataset: str, family: str, fields: dict, name: str, seed: int, how: tuple) -> int | None:
