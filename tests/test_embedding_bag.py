@@ -196,6 +196,12 @@ def test_op_errors_on_cpu(op):
         op(w, idx + 500, offs, "sum")
     with pytest.raises(KernelInputError, match="offsets"):
         op(w, idx, offs.flip(0), "sum")
+    past = offs.clone()
+    past[-1] = idx.numel() + 1  # the declaration's guard: offsets within [0, len(indices)]
+    with pytest.raises(KernelInputError, match="offsets"):
+        op(w, idx, past, "sum")
+    past[-1] = idx.numel()  # the last bag empty: allowed
+    op(w, idx, past, "sum")
     with pytest.raises(ValueError, match="mode must be one of"):
         op(w, idx, offs, "prod")
     with pytest.raises(ValueError, match="offsets are required"):

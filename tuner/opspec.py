@@ -1,7 +1,7 @@
 """A declared op's Python side (torch alone: exported wheels carry this file and declare.py): the
 runtime's `OpSpec` made from the declaration, with the op's CPU kernels (the family's float64
 reference, or its torch op outside the variants' dtypes) and fake kernels (torch.compile), the
-sizes and checks the C++ makes, in Python, with the same messages.
+sizes and checks the C++ makes, in Python, with the same messages, and what its guards refuse.
 
     OP = opspec.spec(OP_DECLARATION, FAMILY, reference=reference, torch_op=torch_fn, reach=math.log(4))
 
@@ -112,6 +112,24 @@ def check(op: declare.Op, values: dict, dtypes: bool = True) -> None:
             raise TypeError(f"{name}: {t.name} must be {' or '.join(t.dtypes)}, got {v.dtype}")
         if t.like is not None and v.dtype != present[t.like].dtype:
             raise TypeError(f"{name}: {t.name} must have {t.like}'s dtype, {present[t.like].dtype}, got {v.dtype}")
+
+
+def refuse(op: declare.Op, values: dict) -> None:
+    """KernelInputError where an entry of a guarded input is outside its declared range (the
+    declaration's `guards`: [0, bound), or the scalar's value too, or not below the entry before it
+    where "ascending"), with the message a validating kernel reports it by: the CPU op refuses
+    what the CUDA op refuses, from the same words."""
+    errors = dict(op.errors)
+    for name, bound, error, *rule in op.guards:
+        t = values[name]
+        if t is None or not t.numel():
+            continue
+        flat = t.reshape(-1)
+        bad = (flat < 0) | (flat >= int(_eval(bound, values)))
+        if rule and rule[0] != "ascending":
+            bad &= flat != values[rule[0]]
+        if bool(bad.any()) or (rule == ["ascending"] and bool((flat[1:] < flat[:-1]).any())):
+            raise runtime.KernelInputError(f"{op.name}: invalid input: {errors[error]}")
 
 
 def outside(op: declare.Op, values: dict) -> bool:
@@ -248,6 +266,7 @@ def impls(op: declare.Op, reference: Callable, torch_op: Callable | None, namesp
         if outside(op, values) and torch_op is not None:  # below autograd (inference mode): torch's
             return torch_op(*args, **kwargs)
         check(op, values)
+        refuse(op, values)
         return _one(_outputs(op, reference, values))
 
     def user_fake(*args, **kwargs):
@@ -260,6 +279,7 @@ def impls(op: declare.Op, reference: Callable, torch_op: Callable | None, namesp
     def forward_cpu(*args):
         values = bind(op, args)
         check(op, values)
+        refuse(op, values)
         kept = [poison(s) for s in saved(values)]  # the variants' own: the CPU
         return (*_outputs(op, reference, values), *kept)  # backward recomputes from the inputs
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from ... import declare, opspec, runtime
-from .spec import INDEX_DTYPES, MODES, WEIGHT_DTYPES, _flat, reference as _reference
+from .spec import INDEX_DTYPES, MODES, WEIGHT_DTYPES, reference as _reference
 
 _BAGS = "indices.size(0) if indices.dim() == 2 else offsets.numel() - (1 if include_last_offset else 0)"
 OP_DECLARATION = declare.Op(
@@ -90,13 +90,8 @@ OP_DECLARATION = declare.Op(
 def reference(weight, indices, offsets=None, mode: str = "mean", per_sample_weights=None,
               include_last_offset: bool = False, padding_idx: int | None = None):
     """The float64 output (spec.reference's: padding_idx from the end where negative, per-sample
-    weights one an entry, in the indices' order)."""
-    idx, offs = _flat(indices, offsets, include_last_offset)
-    bad = [(idx.numel() and bool(((idx < 0) | (idx >= weight.shape[0])).any())),  # what a validating kernel reports
-           (offs.numel() and bool((offs[1:] < offs[:-1]).any() | (offs < 0).any() | (offs > idx.numel()).any()))]
-    for (_, message), found in zip(OP_DECLARATION.errors, bad):
-        if found:
-            raise runtime.KernelInputError(f"embedding_bag: invalid input: {message}")
+    weights one an entry, in the indices' order). Bad indices and offsets are the op's errors (its
+    guards: the CPU op refuses them), not the reference's."""
     pad = None if padding_idx is None else padding_idx % weight.shape[0]
     psw = None if per_sample_weights is None else per_sample_weights.reshape(-1)
     out, chosen = _reference(weight, indices, offsets, mode, psw, include_last_offset, pad)
