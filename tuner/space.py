@@ -330,3 +330,17 @@ def fixed_spaces(make: Callable[..., Space], **choices: Sequence[str]):
         return list(covered())
 
     return space_for, all_spaces, covering_set
+
+
+def kernel_arg(op: declare.Op, scalar: str):
+    """A family's `KERNEL_ARGS` and `search_focus` where its kernels take a str scalar's word as their
+    integer template argument (the word's index among the scalar's choices: GIoU's reduction,
+    EmbeddingBag's mode): ptxas's kernel names read by the word, and a search that renders the
+    kernels of its problem's word alone (`only`: a third of the compile where there are three; the
+    same machine code for them). Exports render every word."""
+    choices = next(s for s in op.scalars if s.name == scalar).choices
+
+    def search_focus(problem: Mapping[str, Any]) -> dict[str, Any]:
+        return {"only": problem[scalar]}
+
+    return {str(i): word for i, word in enumerate(choices)}, search_focus

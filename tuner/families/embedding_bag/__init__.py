@@ -15,12 +15,10 @@ the loads are, how many rows are in flight.
 
 from __future__ import annotations
 
-from typing import Any
-
-from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, itemsize, option, problem_class  # noqa: F401
+from tuner.space import (Constraint, Dim, Space, fixed_spaces, dtype_name, itemsize, kernel_arg, option,  # noqa: F401
+                         problem_class)
 
 FAMILY = "embedding_bag"  # its files by convention (tuner.families.conventions): embedding_bag.cu.j2, ...
-KERNEL_ARGS = {"0": "sum", "1": "mean", "2": "max"}  # the kernels' template argument: the mode
 
 from tuner.families.embedding_bag.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
 from tuner.families.embedding_bag.spec import INDEX_DTYPES, MODES, WEIGHT_DTYPES, reference  # noqa: F401
@@ -75,15 +73,10 @@ def space(weight: str = "float32", index: str = "int64") -> Space:
 
 
 space_for, all_spaces, covering_set = fixed_spaces(space, weight=WEIGHT_DTYPES, index=INDEX_DTYPES)
-
-
-def search_focus(problem: dict) -> dict[str, Any]:
-    """What a search of `problem` renders: the forward of its mode only (two fifths less to
-    compile). Its check then covers that mode, so the finalists are built whole and checked in
-    every mode before one wins (`FINALISTS_WHOLE`, tuner.search.finalists); exports build all three."""
-    return {"only": problem["mode"]}
-
-
+# A search renders the forward of its problem's mode only (two fifths less to compile); its check then
+# covers that mode, so the finalists are built whole and checked in every mode before one wins
+# (`FINALISTS_WHOLE`, tuner.search.finalists); exports build all three.
+KERNEL_ARGS, search_focus = kernel_arg(OP_DECLARATION, "mode")
 FINALISTS_WHOLE = True
 # A forward and a backward of different variants in one table (tuner.build.render, Variant.joined): the
 # search's finalists may join the best forward to the best backward (tuner.search.finalists).

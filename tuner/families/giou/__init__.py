@@ -12,12 +12,10 @@ the storage dtype; the loss is float32, the gradient has pred's dtype.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
 
-from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, option, problem_class  # noqa: F401
+from tuner.space import Constraint, Dim, Space, fixed_spaces, dtype_name, kernel_arg, option, problem_class  # noqa: F401
 
 FAMILY = "giou"  # giou.cu.j2 by convention (tuner.families.conventions); its op is declared (op.py)
-KERNEL_ARGS = {"0": "none", "1": "mean", "2": "sum"}  # the kernels' template argument: the reduction
 
 from tuner.families.giou.op import OP_DECLARATION  # noqa: F401 (the op: its C++ and C ABI are rendered from it)
 from tuner.families.giou.spec import (DEFAULT_EPS, PRED_DTYPES, REDUCTIONS, TARGET_DTYPES,  # noqa: F401
@@ -61,12 +59,7 @@ def space(pred: str = "bfloat16", target: str = "uint8", device_assert: bool = F
 
 
 space_for, all_spaces, covering_set = fixed_spaces(space, pred=PRED_DTYPES, target=TARGET_DTYPES)
-
-
-def search_focus(problem: dict) -> dict[str, Any]:
-    """What a search of `problem` renders: only the kernels of its reduction (a third of the
-    compile; the same machine code for them). Exports render all three."""
-    return {"only": problem["reduction"]}
+KERNEL_ARGS, search_focus = kernel_arg(OP_DECLARATION, "reduction")  # the kernels' template argument
 
 
 # ------------------------------------------------------------------- inputs
