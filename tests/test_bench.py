@@ -209,3 +209,17 @@ def test_the_host_floors_are_a_launch_and_autograd_on_a_leaf_shaped_as_the_first
     leaf = backward.__closure__[0].cell_contents
     assert leaf.shape == p.shape and leaf.dtype == torch.float32 and (leaf.grad == 1).all()
     assert declared._host_floors(types.SimpleNamespace(), (p, t, n)) == {}
+
+
+def test_the_read_floor_reads_the_forward_s_bytes_in_the_first_floating_input_s_dtype():
+    """BENCH_READ_FLOOR (EmbeddingBag's): a streaming read of as many bytes as the forward must move,
+    in the table's dtype, summed in float32."""
+    from tuner.families import embedding_bag as eb
+    from tuner.report import declared
+
+    inputs = eb.make_inputs(rows=64, dim=8, bags=5, bag_size=3, weight="bfloat16", seed=1)
+    fwd, _ = eb.floor_bytes({}, inputs)
+    read = declared.read_floor(fwd, inputs)
+    data = read.__closure__[0].cell_contents
+    assert data.dtype == torch.bfloat16 and data.numel() * 2 == fwd == inputs[1].numel() * 8 * 2
+    assert read().dtype == torch.float32 and bool(read().isfinite())

@@ -126,17 +126,31 @@ def _floors(fam, problem: dict, inputs, grad) -> tuple[list[dict], dict]:
     """The bandwidth floor (the bytes a forward, and a forward+backward, must move at least:
     `least_bytes`, or the family's `floor_bytes(problem, inputs)`, either may be None), and the family's
     `bench_floors(problem, inputs)`: name -> a row's numbers measured there, or (forward,
-    forward+backward) calls timed beside the rows (either None). Returns (rows, calls)."""
+    forward+backward) calls timed beside the rows (either None); where the family sets
+    `BENCH_READ_FLOOR`, a streaming read of the forward's bytes timed too. Returns (rows, calls)."""
     fwd, both = fam.floor_bytes(problem, inputs) if hasattr(fam, "floor_bytes") else least_bytes(inputs, grad)
     floor = {"impl": f"floor: HBM at {HBM_TBS} TB/s",
              **{k: b / (HBM_TBS * 1e6) for k, b in (("fwd_kernel_us", fwd), ("fwd_bwd_kernel_us", both)) if b}}
     rows, calls = [floor], _host_floors(fam, inputs)
+    if getattr(fam, "BENCH_READ_FLOOR", False) and fwd:
+        rows.append({"impl": "floor: a read of as many bytes", "fwd_kernel_us": kernel_us(read_floor(fwd, inputs))})
     for name, got in getattr(fam, "bench_floors", lambda *_: {})(problem, inputs).items():
         if isinstance(got, dict):
             rows.append({"impl": name, **got})
         else:
             calls[name] = got
     return rows, calls
+
+
+def read_floor(nbytes: int, inputs):
+    """A read of `nbytes` contiguous bytes, in the first floating-point input's dtype, on its device:
+    torch's sum of a buffer that size (a streaming read, which a gather of scattered rows does not
+    beat), the measured form of a bandwidth floor."""
+    import torch
+
+    first = next(t for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point())
+    data = torch.randn(nbytes // first.element_size(), device=first.device).to(first.dtype)
+    return lambda: data.sum(dtype=torch.float32)
 
 
 def _host_floors(fam, inputs) -> dict:

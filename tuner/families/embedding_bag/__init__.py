@@ -161,21 +161,10 @@ BENCH_PROBLEMS = tuple({**p, "per_sample_weights": False} for p in (
     *({"weight": w} for w in ("float16", "bfloat16"))))
 BENCH_GRAPHS = False
 BENCH_COMPILED = False  # no torch.compile row (none was in this bench; each problem would compile apart)
+BENCH_READ_FLOOR = True  # beside the floor at HBM's rate: a streaming read of the gathered bytes, measured
 
 
 def floor_bytes(problem: dict, inputs) -> tuple[int, None]:
     """The gathered rows (ids x dim x element size), moved once: the forward's floor."""
     weight, indices = inputs[0], inputs[1]
     return indices.numel() * weight.shape[1] * weight.element_size(), None
-
-
-def bench_floors(problem: dict, inputs) -> dict:
-    """A read of as many contiguous bytes as the forward gathers, timed by the profiler (torch's sum
-    of a buffer that size: a streaming read, which a gather of random rows does not beat)."""
-    import torch
-
-    from tuner.report.bench import kernel_us
-
-    weight, indices = inputs[0], inputs[1]
-    data = torch.randn(indices.numel() * weight.shape[1], device="cuda").to(weight.dtype)
-    return {"floor: a read of as many bytes": {"fwd_kernel_us": kernel_us(lambda: data.sum(dtype=torch.float32))}}
