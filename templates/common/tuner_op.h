@@ -293,15 +293,17 @@ class Op {
     staging_.pairs[pair].reach = reach;
   }
 
-  // Makes the staged winners the live table. Every table published stays (a few hundred bytes
-  // a tuner.load), so that a call in flight keeps the one it took and a call reads the live one
-  // as a plain pointer: no lock and no count on the call path.
+  // Makes the staged winners the live table. Every table published stays (a few KB a tuner.load of
+  // dozens of winners), so that a call in flight keeps the one it took and a call reads the live
+  // one as a plain pointer: no lock and no count on the call path. They are never freed, at the
+  // process's exit either: a daemon thread still inside a call then reads its table as it was.
   void publish(bool reference, double reach) {
     std::lock_guard<std::mutex> lock(mutex_);
     staging_.reference = reference;
     staging_.reach = reach;
-    published_.push_back(std::make_unique<const Table<Vtable>>(std::move(staging_)));
-    live_.store(published_.back().get(), std::memory_order_release);
+    published_->reserve(published_->size() + 1);  // no throw past this line: staging_ is moved out
+    published_->push_back(std::make_unique<const Table<Vtable>>(std::move(staging_)));
+    live_.store(published_->back().get(), std::memory_order_release);
     staging_ = Table<Vtable>();
     staging_.pairs.resize(pairs_);
   }
@@ -464,7 +466,8 @@ class Op {
   Winner<Vtable> baseline_;  // what choose() returns for a call the baseline serves
   std::mutex mutex_;
   Table<Vtable> staging_;
-  std::vector<std::unique_ptr<const Table<Vtable>>> published_;  // every table published, kept
+  // every table published, kept (never freed: see publish)
+  std::vector<std::unique_ptr<const Table<Vtable>>>* published_ = new std::vector<std::unique_ptr<const Table<Vtable>>>();
   std::atomic<const Table<Vtable>*> live_{nullptr};  // the last of them: never half-bound
   std::atomic<int64_t> check_{CHECK_ASYNC};
 };

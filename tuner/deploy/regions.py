@@ -66,8 +66,8 @@ def grid(family: str, entries: list[dict]) -> list[dict]:
             found.add(tuple(max(1, round(math.sqrt(x * y))) for x, y in zip(a, b)))
         found -= set(tuned)
 
-        def distance(key, to):
-            return sum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(key, to))
+        def distance(key, to):  # as the binding measures it (tuner_op.h's nearest): differences of logs
+            return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for x, y in zip(key, to))
 
         for key in sorted(found, key=lambda k: (min(distance(k, t) for t in tuned), k))[:MOST]:
             near = min(range(len(tuned)), key=lambda i: distance(key, tuned[i]))
