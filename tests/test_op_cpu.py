@@ -144,6 +144,10 @@ def test_cpp_picks_the_same_winner_as_python(artifact, op, shared_home):
         winners = [b for b in bound if (b["params"]["pred"], b["params"]["target"]) == (pred, target)]
         got = ops.served([B, S], getattr(torch, pred), getattr(torch, target))
         assert got == winners[_nearest(winners, B, S)]["variant"], (pred, target, B, S)
+    # 256 x 256 is ln 4 from 1024 x 256 and from 64 x 256: the first of equals, in the order bound
+    tied = [b for b in bound if (b["params"]["pred"], b["params"]["target"]) == ("bfloat16", "uint8")]
+    assert [b["problem"]["batch"] for b in tied[:2]] == [1024, 64]
+    assert ops.served([256, 256], torch.bfloat16, torch.uint8) == tied[0]["variant"] != tied[1]["variant"]
     # One fused winner: every pair binds its parameters, so every forward keeps room for a saved gradient.
     assert all(ops.keeps_saved_grad(getattr(torch, p), getattr(torch, t))
                for p in giou.PRED_DTYPES for t in giou.TARGET_DTYPES)
