@@ -232,7 +232,8 @@ def test_a_joined_winner_is_exported_and_its_nearest_point_taken_by_halves(tmp_p
     source = (out / entry["source"]).read_text()
     assert source.count("embedding_bag.bfloat16.int64.kernel.block.8.1.b256.direct.sorted") >= 2
     bound = _bound("embedding_bag", [entry])
-    assert [b["variant"] for b in bound] == [joined.name]  # untuned pairs are torch's: nothing bound for them
+    # untuned pairs are torch's: nothing bound for them; the modes no search tuned bind the tuned one's variant
+    assert [(b["variant"], b["problem"]["mode"]) for b in bound] == [(joined.name, m) for m in ("sum", "mean", "max")]
     # where a family has no baseline, an untuned pair binds each half moved to its nearest valid point
     # (float32: 8 elements per load is over 16 bytes there)
     assert binaries._nearest(embedding_bag.space("float32"), joined).name == (

@@ -116,6 +116,45 @@ def test_the_op_binds_the_measured_shapes_and_the_manifest_says_so(tmp_path):
     assert "measured at 4 shapes around them: variants serve 2, torch's op 2" in manifest["serving"]["bfloat16/bfloat16"]
 
 
+def test_a_mode_no_search_tuned_is_bound_as_the_tuned_mode_and_the_manifest_says_so(tmp_path):
+    """EmbeddingBag's export binds a mode no search tuned in a pair as the pair's tuned mode: each of
+    its binds again (variants and torch's, tuned problems and measured shapes) with the mode changed,
+    so that a call of that mode runs the variant where the tuned mode's did, not torch's op behind its
+    guard; a mode a search tuned (even one torch won) keeps its own, and a family without kinds is
+    bound as before."""
+    from tuner.families.embedding_bag import op
+
+    space = embedding_bag.space("float32", "int64")
+    tuned = _entry(space, embedding_bag.Problem(mode="sum").__dict__)
+    points = regions.grid("embedding_bag", [tuned])[:2]
+    decided = [{**p, "served_by": who, "checked": {}} for p, who in zip(points, ("variant", "torch"))]
+    bound = binaries.bound(embedding_bag, op.OP, [tuned], decided)
+    by_mode = {m: [b for b in bound if b["problem"]["mode"] == m] for m in embedding_bag.MODES}
+    assert [b.get("served_by", "variant") for b in by_mode["sum"]] == ["variant", "variant", "torch"]
+    for mode in ("mean", "max"):
+        assert [{**b, "problem": {**b["problem"], "mode": "sum"}} for b in by_mode[mode]] == \
+            [{**b, "served_as": "sum"} for b in by_mode["sum"]]
+        assert [op.OP.shape(b["problem"]) for b in by_mode[mode]] == \
+            [(op.OP.shape(b["problem"])[0], embedding_bag.MODES.index(mode)) for b in by_mode["sum"]]
+    assert all(b["problem"]["weight"] == "float32" and b["problem"]["index"] == "int64" for b in bound)
+
+    torch_won_max = {**_entry(space, embedding_bag.Problem(mode="max").__dict__), "served_by": "torch"}
+    del torch_won_max["variant"]
+    modes = [(b["problem"]["mode"], b.get("served_as")) for b in binaries.bound(embedding_bag, op.OP,
+                                                                               [tuned, torch_won_max])]
+    assert modes == [("sum", None), ("max", None), ("mean", "sum")]
+    from tuner.families.rms_norm import op as rms_norm_op
+
+    plain = binaries.bound(rms_norm, rms_norm_op.OP, [_entry(rms_norm.space(), rms_norm.Problem().__dict__)])
+    assert plain and not any("served_as" in b for b in plain)
+
+    winners = [{"variant": space.variant(**tuned["params"]), "problem": tuned["problem"]}]
+    manifest = export.read(export.write(tmp_path / "exp", winners, {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"},
+                                        binaries=False, regions=decided))
+    assert "mode max, mean (no search tuned them) as sum's" in manifest["serving"]["float32/int64"]
+    assert manifest["serving"]["float16/int64"] == "torch's op (no variant was tuned for this pair)"
+
+
 @pytest.mark.gpu
 def test_measured_shapes_decide_who_serves_a_call(tmp_path, shared_home):
     """On the GPU: the op timed against torch's op around an RMSNorm problem, and the loaded op serves

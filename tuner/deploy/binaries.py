@@ -39,10 +39,12 @@ def bound(fam, spec, entries: list[dict], regions: list[dict] = ()) -> list[dict
     and torch's op for it is fused (`OpSpec.unfused`); else every entry's parameters are rendered for
     it (the nearest valid point; of a joined variant, each half's; where torch's op is unfused, also
     those of a problem torch's fused op won), with `tuned_for` naming the pair they were tuned for and
-    the problem given the pair's own dtypes. `fam`: the family's module, `spec` its op's OpSpec."""
+    the problem given the pair's own dtypes. A kind no search tuned in a tuned pair (`_untuned_kinds`)
+    is bound as the pair's first tuned kind is. `fam`: the family's module, `spec` its op's OpSpec."""
     baseline = spec.baseline
     out = []
     for space in fam.all_spaces():
+        start = len(out)
         same = [e for e in entries if fam.space_for(e["problem"]).fixed == space.fixed]
         for e in same:
             if baseline and e.get("served_by") == "torch":
@@ -57,6 +59,7 @@ def bound(fam, spec, entries: list[dict], regions: list[dict] = ()) -> list[dict
                 out.append({"problem": r["problem"], "served_by": "torch"})
             else:
                 out.append({**tuned[r["near"]], "problem": r["problem"]})
+        out += _untuned_kinds(fam, out[start:])
         unfused = spec.unfused is not None and spec.unfused(space.fixed)
         if same or (baseline and spec.untuned_by_baseline and not unfused):
             continue
@@ -68,6 +71,23 @@ def bound(fam, spec, entries: list[dict], regions: list[dict] = ()) -> list[dict
             out.append({"problem": {**e["problem"], **space.fixed}, "variant": v.name, "params": v.as_dict(),
                         "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))})
     return out
+
+
+def _untuned_kinds(fam, mine: list[dict]) -> list[dict]:
+    """A tuned pair's binds again for each kind (the declaration's `kind`: EmbeddingBag's mode) that
+    none of them names, the kind changed and `served_as` naming the kind they were bound for: a
+    variant's library runs every kind (exports build them all, and a search checks its finalists in
+    each: FINALISTS_WHOLE), so an untuned kind is served as the tuned one's measurements say, not
+    by torch's op behind its guard (a launch more, which decides a small call). The first tuned
+    kind in the declaration's order is the one copied."""
+    op = getattr(fam, "OP_DECLARATION", None)
+    if op is None or op.kind is None or not any("variant" in b for b in mine):
+        return []
+    choices = next(s for s in op.scalars if s.name == op.kind).choices
+    named = {b["problem"][op.kind] for b in mine}
+    source = next(k for k in choices if any("variant" in b and b["problem"][op.kind] == k for b in mine))
+    return [{**b, "problem": {**b["problem"], op.kind: k}, "served_as": source}
+            for k in choices if k not in named for b in mine if b["problem"][op.kind] == source]
 
 
 def serving(fam, spec, entries: list[dict], regions: list[dict] = ()) -> dict[str, str]:
@@ -93,6 +113,11 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = ()) -> dict[st
             won = [_sizes(spec, r["problem"]) for r in measured if r["served_by"] == "torch"]
             text += (f"; measured at {len(measured)} shapes around them: variants serve "
                      f"{len(measured) - len(won)}, torch's op {len(won)}" + (f" ({', '.join(won)})" if won else ""))
+        copies = [b for b in mine if b.get("served_as")]
+        if copies:
+            kind = fam.OP_DECLARATION.kind
+            kinds = ", ".join(sorted({str(b["problem"][kind]) for b in copies}))
+            text += f"; {kind} {kinds} (no search tuned them) as {copies[0]['served_as']}'s"
         said["/".join(map(str, space.fixed.values()))] = text + (f"; parameters tuned for {tuned_for}" if tuned_for else "")
     return said
 
