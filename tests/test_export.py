@@ -217,8 +217,8 @@ def test_pairs_torch_does_not_fuse_are_bound_with_the_tuned_parameters():
 
 def test_a_joined_winner_is_exported_and_its_nearest_point_taken_by_halves(tmp_path):
     """A winner joining one variant's forward to another's backward (EmbeddingBag, bfloat16):
-    its source holds both; the nearest point of another dtype pair is each half's, joined (what a
-    family without a baseline binds for an untuned pair; EmbeddingBag's are torch's)."""
+    its source holds both; the nearest point of another dtype pair is each half's, joined (what an
+    untuned pair binds)."""
     from tuner.families import embedding_bag
     from tuner.variant import Variant
 
@@ -232,10 +232,12 @@ def test_a_joined_winner_is_exported_and_its_nearest_point_taken_by_halves(tmp_p
     source = (out / entry["source"]).read_text()
     assert source.count("embedding_bag.bfloat16.int64.kernel.block.8.1.b256.direct.sorted") >= 2
     bound = _bound("embedding_bag", [entry])
-    # untuned pairs are torch's: nothing bound for them; the modes no search tuned bind the tuned one's variant
-    assert [(b["variant"], b["problem"]["mode"]) for b in bound] == [(joined.name, m) for m in ("sum", "mean", "max")]
-    # where a family has no baseline, an untuned pair binds each half moved to its nearest valid point
-    # (float32: 8 elements per load is over 16 bytes there)
+    # the modes no search tuned bind the tuned one's variant; an untuned pair its halves' nearest points, joined
+    assert [(b["variant"], b["problem"]["mode"]) for b in bound if b["problem"]["weight"] == "bfloat16"
+            and b["problem"]["index"] == "int64"] == [(joined.name, m) for m in ("sum", "mean", "max")]
+    assert {b["variant"] for b in bound if b["problem"]["weight"] == "float32" and b["problem"]["index"] == "int64"} \
+        == {binaries._nearest(embedding_bag.space("float32"), joined).name}
+    # each half moved to its nearest valid point (float32: 8 elements per load is over 16 bytes there)
     assert binaries._nearest(embedding_bag.space("float32"), joined).name == (
         "embedding_bag.float32.int64.kernel.block.1.1.b256.direct."
         "sorted.bwd.float32.int64.none.subwarp.split32.1.1.b128.shared.sorted")
@@ -296,12 +298,14 @@ def test_cli_export_best(artifact, tuner_home):
 @pytest.mark.parametrize("family, says", [
     ("giou", "other shapes and dtype pairs run the nearest tuned problem's parameters"),
     ("rms_norm", "dtype pairs and shapes far from every tuned problem are served by torch's op"),
-    ("embedding_bag", "dtype pairs and shapes far from every tuned problem are served by torch's op"),
+    ("embedding_bag", "shapes far from every tuned problem of their dtype pair are served by torch's op; "
+                      "untuned dtype pairs run the nearest tuned problem's parameters"),
     ("cross_entropy", "torch's op is unfused for every dtype pair")])
 def test_export_best_says_what_serves_calls_near_no_tuned_problem(family, says):
     """GIoU's baseline serves only the problems where it won (no reach, untuned pairs bound to the
-    nearest parameters); RMSNorm's and EmbeddingBag's serve untuned pairs and far shapes too, but
-    RMSNorm's pairs torch does not fuse, and every cross-entropy pair, run variants."""
+    nearest parameters); EmbeddingBag's far shapes too (its untuned pairs bound to the nearest
+    parameters); RMSNorm's untuned pairs and far shapes, but its pairs torch does not fuse, and
+    every cross-entropy pair, run variants."""
     from tuner import families
     from tuner.cli.studies import elsewhere
 

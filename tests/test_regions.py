@@ -128,7 +128,8 @@ def test_a_mode_no_search_tuned_is_bound_as_the_tuned_mode_and_the_manifest_says
     tuned = _entry(space, embedding_bag.Problem(mode="sum").__dict__)
     points = regions.grid("embedding_bag", [tuned])[:2]
     decided = [{**p, "served_by": who, "checked": {}} for p, who in zip(points, ("variant", "torch"))]
-    bound = binaries.bound(embedding_bag, op.OP, [tuned], decided)
+    bound = [b for b in binaries.bound(embedding_bag, op.OP, [tuned], decided)
+             if (b["problem"]["weight"], b["problem"]["index"]) == ("float32", "int64")]
     by_mode = {m: [b for b in bound if b["problem"]["mode"] == m] for m in embedding_bag.MODES}
     assert [b.get("served_by", "variant") for b in by_mode["sum"]] == ["variant", "variant", "torch"]
     for mode in ("mean", "max"):
@@ -136,12 +137,12 @@ def test_a_mode_no_search_tuned_is_bound_as_the_tuned_mode_and_the_manifest_says
             [{**b, "served_as": "sum"} for b in by_mode["sum"]]
         assert [op.OP.shape(b["problem"]) for b in by_mode[mode]] == \
             [(op.OP.shape(b["problem"])[0], embedding_bag.MODES.index(mode)) for b in by_mode["sum"]]
-    assert all(b["problem"]["weight"] == "float32" and b["problem"]["index"] == "int64" for b in bound)
 
     torch_won_max = {**_entry(space, embedding_bag.Problem(mode="max").__dict__), "served_by": "torch"}
     del torch_won_max["variant"]
     modes = [(b["problem"]["mode"], b.get("served_as")) for b in binaries.bound(embedding_bag, op.OP,
-                                                                               [tuned, torch_won_max])]
+                                                                               [tuned, torch_won_max])
+             if (b["problem"]["weight"], b["problem"]["index"]) == ("float32", "int64")]
     assert modes == [("sum", None), ("max", None), ("mean", "sum")]
     from tuner.families.rms_norm import op as rms_norm_op
 
@@ -152,7 +153,35 @@ def test_a_mode_no_search_tuned_is_bound_as_the_tuned_mode_and_the_manifest_says
     manifest = export.read(export.write(tmp_path / "exp", winners, {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"},
                                         binaries=False, regions=decided))
     assert "mode max, mean (no search tuned them) as sum's" in manifest["serving"]["float32/int64"]
-    assert manifest["serving"]["float16/int64"] == "torch's op (no variant was tuned for this pair)"
+    assert manifest["serving"]["float16/int64"].endswith("as sum's; parameters tuned for float32/int64")
+
+
+def test_an_untuned_dtype_pair_of_embedding_bag_is_bound_as_the_tuned_pair_at_its_shapes_and_verdicts():
+    """A dtype pair no search tuned binds the tuned pair's parameters rendered for its dtypes (the
+    nearest valid point: 16-bit weights take the sorted backward) at the tuned problems and at every
+    measured shape, torch's op where the tuned pair's verdict was torch's, each mode as the tuned one."""
+    from tuner.families.embedding_bag import op
+
+    space = embedding_bag.space("float32", "int64")
+    tuned = _entry(space, embedding_bag.Problem(mode="sum").__dict__)
+    points = regions.grid("embedding_bag", [tuned])[:2]
+    decided = [{**p, "served_by": who, "checked": {}} for p, who in zip(points, ("variant", "torch"))]
+    bound = binaries.bound(embedding_bag, op.OP, [tuned], decided)
+    pairs = {(w, i) for w in embedding_bag.WEIGHT_DTYPES for i in embedding_bag.INDEX_DTYPES}
+    assert {(b["problem"]["weight"], b["problem"]["index"]) for b in bound} == pairs
+    for w, i in pairs:
+        mine = [b for b in bound if (b["problem"]["weight"], b["problem"]["index"]) == (w, i)]
+        assert len(mine) == 3 * 3  # the tuned problem and two measured shapes, in each mode
+        sizes = [({k: b["problem"][k] for k in ("dim", "bag_size", "mode")}, b.get("served_by", "variant"))
+                 for b in mine]
+        assert sizes[:3] == [({k: p["problem"][k] for k in ("dim", "bag_size", "mode")}, who)
+                             for p, who in ((tuned, "variant"), *zip(decided, ("variant", "torch")))]
+        variants = {b["variant"] for b in mine if "variant" in b}
+        assert len(variants) == 1 and f"embedding_bag.{w}.{i}." in variants.pop()
+        if (w, i) != ("float32", "int64"):
+            assert all(b["tuned_for"] == "float32/int64" for b in mine if "variant" in b)
+            if w != "float32":  # float atomics are float32's alone: the nearest point's backward is sorted
+                assert all(b["params"]["backward"] == "sorted" for b in mine if "variant" in b)
 
 
 @pytest.mark.gpu

@@ -39,37 +39,59 @@ def bound(fam, spec, entries: list[dict], regions: list[dict] = ()) -> list[dict
     and torch's op for it is fused (`OpSpec.unfused`); else every entry's parameters are rendered for
     it (the nearest valid point; of a joined variant, each half's; where torch's op is unfused, also
     those of a problem torch's fused op won), with `tuned_for` naming the pair they were tuned for and
-    the problem given the pair's own dtypes. A kind no search tuned in a tuned pair (`_untuned_kinds`)
-    is bound as the pair's first tuned kind is. `fam`: the family's module, `spec` its op's OpSpec."""
+    the problem given the pair's own dtypes, and, where torch's op is fused, the measured shapes as
+    the tuned pair's verdicts say. A kind no search tuned in a pair (`_untuned_kinds`) is bound as
+    the pair's first tuned kind is. `fam`: the family's module, `spec` its op's OpSpec."""
     baseline = spec.baseline
     out = []
     for space in fam.all_spaces():
         start = len(out)
         same = [e for e in entries if fam.space_for(e["problem"]).fixed == space.fixed]
-        for e in same:
-            if baseline and e.get("served_by") == "torch":
-                out.append({"problem": e["problem"], "served_by": "torch"})
-                continue
-            out.append({"problem": e["problem"], "variant": e["variant"], "params": e["params"], "tuned_for": ""})
-        tuned = {problem_key(b["problem"]): b for b in out if "variant" in b}
-        for r in regions:
-            if fam.space_for(r["problem"]).fixed != space.fixed:
-                continue
-            if r["served_by"] == "torch" or r["near"] not in tuned:
-                out.append({"problem": r["problem"], "served_by": "torch"})
-            else:
-                out.append({**tuned[r["near"]], "problem": r["problem"]})
-        out += _untuned_kinds(fam, out[start:])
         unfused = spec.unfused is not None and spec.unfused(space.fixed)
-        if same or (baseline and spec.untuned_by_baseline and not unfused):
+        if same:
+            out += _tuned_pair(fam, baseline, same, regions, space.fixed)
+        elif not (baseline and spec.untuned_by_baseline and not unfused):
+            out += _untuned_pair(fam, baseline, entries, [] if unfused else regions, space, unfused)
+        out += _untuned_kinds(fam, out[start:])
+    return out
+
+
+def _tuned_pair(fam, baseline: bool, same: list[dict], regions, fixed: dict) -> list[dict]:
+    """A tuned pair's binds: its entries, then its measured shapes."""
+    out = []
+    for e in same:
+        if baseline and e.get("served_by") == "torch":
+            out.append({"problem": e["problem"], "served_by": "torch"})
             continue
-        for e in entries:
-            if baseline and e.get("served_by") == "torch" and not unfused:  # torch beat the tuned pair's winner
-                out.append({"problem": {**e["problem"], **space.fixed}, "served_by": "torch"})
-                continue
-            v = _nearest(space, Variant.of(fam.FAMILY, e["params"]))
-            out.append({"problem": {**e["problem"], **space.fixed}, "variant": v.name, "params": v.as_dict(),
-                        "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))})
+        out.append({"problem": e["problem"], "variant": e["variant"], "params": e["params"], "tuned_for": ""})
+    tuned = {problem_key(b["problem"]): b for b in out if "variant" in b}
+    for r in regions:
+        if fam.space_for(r["problem"]).fixed != fixed:
+            continue
+        if r["served_by"] == "torch" or r["near"] not in tuned:
+            out.append({"problem": r["problem"], "served_by": "torch"})
+        else:
+            out.append({**tuned[r["near"]], "problem": r["problem"]})
+    return out
+
+
+def _untuned_pair(fam, baseline: bool, entries: list[dict], regions, space, unfused: bool) -> list[dict]:
+    """An untuned pair's binds: every entry's parameters rendered for it at the entry's problem in
+    the pair's dtypes, then every measured shape as its tuned pair's verdict says."""
+    out, near = [], {}
+    for e in entries:
+        if baseline and e.get("served_by") == "torch" and not unfused:  # torch beat the tuned pair's winner
+            out.append({"problem": {**e["problem"], **space.fixed}, "served_by": "torch"})
+            continue
+        v = _nearest(space, Variant.of(fam.FAMILY, e["params"]))
+        out.append({"problem": {**e["problem"], **space.fixed}, "variant": v.name, "params": v.as_dict(),
+                    "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))})
+        near[problem_key(e["problem"])] = out[-1]
+    for r in regions:
+        if r["served_by"] == "torch" or r["near"] not in near:
+            out.append({"problem": {**r["problem"], **space.fixed}, "served_by": "torch"})
+        else:
+            out.append({**near[r["near"]], "problem": {**r["problem"], **space.fixed}})
     return out
 
 
