@@ -41,7 +41,7 @@ def rms(shared_home, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bag(shared_home, tmp_path_factory):
-    """Variants for every weight dtype with int64 indices (int32 pairs are torch's)."""
+    """Variants for every weight dtype with int64 indices (int32 pairs: the same parameters rendered for them)."""
     winners = []
     for weight in eb.WEIGHT_DTYPES:
         params = {"weight": weight, "index": "int64", "validation": "hoisted", "mapping": "warp", "split": None,
