@@ -149,12 +149,9 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float =
 
 FUNCTIONS = {"embedding_bag": embedding_bag}
 # A tuned problem serves calls within 4x of its dim x mean bag size (log distance ln 4), as do the
-# shapes around it the export measured where a variant won (tuner.deploy.regions: with the guard in
-# front of torch's op, a grid down to 16x smaller, where small calls are bound by the host); a mode
-# no search tuned as the tuned one, an untuned dtype pair with the nearest tuned parameters rendered
-# for its dtypes, at the same shapes: torch's op behind its guard (a launch and copies more, which
-# decide a small call; torch's 16-bit kernels are 2.6x slower at the PR's configuration) serves only
-# where it won, and farther.
+# shapes the export measured around it where a variant won (tuner.deploy.regions); untuned modes and
+# dtype pairs (tuned parameters rendered for them) likewise: torch's op behind its guard (a launch
+# more, which decides a small call) serves where it won, and farther.
 OP = opspec.spec(OP_DECLARATION, "embedding_bag", reference=reference, torch_op=torch_embedding_bag,
                  reach=math.log(4), extras={"F_embedding_bag": embedding_bag}, dtype_fields={"indices": "index"},
                  untuned_by_baseline=False)
