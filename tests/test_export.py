@@ -243,6 +243,34 @@ def test_a_joined_winner_is_exported_and_its_nearest_point_taken_by_halves(tmp_p
         "sorted.bwd.float32.int64.none.subwarp.split32.1.1.b128.shared.sorted")
 
 
+def test_a_rendering_for_an_untuned_pair_that_fails_to_build_is_left_to_torch_s_op(tmp_path, monkeypatch, capsys):
+    """An export builds the tuned parameters rendered for EmbeddingBag's untuned pairs, which no
+    search built: one that fails to compile leaves its pair's calls to torch's op (with a word why),
+    not the whole export; a tuned winner that fails still fails the export."""
+    from tuner.build import compile as build
+    from tuner.build import render
+    from tuner.families import embedding_bag
+
+    def planted(variant, focus=None):  # 16-bit renderings do not compile
+        text = render.render(variant, focus)
+        return text + "\n#error planted\n" if ".float16." in variant.name else text
+
+    monkeypatch.setattr(build, "render", planted)
+    v = embedding_bag.space("float32", "int64").variant(validation="hoisted", mapping="warp", vec=4, unroll=2,
+                                                        block_size=128, staging="direct", backward="atomic")
+    problem = embedding_bag.Problem(rows=1000, dim=64, bags=32, bag_size=8).__dict__
+    gpu = {"gpu_name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}
+    out = export.write(tmp_path / "eb", [{"variant": v, "problem": problem}], gpu)
+    bound = export.read(out)["binaries"]["bound"]
+    assert "failed to build for sm_90: torch's op serves those calls" in capsys.readouterr().err
+    half = [b for b in bound if b["problem"]["weight"] == "float16"]
+    assert half and all(b.get("served_by") == "torch" and "library" not in b for b in half)
+    assert all("library" in b for b in bound if b["problem"]["weight"] != "float16")
+    with pytest.raises(TunerError, match="building embedding_bag.float16"):
+        export.write(tmp_path / "eb16", [{"variant": embedding_bag.space("float16", "int64").variant(
+            **{**v.as_dict(), "weight": "float16", "backward": "sorted"}), "problem": {**problem, "weight": "float16"}}], gpu)
+
+
 def test_cpu_implementation_equals_the_reference(artifact):
     out, _ = artifact
     op = tuner.load(out)

@@ -184,6 +184,27 @@ def test_an_untuned_dtype_pair_of_embedding_bag_is_bound_as_the_tuned_pair_at_it
                 assert all(b["params"]["backward"] == "sorted" for b in mine if "variant" in b)
 
 
+def test_an_untuned_pair_takes_one_tuned_pair_the_nearest_in_dtypes():
+    """With several tuned pairs, an untuned pair is bound as one of them: the one sharing its weight
+    dtype, else its index dtype (the first such): two pairs' verdicts at one shape never meet, and
+    the manifest's words name the pair whose measurements it took."""
+    from tuner.families.embedding_bag import op
+
+    tuned = [_entry(embedding_bag.space(w, "int64"), embedding_bag.Problem(weight=w, mode="sum").__dict__)
+             for w in ("float32", "bfloat16")]
+    points = regions.grid("embedding_bag", tuned)
+    decided = [{**p, "served_by": "torch" if i % 3 == 0 else "variant", "checked": {}} for i, p in enumerate(points)]
+    bound = binaries.bound(embedding_bag, op.OP, tuned, decided)
+    for (w, i), source in {("bfloat16", "int32"): "bfloat16/int64", ("float32", "int32"): "float32/int64",
+                           ("float16", "int64"): "float32/int64", ("float16", "int32"): "float32/int64"}.items():
+        mine = [b for b in bound if (b["problem"]["weight"], b["problem"]["index"]) == (w, i) and b["problem"]["mode"] == "sum"]
+        assert {b["tuned_for"] for b in mine if "variant" in b} == {source}
+        theirs = [r for r in decided if f"{r['problem']['weight']}/{r['problem']['index']}" == source]
+        assert [b.get("served_by", "variant") for b in mine[1:]] == [r["served_by"] for r in theirs]
+        said = binaries.serving(embedding_bag, op.OP, tuned, decided)[f"{w}/{i}"]
+        assert f"shapes around them of {source}: variants serve" in said and said.endswith(f"parameters tuned for {source}")
+
+
 @pytest.mark.gpu
 def test_measured_shapes_decide_who_serves_a_call(tmp_path, shared_home):
     """On the GPU: the op timed against torch's op around an RMSNorm problem, and the loaded op serves

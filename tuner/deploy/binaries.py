@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,14 @@ def bound(fam, spec, entries: list[dict], regions: list[dict] = ()) -> list[dict
     and torch's op for it is fused (`OpSpec.unfused`); else every entry's parameters are rendered for
     it (the nearest valid point; of a joined variant, each half's; where torch's op is unfused, also
     those of a problem torch's fused op won), with `tuned_for` naming the pair they were tuned for and
-    the problem given the pair's own dtypes, and, where torch's op is fused, the measured shapes as
-    the tuned pair's verdicts say. A kind no search tuned in a pair (`_untuned_kinds`) is bound as
-    the pair's first tuned kind is. `fam`: the family's module, `spec` its op's OpSpec."""
+    the problem given the pair's own dtypes; where torch's op is fused and serves beyond a reach,
+    the tuned pair nearest it in dtypes alone (`_source`), its entries and measured shapes as its
+    verdicts say. A kind no search tuned in a pair
+    (`_untuned_kinds`) is bound as the pair's first tuned kind is. `fam`: the family's module, `spec`
+    its op's OpSpec."""
     baseline = spec.baseline
     out = []
+    tuned = [s.fixed for s in fam.all_spaces() if any(fam.space_for(e["problem"]).fixed == s.fixed for e in entries)]
     for space in fam.all_spaces():
         start = len(out)
         same = [e for e in entries if fam.space_for(e["problem"]).fixed == space.fixed]
@@ -51,9 +55,23 @@ def bound(fam, spec, entries: list[dict], regions: list[dict] = ()) -> list[dict
         if same:
             out += _tuned_pair(fam, baseline, same, regions, space.fixed)
         elif not (baseline and spec.untuned_by_baseline and not unfused):
-            out += _untuned_pair(fam, baseline, entries, [] if unfused else regions, space, unfused)
+            # within a reach of the tuned problems, as one tuned pair (the nearest in dtypes) is served;
+            # else every entry's parameters (the nearest of them serves a call)
+            source = _source(space.fixed, tuned) if spec.reach > 0 and not unfused else None
+            mine = [e for e in entries if source is None or fam.space_for(e["problem"]).fixed == source]
+            measured = [r for r in regions if source is not None and fam.space_for(r["problem"]).fixed == source]
+            out += _untuned_pair(fam, baseline, mine, measured, space, unfused)
         out += _untuned_kinds(fam, out[start:])
     return out
+
+
+def _source(fixed: dict, tuned: list[dict]) -> dict | None:
+    """The tuned pair whose measured shapes an untuned pair takes: the one that shares its first
+    dtype (a weight's, x's), else its second, ...; the first such in the family's order. One
+    pair's verdicts, so that two tuned pairs' differing verdicts at a shape never meet in one."""
+    if not tuned:
+        return None
+    return max(tuned, key=lambda t: tuple(t.get(k) == v for k, v in fixed.items()))
 
 
 def _tuned_pair(fam, baseline: bool, same: list[dict], regions, fixed: dict) -> list[dict]:
@@ -116,6 +134,7 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = ()) -> dict[st
     """Who serves each dtype pair's calls, in words (the manifest's `serving`, by pair "x/weight"),
     as `bound` binds them and the binding chooses: the same rule, said once per pair."""
     binds = bound(fam, spec, entries)
+    tuned = [s.fixed for s in fam.all_spaces() if any(fam.space_for(e["problem"]).fixed == s.fixed for e in entries)]
     said = {}
     for space in fam.all_spaces():
         mine = [b for b in binds if fam.space_for(b["problem"]).fixed == space.fixed]
@@ -131,9 +150,15 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = ()) -> dict[st
             text = (f"variants within {math.exp(spec.reach):.0f}x of their tuned problems, torch's op farther"
                     + torch_won)
         measured = [r for r in regions if fam.space_for(r["problem"]).fixed == space.fixed]
+        taken = ""  # an untuned pair bound with variants takes its source pair's measured shapes (`bound`)
+        if space.fixed not in tuned and tuned_for and spec.reach > 0 and not (spec.unfused is not None
+                                                                             and spec.unfused(space.fixed)):
+            source = _source(space.fixed, tuned)
+            measured = [r for r in regions if fam.space_for(r["problem"]).fixed == source]
+            taken = " of " + "/".join(map(str, source.values()))
         if measured:
             won = [_sizes(spec, r["problem"]) for r in measured if r["served_by"] == "torch"]
-            text += (f"; measured at {len(measured)} shapes around them: variants serve "
+            text += (f"; measured at {len(measured)} shapes around them{taken}: variants serve "
                      f"{len(measured) - len(won)}, torch's op {len(won)}" + (f" ({', '.join(won)})" if won else ""))
         copies = [b for b in mine if b.get("served_as")]
         if copies:
@@ -159,29 +184,38 @@ def _nearest(space, v: Variant) -> Variant:
 
 
 def build_variants(fam, winners: list[dict], arch: str, sources: dict[str, str] | None = None,
-                   jobs: int | None = None, root: Path | None = None) -> tuple[list[dict], dict[str, Path]]:
+                   jobs: int | None = None, root: Path | None = None,
+                   baseline: bool = False) -> tuple[list[dict], dict[str, Path]]:
     """Build the bound winners of the family `fam` (its module) for `arch` (cached); returns them
     with the `library` and `entry` of each (none for a problem the baseline serves), and the
-    libraries by name."""
+    libraries by name. A tuned winner that fails to build fails the whole; with a `baseline`, one
+    rendered for an untuned pair (no search built it) is left to torch's op, with a word why."""
     variants = {w["variant"]: Variant.of(fam.FAMILY, w["params"]) for w in winners if "variant" in w}
     if not variants:
         return winners, {}
     builds = {b.variant.name: b for b in build.build(list(variants.values()), arch, jobs=jobs, root=root,
                                                        sources=sources, serving=True)}
-    failed = [b for b in builds.values() if not b.ok]
+    failed = {b.variant.name: b for b in builds.values() if not b.ok}
+    rendered = {w["variant"] for w in winners if w.get("tuned_for")}
+    fatal = [b for name, b in failed.items() if not baseline or name not in rendered]
+    if fatal:
+        raise TunerError(f"{fam.FAMILY}: building {fatal[0].variant.name} for {arch} failed:\n{fatal[0].error}")
     if failed:
-        raise TunerError(f"{fam.FAMILY}: building {failed[0].variant.name} for {arch} failed:\n{failed[0].error}")
+        print(f"{fam.FAMILY}: {', '.join(sorted(failed))} (parameters rendered for a dtype pair no search tuned) "
+              f"failed to build for {arch}: torch's op serves those calls", file=sys.stderr)
+        winners = [{"problem": w["problem"], "served_by": "torch"} if w.get("variant") in failed else w for w in winners]
     entry = fam.ENTRY
     placed = [{**w, "library": builds[w["variant"]].so.name, "entry": builds[w["variant"]].entry or entry}
               if "variant" in w else w for w in winners]
-    return placed, {b.so.name: b.so for b in builds.values()}
+    return placed, {b.so.name: b.so for b in builds.values() if b.ok}
 
 
 def write(out: Path, fam, spec, entries: list[dict], arch: str, regions: list[dict] = ()) -> dict[str, Any]:
     """Build and copy an export's binaries into `out`; returns the manifest's `binaries`.
     The variants of one export are compiled together (one translation unit of up to 16)."""
     winners = bound(fam, spec, entries, regions)
-    placed, libraries = build_variants(fam, winners, arch, jobs=1, root=paths.cache_dir() / "exports")
+    placed, libraries = build_variants(fam, winners, arch, jobs=1, root=paths.cache_dir() / "exports",
+                                       baseline=spec.baseline)
     hashes = {}
     for name, path in libraries.items():
         shutil.copyfile(path, out / name)

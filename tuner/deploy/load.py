@@ -82,7 +82,7 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
             libraries = {lib: directory / lib for lib in built["libraries"]}
         elif not reference:  # the binding's branch above said why (or the warning on another arch)
             sources = {e["variant"]: (directory / e["source"]).read_text() for e in manifest["entries"]}
-            winners, libraries = binaries.build_variants(fam, winners, arch, sources=sources)
+            winners, libraries = binaries.build_variants(fam, winners, arch, sources=sources, baseline=spec.baseline)
     return runtime.bind(spec, binding_path, winners, libraries, validate=validate, reference=reference,
                         baseline=baseline)
 
