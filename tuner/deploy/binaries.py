@@ -47,7 +47,7 @@ def bound(fam, spec, entries: list[dict], regions: list[dict] = ()) -> list[dict
     its op's OpSpec."""
     baseline = spec.baseline
     out = []
-    tuned = [s.fixed for s in fam.all_spaces() if any(fam.space_for(e["problem"]).fixed == s.fixed for e in entries)]
+    tuned = _tuned_pairs(fam, entries)
     for space in fam.all_spaces():
         start = len(out)
         same = [e for e in entries if fam.space_for(e["problem"]).fixed == space.fixed]
@@ -63,6 +63,12 @@ def bound(fam, spec, entries: list[dict], regions: list[dict] = ()) -> list[dict
             out += _untuned_pair(fam, baseline, mine, measured, space, unfused)
         out += _untuned_kinds(fam, out[start:])
     return out
+
+
+def _tuned_pairs(fam, entries: list[dict]) -> list[dict]:
+    """The fixed dtypes of every pair some entry was tuned for, in the family's order."""
+    named = [fam.space_for(e["problem"]).fixed for e in entries]
+    return [s.fixed for s in fam.all_spaces() if s.fixed in named]
 
 
 def _source(fixed: dict, tuned: list[dict]) -> dict | None:
@@ -114,7 +120,7 @@ def _untuned_pair(fam, baseline: bool, entries: list[dict], regions, space, unfu
 
 
 def _untuned_kinds(fam, mine: list[dict]) -> list[dict]:
-    """A tuned pair's binds again for each kind (the declaration's `kind`: EmbeddingBag's mode) that
+    """A pair's binds again for each kind (the declaration's `kind`: EmbeddingBag's mode) that
     none of them names, the kind changed and `served_as` naming the kind they were bound for: a
     variant's library runs every kind (exports build them all, and a search checks its finalists in
     each: FINALISTS_WHOLE), so an untuned kind is served as the tuned one's measurements say, not
@@ -134,7 +140,7 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = ()) -> dict[st
     """Who serves each dtype pair's calls, in words (the manifest's `serving`, by pair "x/weight"),
     as `bound` binds them and the binding chooses: the same rule, said once per pair."""
     binds = bound(fam, spec, entries)
-    tuned = [s.fixed for s in fam.all_spaces() if any(fam.space_for(e["problem"]).fixed == s.fixed for e in entries)]
+    tuned = _tuned_pairs(fam, entries)
     said = {}
     for space in fam.all_spaces():
         mine = [b for b in binds if fam.space_for(b["problem"]).fixed == space.fixed]
