@@ -140,6 +140,10 @@ class Op:
     def scalars(self) -> list[Scalar]:
         return [a for a in self.inputs if isinstance(a, Scalar)]
 
+    def choices(self, scalar: str) -> tuple:
+        """The words a str scalar takes (its declared `choices`), by the scalar's name."""
+        return next(s.choices for s in self.scalars if s.name == scalar)
+
     @functools.cached_property
     def nullable(self) -> list[str]:
         """The inputs the variants may get as a null pointer (optional="null")."""

@@ -344,7 +344,7 @@ def shape_key(op: declare.Op, problem: dict) -> tuple[list[int], int]:
     if op.kind not in problem:
         raise KeyError(f"{op.name}: a problem names its {op.kind} (its winners are kept by it): give the family's "
                        f"problem_class scalars=({op.kind!r},)")
-    return key, next(s for s in op.scalars if s.name == op.kind).choices.index(problem[op.kind])
+    return key, op.choices(op.kind).index(problem[op.kind])
 
 
 def pair(op: declare.Op, problem: dict, fields: dict | None = None) -> int:

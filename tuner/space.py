@@ -338,7 +338,7 @@ def kernel_arg(op: declare.Op, scalar: str):
     EmbeddingBag's mode): ptxas's kernel names read by the word, and a search that renders the
     kernels of its problem's word alone (`only`: a third of the compile where there are three; the
     same machine code for them). Exports render every word."""
-    choices = next(s for s in op.scalars if s.name == scalar).choices
+    choices = op.choices(scalar)
 
     def search_focus(problem: Mapping[str, Any]) -> dict[str, Any]:
         return {"only": problem[scalar]}

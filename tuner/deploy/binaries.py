@@ -55,9 +55,7 @@ def bound(fam, spec, entries: list[dict], regions: list[dict] = ()) -> list[dict
         if same:
             out += _tuned_pair(fam, baseline, same, regions, space.fixed)
         elif not (baseline and spec.untuned_by_baseline and not unfused):
-            # within a reach of the tuned problems, as one tuned pair (the nearest in dtypes) is served;
-            # else every entry's parameters (the nearest of them serves a call)
-            source = _source(space.fixed, tuned) if spec.reach > 0 and not unfused else None
+            source = _source(spec, space.fixed, tuned)
             mine = [e for e in entries if source is None or fam.space_for(e["problem"]).fixed == source]
             measured = [r for r in regions if source is not None and fam.space_for(r["problem"]).fixed == source]
             out += _untuned_pair(fam, baseline, mine, measured, space, unfused)
@@ -71,11 +69,12 @@ def _tuned_pairs(fam, entries: list[dict]) -> list[dict]:
     return [s.fixed for s in fam.all_spaces() if s.fixed in named]
 
 
-def _source(fixed: dict, tuned: list[dict]) -> dict | None:
-    """The tuned pair whose measured shapes an untuned pair takes: the one that shares its first
-    dtype (a weight's, x's), else its second, ...; the first such in the family's order. One
-    pair's verdicts, so that two tuned pairs' differing verdicts at a shape never meet in one."""
-    if not tuned:
+def _source(spec, fixed: dict, tuned: list[dict]) -> dict | None:
+    """The one tuned pair an untuned pair is served as, where torch's op is fused and serves beyond
+    a reach (else None: every entry's parameters, the nearest serving a call): the one that shares
+    its first dtype (a weight's, x's), else its second, ...; the first such in the family's order.
+    One pair's verdicts, so that two tuned pairs' differing verdicts at a shape never meet in one."""
+    if not tuned or spec.reach <= 0 or (spec.unfused is not None and spec.unfused(fixed)):
         return None
     return max(tuned, key=lambda t: tuple(t.get(k) == v for k, v in fixed.items()))
 
@@ -129,7 +128,7 @@ def _untuned_kinds(fam, mine: list[dict]) -> list[dict]:
     op = getattr(fam, "OP_DECLARATION", None)
     if op is None or op.kind is None or not any("variant" in b for b in mine):
         return []
-    choices = next(s for s in op.scalars if s.name == op.kind).choices
+    choices = op.choices(op.kind)
     named = {b["problem"][op.kind] for b in mine}
     source = next(k for k in choices if any("variant" in b and b["problem"][op.kind] == k for b in mine))
     return [{**b, "problem": {**b["problem"], op.kind: k}, "served_as": source}
@@ -157,9 +156,8 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = ()) -> dict[st
                     + torch_won)
         measured = [r for r in regions if fam.space_for(r["problem"]).fixed == space.fixed]
         taken = ""  # an untuned pair bound with variants takes its source pair's measured shapes (`bound`)
-        if space.fixed not in tuned and tuned_for and spec.reach > 0 and not (spec.unfused is not None
-                                                                             and spec.unfused(space.fixed)):
-            source = _source(space.fixed, tuned)
+        source = _source(spec, space.fixed, tuned) if space.fixed not in tuned and tuned_for else None
+        if source is not None:
             measured = [r for r in regions if fam.space_for(r["problem"]).fixed == source]
             taken = " of " + "/".join(map(str, source.values()))
         if measured:

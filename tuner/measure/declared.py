@@ -300,7 +300,7 @@ class Evaluation:
         `full` (a finalist): at the problem's own sizes too, with its own word."""
         worst = {"loss_error": 0.0, "grad_error": 0.0}
         kind = self.op.kind if whole and self.op.kind in problem else None
-        words = next(s.choices for s in self.op.scalars if s.name == kind) if kind else (None,)
+        words = self.op.choices(kind) if kind else (None,)
         odd = whole or self.search_odd
         checks = [c for w in words for c in self._checks(problem if w is None else {**problem, kind: w}, odd)]
         if full and sized(self.module, problem) != problem:
