@@ -3,8 +3,9 @@ variant that writes the gradient in its forward costs each reduction (docs/bench
 "Reduction none"). The variant is exported alone and loaded with `baseline=False`; each reduction's
 gradient (of an output gradient of random numbers: each row's own for none) is checked against
 float64 first, then `torch.autograd.grad` of the op's loss is timed with CUDA events (20 steps,
-median of 7 rounds). One JSON line: µs a step per reduction, the fused floor (logits read once,
-gradient written once at 3.0 TB/s).
+median of 7 rounds). One JSON line: µs a step per reduction, and the fused floor: the logits read
+once and the gradient written once at the device-to-device copy bandwidth measured in the same run
+(a copy of the logits, timed as the steps are).
 
     python tools/ce_reduction.py '{"threads_per_row": 1024, "block_size": 1024, "vec": 8, "gradient": "forward"}' \
         [--rows 4096] [--vocab 32000] [--dtype bfloat16]
@@ -49,6 +50,21 @@ def main() -> int:
     x, t = ce.make_inputs(args.rows, args.vocab, args.dtype, seed=3)
     x.requires_grad_()
     out = {"variant": v.name}
+
+    def timed(fn) -> float:  # µs a call: 5 warm-up calls, then the median of 7 rounds of 20
+        for _ in range(5):
+            fn()
+        times = []
+        for _ in range(7):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000 / 20)
+        return statistics.median(times)
+
     for reduction in ("mean", "none"):
         g = torch.rand((args.rows,) if reduction == "none" else (), device="cuda") + 0.5
         (got,) = torch.autograd.grad(op(x, t, -100, 0.0, reduction), x, g)
@@ -58,23 +74,13 @@ def main() -> int:
         if error > 1e-2:
             raise SystemExit(f"{v.name} {reduction}: gradient's relative error {error:.3g}")
 
-        def step():
-            return torch.autograd.grad(op(x, t, -100, 0.0, reduction), x, g)
-
-        for _ in range(5):
-            step()
-        times = []
-        for _ in range(7):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(20):
-                step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000 / 20)
-        out[reduction] = round(statistics.median(times), 1)
+        out[reduction] = round(timed(lambda: torch.autograd.grad(op(x, t, -100, 0.0, reduction), x, g)), 1)
         out[f"{reduction}_error"] = f"{error:.2g}"
-    out["floor_us"] = round(2 * x.numel() * x.element_size() / 3.0e12 * 1e6, 1)
+    copy = torch.empty_like(x)
+    copy_us = timed(lambda: copy.copy_(x))  # reads and writes the logits' bytes once: the floor's traffic
+    out["copy_tb_s"] = round(2 * x.numel() * x.element_size() / copy_us / 1e6, 2)
+    out["floor_us"] = round(copy_us, 1)
+    out["mean_over_floor"], out["none_over_floor"] = (round(out[r] / copy_us, 3) for r in ("mean", "none"))
     print(json.dumps(out))
     return 0
 
