@@ -87,15 +87,8 @@ def _tuned_pair(fam, baseline: bool, same: list[dict], regions, fixed: dict) -> 
             out.append({"problem": e["problem"], "served_by": "torch"})
             continue
         out.append({"problem": e["problem"], "variant": e["variant"], "params": e["params"], "tuned_for": ""})
-    tuned = {problem_key(b["problem"]): b for b in out if "variant" in b}
-    for r in regions:
-        if fam.space_for(r["problem"]).fixed != fixed:
-            continue
-        if r["served_by"] == "torch" or r["near"] not in tuned:
-            out.append({"problem": r["problem"], "served_by": "torch"})
-        else:
-            out.append({**tuned[r["near"]], "problem": r["problem"]})
-    return out
+    near = {problem_key(b["problem"]): b for b in out if "variant" in b}
+    return out + _measured(near, [r for r in regions if fam.space_for(r["problem"]).fixed == fixed], fixed)
 
 
 def _untuned_pair(fam, baseline: bool, entries: list[dict], regions, space, unfused: bool) -> list[dict]:
@@ -110,12 +103,15 @@ def _untuned_pair(fam, baseline: bool, entries: list[dict], regions, space, unfu
         out.append({"problem": {**e["problem"], **space.fixed}, "variant": v.name, "params": v.as_dict(),
                     "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))})
         near[problem_key(e["problem"])] = out[-1]
-    for r in regions:
-        if r["served_by"] == "torch" or r["near"] not in near:
-            out.append({"problem": {**r["problem"], **space.fixed}, "served_by": "torch"})
-        else:
-            out.append({**near[r["near"]], "problem": {**r["problem"], **space.fixed}})
-    return out
+    return out + _measured(near, regions, space.fixed)
+
+
+def _measured(near: dict, regions, fixed: dict) -> list[dict]:
+    """The binds of shapes measured around tuned problems, in the pair's dtypes `fixed`: torch's op
+    where it won, else the bind of the tuned problem `near` them (by its key), at the shape."""
+    return [{"problem": {**r["problem"], **fixed}, "served_by": "torch"}
+            if r["served_by"] == "torch" or r["near"] not in near
+            else {**near[r["near"]], "problem": {**r["problem"], **fixed}} for r in regions]
 
 
 def _untuned_kinds(fam, mine: list[dict]) -> list[dict]:
