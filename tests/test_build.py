@@ -159,29 +159,6 @@ def test_device_assert_variants_compile(tuner_home, fresh_cache):
     assert b.ok, b.error
 
 
-def test_cross_entropy_s_staged_rows_are_opt_in_and_compile_for_every_architecture(tuner_home, fresh_cache):
-    """space(staged=True) adds the rows kept on chip (a cluster's shared memory on sm_90) beside every
-    variant of the default space, which renders as it did: no cluster code, the same names. Staged
-    variants compile where clusters exist and where they do not (an sm_80 build reads the row twice)."""
-    from tuner.families import cross_entropy as ce
-
-    plain, staged = ce.space("bfloat16"), ce.space("bfloat16", staged=True)
-    assert "stage" not in {d.name for d in plain.dims} and set(plain.by_name()) < set(staged.by_name())
-    on_chip = [v for v in staged if v["stage"] is not None]
-    assert {v["stage"] for v in on_chip} == {1, 2, 4, 8}
-    assert all(v["threads_per_row"] == v["block_size"] and v["gradient"] == "forward" for v in on_chip)
-    first = next(iter(plain))
-    assert "staged_kernel" not in render.render(first) and "cooperative_groups" not in render.render(first)
-    assert render.render(first) == render.render(staged.by_name()[first.name])
-    by_name = staged.by_name()
-    chosen = [by_name["cross_entropy.bfloat16.1024.b1024.8.forward.normal.in_order.stage8"],
-              by_name["cross_entropy.bfloat16.256.b256.1.forward.normal.in_order.stage1"]]
-    assert all("staged_kernel" in render.render(v) for v in chosen)
-    for arch in ("sm_90", "sm_80"):
-        for b in build.build(chosen, arch):
-            assert b.ok, b.error
-
-
 def test_cli_build_failure_names_the_variant_and_exits_non_zero(tuner_home, fresh_cache, monkeypatch, capsys):
     from tuner.cli import main as cli
 

@@ -9,9 +9,6 @@ once and the gradient written once at the device-to-device copy bandwidth measur
 
     python tools/ce_reduction.py '{"threads_per_row": 1024, "block_size": 1024, "vec": 8, "gradient": "forward"}' \
         [--rows 4096] [--vocab 32000] [--dtype bfloat16]
-
-Parameters with a "stage" take the variant from the space with the rows kept on chip
-(`cross_entropy.space(staged=True)`; a stage of 2-8 is a cluster's, on sm_90).
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ def main() -> int:
     from tuner.deploy import export
     from tuner.families import cross_entropy as ce
 
-    params = json.loads(args.params)
-    v = ce.space(args.dtype, staged=params.get("stage") is not None).nearest(params)
+    v = ce.space(args.dtype).nearest(json.loads(args.params))
     problem = ce.Problem(args.rows, args.vocab, args.dtype).__dict__
     directory = export.write(Path(tempfile.mkdtemp()) / "export", [{"variant": v, "problem": problem}],
                              gpus.attached().describe())

@@ -87,7 +87,7 @@ class Variant:
 BACKWARD = "backward:"  # the prefix of a joined variant's backward parameters (no dimension name has a colon)
 
 # Short forms that keep names readable; any other value prints as itself.
-_PREFIX = {"boxes_per_thread": "k", "block_size": "b", "fault": "fault_", "split": "split", "stage": "stage"}
+_PREFIX = {"boxes_per_thread": "k", "block_size": "b", "fault": "fault_", "split": "split"}
 
 
 def _short(key: str, value: Any) -> str:

@@ -27,17 +27,8 @@ DIMS = (
 )
 
 
-# Opt-in, a switch of `tuner variants` and `tuner build` (tuner.cli.target): space(staged=True) adds the
-# rows kept on chip between their two reads; a search's space has them once they are measured.
-SPACE_FLAGS = {"staged": "variants that keep a row on chip between its two reads (shared memory, over a cluster of "
-                         "up to 8 blocks on sm_90): opt-in, not in a search's space"}
-STAGE = Dim("stage", (None, 1, 2, 4, 8), "the forward's second read from HBM and L2 (None), or none: each of a "
-            "cluster of 1-8 blocks keeps its part of the row in shared memory and writes its gradient from there "
-            "(a row too large for the cluster is read twice)")
-
-
-def space(logits: str = "bfloat16", staged: bool = False) -> Space:
-    """The variants for one logits dtype (the problem's, not tuned); `staged`: with the rows kept on chip."""
+def space(logits: str = "bfloat16") -> Space:
+    """The variants for one logits dtype (the problem's, not tuned)."""
     logits = dtype_name(logits, DTYPES, "logits")
     constraints = (
         Constraint("a row's threads fit in a block", lambda p: p["threads_per_row"] <= p["block_size"]),
@@ -45,12 +36,7 @@ def space(logits: str = "bfloat16", staged: bool = False) -> Space:
         Constraint("a first read's priority and the second read's order are for a row read again in the forward",
                    lambda p: p["gradient"] == "forward" or (p["first_read"], p["reread"]) == ("normal", "in_order")),
     )
-    if staged:
-        constraints += (Constraint(
-            "a row kept on chip is a block's or a cluster's alone, its gradient written in the forward, read once",
-            lambda p: p["stage"] is None or (p["threads_per_row"] == p["block_size"] and p["gradient"] == "forward"
-                                             and (p["first_read"], p["reread"]) == ("normal", "in_order"))),)
-    return Space(FAMILY, {"logits": logits}, DIMS + ((STAGE,) if staged else ()), constraints)
+    return Space(FAMILY, {"logits": logits}, DIMS, constraints)
 
 
 space_for, all_spaces, covering_set = fixed_spaces(space, logits=DTYPES)
