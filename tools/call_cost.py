@@ -6,7 +6,8 @@ way of calling is timed as back-to-back calls (the fastest of several rounds, al
 each round: host noise only adds), forward without gradients and forward+backward
 (`torch.autograd.grad`), in µs a call:
 
-- `F`: torch's own function as a user calls it (F.rms_norm, F.cross_entropy, F.embedding_bag);
+- `F`: torch's own function as a user calls it (F.rms_norm, F.cross_entropy, F.embedding_bag, F.linear
+  then F.cross_entropy);
 - `torch op`: the family's baseline, torch's op with what the op's contract adds (cross-entropy's
   float32 loss);
 - `packet`: what `tuner.load` returns (`torch.ops.tuner.<op>`; since 2026-12-02 its calls go to
@@ -41,6 +42,8 @@ SMALL = {
                  {"rows": 4096, "width": 2048, "x": "float16", "weight": "float32"}),
     "cross_entropy": ({"rows": 1, "vocab": 32000}, {"rows": 64, "vocab": 32000}, {"rows": 512, "vocab": 32000},
                       {"rows": 1, "vocab": 128256}),
+    "linear_cross_entropy": ({"tokens": 1, "width": 2048, "vocab": 32000},
+                             {"tokens": 64, "width": 2048, "vocab": 32000}),
 }
 WAYS = ("F", "torch op", "packet", "entry", "TF")
 
@@ -64,6 +67,11 @@ def user_calls(family: str) -> dict:
                     i, w, o, mode=mode, per_sample_weights=psw, include_last_offset=last, padding_idx=pad),
                 "TF": lambda w, i, o, mode, psw, last, pad: TF.embedding_bag(
                     i, w, o, mode=mode, per_sample_weights=psw, include_last_offset=last, padding_idx=pad)}
+    if family == "linear_cross_entropy":
+        return {"F": lambda h, w, t, ii, ls, red: F.cross_entropy(F.linear(h, w), t, ignore_index=ii,
+                                                                   label_smoothing=ls, reduction=red),
+                "TF": lambda h, w, t, ii, ls, red: TF.linear_cross_entropy(h, w, t, ignore_index=ii,
+                                                                            label_smoothing=ls, reduction=red)}
     return {}  # GIoU's functional form takes torchvision's boxes, not the op's padded images
 
 
