@@ -102,6 +102,23 @@ def test_the_binding_s_functional_form_hands_cpu_calls_to_torch(op):
         fast(x, t, reduction="max")
 
 
+def test_calls_torch_answers_otherwise_are_not_the_op_s():
+    """`served` (the Python form's choice, and what a capture records) leaves to torch every call
+    whose answer the op would change: a uint8 or int32 target (the guard reads 8- or 4-byte
+    entries), float64 logits (the op's loss is float32), a reduction or label smoothing torch
+    refuses or renames."""
+    from tuner.families.cross_entropy.op import served
+
+    x, t = ce.make_inputs(6, 10, "float32", device="cpu", seed=5)
+    assert served(x, t) == (x, t, -100, 0.0, "mean")
+    assert served(x.bfloat16(), t, reduction="none", label_smoothing=1.0) is not None
+    for args, kwargs in (((x, t.to(torch.uint8)), {}), ((x, t.int()), {}), ((x.double(), t), {}),
+                         ((x, t), {"reduction": "elementwise_mean"}), ((x, t), {"reduction": None}),
+                         ((x, t), {"label_smoothing": 1.5}), ((x, t), {"label_smoothing": -0.1}),
+                         ((x, t), {"label_smoothing": float("nan")})):
+        assert served(*args, **kwargs) is None, (args[0].dtype, args[1].dtype, kwargs)
+
+
 def test_the_functional_form_hands_other_calls_to_torch():
     import tuner.functional as TF
 

@@ -149,6 +149,31 @@ def test_the_functional_form_decides_in_the_binding(op, monkeypatch):
     torch.testing.assert_close(TF.cross_entropy(x, t, weight=w), F.cross_entropy(x, t, weight=w))
 
 
+def test_calls_torch_answers_otherwise_go_to_torch_in_both_forms(op):
+    """A uint8 target (which torch takes and the op's guard cannot read), float64 logits, a
+    label smoothing outside [0, 1] and the old "elementwise_mean" get F.cross_entropy's answers,
+    warnings and errors from the binding's C++ form and from the Python form alike; the op itself
+    refuses a uint8 target with a clear error instead of reading past it."""
+    import tuner.functional as TF
+    from tuner import entries
+    from tuner.families.cross_entropy.op import cross_entropy as python_form
+
+    x, t = ce.make_inputs(256, 512, "float32", seed=8)
+    for form in (TF.cross_entropy, entries._functionals["cross_entropy"], python_form):
+        torch.testing.assert_close(form(x, t.clamp(max=255).to(torch.uint8)),
+                                   F.cross_entropy(x, t.clamp(max=255).to(torch.uint8)))
+        loss = form(x.double(), t)
+        assert loss.dtype == torch.float64
+        torch.testing.assert_close(loss, F.cross_entropy(x.double(), t))
+        for smoothing in (1.5, -0.1):
+            with pytest.raises(RuntimeError, match="label_smoothing must be between 0.0 and 1.0"):
+                form(x, t, label_smoothing=smoothing)
+        with pytest.warns(UserWarning, match="elementwise_mean"):
+            torch.testing.assert_close(form(x, t, reduction="elementwise_mean"), F.cross_entropy(x, t))
+    with pytest.raises(RuntimeError, match="a guarded input must be int64 or int32, got Byte"):
+        op(x, t.clamp(max=255).to(torch.uint8))
+
+
 def test_a_gradient_from_the_forward_is_given_once_and_nothing_is_saved_without_autograd(op):
     x, t = ce.make_inputs(16, 128256, "bfloat16", seed=7)  # the block-a-row variant: the forward's gradient
     x.requires_grad_()

@@ -112,6 +112,27 @@ def test_opcheck_compile_and_cuda_graphs(op):
         torch.testing.assert_close(got, want)
 
 
+def test_calls_torch_answers_otherwise_go_to_torch(op):
+    """A uint8 target, float64 hidden states, a weight of another dtype, a label smoothing outside
+    [0, 1] and "elementwise_mean" get torch's two functions' answers and errors."""
+    import tuner.functional as TF
+
+    h, w, t = lce.make_inputs(64, 32, 300, "float32", seed=9)
+    def torch_s(h, w, t, **kw):
+        return F.cross_entropy(F.linear(h, w), t, **kw)
+    torch.testing.assert_close(TF.linear_cross_entropy(h, w, t.clamp(max=255).to(torch.uint8)),
+                               torch_s(h, w, t.clamp(max=255).to(torch.uint8)))
+    got = TF.linear_cross_entropy(h.double(), w.double(), t)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, torch_s(h.double(), w.double(), t))
+    with pytest.raises(RuntimeError):  # torch's F.linear refuses two dtypes
+        TF.linear_cross_entropy(h, w.bfloat16(), t)
+    with pytest.raises(RuntimeError, match="label_smoothing must be between 0.0 and 1.0"):
+        TF.linear_cross_entropy(h, w, t, label_smoothing=1.5)
+    with pytest.warns(UserWarning, match="elementwise_mean"):
+        torch.testing.assert_close(TF.linear_cross_entropy(h, w, t, reduction="elementwise_mean"), torch_s(h, w, t))
+
+
 def test_a_bad_target_is_refused_and_the_function_serves_model_shapes(op):
     import tuner.functional as TF
     from tuner.errors import KernelInputError

@@ -420,6 +420,9 @@ class Op {
                   std::optional<int64_t> allowed, unsigned bit) {
     const int64_t n = in.numel();
     if (n == 0) return;
+    // the guard reads and writes 8- or 4-byte entries: another dtype (a uint8 target torch takes) is refused
+    TORCH_CHECK(in.scalar_type() == at::kLong || in.scalar_type() == at::kInt, name, ": a guarded input must be ",
+                "int64 or int32, got ", in.scalar_type());
     if (bound <= 0) raise_input_error(name + ": invalid input: " + describe(int64_t(1) << bit));
     TORCH_CHECK(parts.count < TUNER_GUARD_PARTS, name, ": at most ", TUNER_GUARD_PARTS, " guarded inputs");
     parts.part[parts.count++] = {in.data_ptr(), out.data_ptr(), n, bound, allowed.value_or(0),

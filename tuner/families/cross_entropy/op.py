@@ -37,7 +37,8 @@ OP_DECLARATION = declare.Op(
         "int64_t ignore_index=-100, bool? reduce=None, c10::string_view reduction=\"mean\", "
         "double label_smoothing=0.0, *, bool in_place=False)",
         serves="input.is_cuda() && !weight.has_value() && !size_average.has_value() && !reduce.has_value() && "
-               "input.dim() == 2 && target.dim() == 1",
+               "input.dim() == 2 && target.dim() == 1 && label_smoothing >= 0.0 && label_smoothing <= 1.0 && "
+               "(reduction == \"mean\" || reduction == \"sum\" || reduction == \"none\")",
         call=("input", "target", "ignore_index", "label_smoothing", "reduction", "in_place")),
 )
 
@@ -53,10 +54,15 @@ def torch_cross_entropy(logits, target, ignore_index: int = -100, label_smoothin
 
 def served(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
            reduction: str = "mean", label_smoothing: float = 0.0) -> tuple | None:
-    """The op's arguments for an F.cross_entropy call it takes (class indices over the last
-    dimension of 2-D logits, no class weights), else None."""
+    """The op's arguments for an F.cross_entropy call it takes (int64 class indices over the last
+    dimension of 2-D logits in the op's dtypes, no class weights, arguments torch accepts), else
+    None: torch's function answers the rest, its errors and warnings included (a label smoothing
+    outside [0, 1], "elementwise_mean", a uint8 target, float64 logits)."""
+    import torch
+
     if (weight is not None or size_average is not None or reduce is not None or input.dim() != 2
-            or target.dim() != 1 or target.dtype.is_floating_point):
+            or target.dim() != 1 or input.dtype not in runtime.dtypes(DTYPES) or target.dtype != torch.int64
+            or reduction not in REDUCTIONS or not 0.0 <= label_smoothing <= 1.0):
         return None
     return input, target, ignore_index, float(label_smoothing), reduction
 

@@ -47,9 +47,13 @@ def torch_linear_cross_entropy(hidden, weight, target, ignore_index: int = -100,
 def linear_cross_entropy(input, weight, target, bias=None, ignore_index: int = -100, label_smoothing: float = 0.0,
                          reduction: str = "mean"):
     """`F.cross_entropy(F.linear(input, weight, bias), target, ...)` as one op (load an export first): a
-    CUDA call without a bias (input [..., H], target [...]) goes to the op, every other to torch's two."""
+    CUDA call without a bias (input [..., H] and weight alike in the op's dtypes, int64 target [...],
+    arguments torch accepts) goes to the op, every other to torch's two (their errors included)."""
+    import torch
+
     if (input.is_cuda and bias is None and input.dim() >= 1 and target.shape == input.shape[:-1]
-            and not target.dtype.is_floating_point):
+            and input.dtype in runtime.dtypes(DTYPES) and weight.dtype == input.dtype and target.dtype == torch.int64
+            and reduction in REDUCTIONS and 0.0 <= label_smoothing <= 1.0):
         loss = runtime.entry("linear_cross_entropy")(input.reshape(-1, input.shape[-1]), weight, target.reshape(-1),
                                                       ignore_index, float(label_smoothing), reduction)
         return loss.reshape(target.shape) if reduction == "none" else loss
