@@ -718,3 +718,24 @@ def test_bad_input_where_torch_serves_is_refused_and_the_process_goes_on(shared_
             path(w, idx, offs, "sum")
     torch.cuda.synchronize()  # the context is alive
     assert float(torch.ones(3, device="cuda").sum()) == 3.0
+
+
+def test_an_export_tuned_at_bags_of_no_entries_loads_and_serves(shared_home, tmp_path):
+    """`--bag-size 0` is a problem a search takes: its key's mean bag of 0 is bound as a call's
+    sizes are compared (at least 1), not refused when the export is loaded."""
+    import torch
+    import torch.nn.functional as F
+
+    from tuner import gpus
+    from tuner.deploy import export
+    from tuner.variant import Variant
+
+    params = {"weight": "float32", "index": "int64", "validation": "hoisted", "mapping": "warp", "split": None,
+              "vec": 4, "unroll": 2, "block_size": 128, "staging": "direct", "backward": "atomic"}
+    out = export.write(tmp_path / "eb0", [{"variant": Variant.of(eb.FAMILY, params),
+                                           "problem": eb.Problem(rows=1000, dim=64, bags=32, bag_size=0).__dict__}],
+                       gpus.attached().describe())
+    op = oploader.load(out)
+    w, i, o, _ = eb.make_inputs(1000, 64, 32, 3, device="cuda", seed=1)
+    for mode in eb.MODES:
+        torch.testing.assert_close(op(w, i, o, mode), F.embedding_bag(i, w, o, mode=mode))

@@ -266,6 +266,10 @@ def test_a_rendering_for_an_untuned_pair_that_fails_to_build_is_left_to_torch_s_
     half = [b for b in bound if b["problem"]["weight"] == "float16"]
     assert half and all(b.get("served_by") == "torch" and "library" not in b for b in half)
     assert all("library" in b for b in bound if b["problem"]["weight"] != "float16")
+    serving = export.read(out)["serving"]  # the manifest's words say what was built
+    assert serving["float16/int64"] == serving["float16/int32"] == \
+        "torch's op (the parameters rendered for this pair failed to build)"
+    assert serving["bfloat16/int64"].startswith("variants within 4x")
     with pytest.raises(TunerError, match="building embedding_bag.float16"):
         export.write(tmp_path / "eb16", [{"variant": embedding_bag.space("float16", "int64").variant(
             **{**v.as_dict(), "weight": "float16", "backward": "sorted"}), "problem": {**problem, "weight": "float16"}}], gpu)

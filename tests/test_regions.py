@@ -56,6 +56,59 @@ def test_the_grid_keeps_kinds_apart_and_changes_only_the_key_s_sizes():
                       (512, 150), (128, 600)}
 
 
+def test_a_shape_between_two_problems_names_the_variant_the_binding_runs_there():
+    """The binding takes the first of equally near tuned problems (tuner_op.h's nearest, within
+    1e-12), which is the variant the export's check times at a midpoint: the grid names that one,
+    not whichever float noise in the logs makes nearer."""
+    import itertools
+
+    space = rms_norm.space()
+    v1, v2 = itertools.islice(iter(space), 2)
+    base = rms_norm.Problem().__dict__
+    a, b = {**base, "rows": 64, "width": 256}, {**base, "rows": 64, "width": 4096}
+    entries = [{"problem": a, "variant": v1.name, "params": v1.as_dict(), "served_by": "variant"},
+               {"problem": b, "variant": v2.name, "params": v2.as_dict(), "served_by": "variant"}]
+    middle, = (p for p in regions.grid("rms_norm", entries) if (p["problem"]["rows"], p["problem"]["width"]) == (64, 1024))
+    assert middle["near"] == export.problem_key(a)
+    measured = [{**middle, "served_by": "variant", "checked": {}}]
+    bind, = (x for x in binaries.bound(rms_norm, rms_norm.op.OP, entries, measured) if x["problem"] == middle["problem"])
+    assert bind["variant"] == v1.name
+
+
+def test_a_problem_the_check_gave_to_torch_keeps_its_variant_where_it_won_around_it():
+    """The check times a tuned problem and the shapes around it with its variant; where torch's op
+    wins the problem itself but the variant wins around it, the shapes around keep the variant."""
+    p = rms_norm.Problem().__dict__
+    entries = [_entry(rms_norm.space(), p)]
+    around = regions.grid("rms_norm", entries)
+    ratios = {export.problem_key(r["problem"]): {"fwd wall": 0.5} for r in around}
+    checked = export.with_checks(entries, {export.problem_key(p): {"fwd wall": 1.2}})
+    assert checked[0]["served_by"] == "torch"
+    binds = binaries.bound(rms_norm, rms_norm.op.OP, checked, regions.decide(around, ratios, export.SLOWER))
+    mine = [b for b in binds if (b["problem"]["x"], b["problem"]["weight"]) == ("bfloat16", "bfloat16")]
+    assert mine[0] == {"problem": p, "served_by": "torch"}
+    assert len(mine) == 1 + len(around) and all(b["variant"] == entries[0]["variant"] for b in mine[1:])
+
+
+def test_the_grid_leaves_out_every_tuned_problem_s_shape_and_the_first_of_two_studies_serves():
+    """A shape on a problem torch's op won in the search is that problem's to decide (its bind comes
+    first), so it is not measured; of two entries of one problem (two studies), the first is the one
+    the binding runs, at the problem and around it."""
+    import itertools
+
+    base = rms_norm.Problem().__dict__
+    won = {**base, "rows": 1024}  # a quarter of the default's rows: on its grid
+    points = regions.grid("rms_norm", [_entry(rms_norm.space(), base), _entry(rms_norm.space(), won, "torch")])
+    assert points and all(p["problem"]["rows"] != 1024 or p["problem"]["width"] != 4096 for p in points)
+    v1, v2 = itertools.islice(iter(rms_norm.space()), 2)
+    twice = [{"problem": base, "variant": v.name, "params": v.as_dict(), "served_by": "variant"} for v in (v1, v2)]
+    around = regions.grid("rms_norm", twice)
+    measured = regions.decide(around, {export.problem_key(r["problem"]): {"fwd wall": 0.5} for r in around},
+                              export.SLOWER)
+    binds = binaries.bound(rms_norm, rms_norm.op.OP, twice, measured)
+    assert {b["variant"] for b in binds if b["problem"] in [r["problem"] for r in around]} == {v1.name}
+
+
 def test_who_serves_a_shape_is_read_from_its_ratios():
     points = regions.grid("rms_norm", [_entry(rms_norm.space(), rms_norm.Problem().__dict__)])
     keys = [export.problem_key(p["problem"]) for p in points]

@@ -299,9 +299,9 @@ def stage(spec: OpSpec, ops, bound: list[dict], libraries: dict[str, Path]) -> l
         if spec.unfused is not None and spec.unfused(b["problem"]):
             ops.set_reach(spec.pair(b["problem"]), 0.0)  # variants serve every shape of the pair
         if b.get("served_by") == "torch":  # the baseline, where no variant beat it
-            ops.stage(0, spec.pair(b["problem"]), [int(n) for n in sizes], int(kind), "")
+            ops.stage(0, spec.pair(b["problem"]), [max(1, int(n)) for n in sizes], int(kind), "")
             continue
-        ops.stage(table(opened[b["library"]], b["entry"], spec.abi, b["variant"]), -1, [int(n) for n in sizes],
+        ops.stage(table(opened[b["library"]], b["entry"], spec.abi, b["variant"]), -1, [max(1, int(n)) for n in sizes],
                   int(kind), b.get("tuned_for", ""))
     return list(opened.values())
 

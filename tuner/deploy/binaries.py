@@ -80,14 +80,18 @@ def _source(spec, fixed: dict, tuned: list[dict]) -> dict | None:
 
 
 def _tuned_pair(fam, baseline: bool, same: list[dict], regions, fixed: dict) -> list[dict]:
-    """A tuned pair's binds: its entries, then its measured shapes."""
-    out = []
+    """A tuned pair's binds: its entries, then its measured shapes. A measured shape takes the
+    variant of the tuned problem `near` it, the one the export's check timed there, whoever serves
+    that problem itself (the check may have given it to torch's op while its variant won around it);
+    of two entries of one problem (two studies), the first, as the binding's choice takes it."""
+    out, near = [], {}
     for e in same:
-        if baseline and e.get("served_by") == "torch":
-            out.append({"problem": e["problem"], "served_by": "torch"})
-            continue
-        out.append({"problem": e["problem"], "variant": e["variant"], "params": e["params"], "tuned_for": ""})
-    near = {problem_key(b["problem"]): b for b in out if "variant" in b}
+        mine = {"problem": e["problem"], "variant": e["variant"], "params": e["params"], "tuned_for": ""} \
+            if "variant" in e else None
+        if mine is not None:
+            near.setdefault(problem_key(e["problem"]), mine)
+        out.append({"problem": e["problem"], "served_by": "torch"}
+                   if mine is None or (baseline and e.get("served_by") == "torch") else mine)
     return out + _measured(near, [r for r in regions if fam.space_for(r["problem"]).fixed == fixed], fixed)
 
 
@@ -96,13 +100,12 @@ def _untuned_pair(fam, baseline: bool, entries: list[dict], regions, space, unfu
     the pair's dtypes, then every measured shape as its tuned pair's verdict says."""
     out, near = [], {}
     for e in entries:
-        if baseline and e.get("served_by") == "torch" and not unfused:  # torch beat the tuned pair's winner
-            out.append({"problem": {**e["problem"], **space.fixed}, "served_by": "torch"})
-            continue
         v = _nearest(space, Variant.of(fam.FAMILY, e["params"]))
-        out.append({"problem": {**e["problem"], **space.fixed}, "variant": v.name, "params": v.as_dict(),
-                    "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))})
-        near[problem_key(e["problem"])] = out[-1]
+        mine = {"problem": {**e["problem"], **space.fixed}, "variant": v.name, "params": v.as_dict(),
+                "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))}
+        near.setdefault(problem_key(e["problem"]), mine)  # as the tuned pair's (`_tuned_pair`)
+        torch_won = baseline and e.get("served_by") == "torch" and not unfused  # torch beat the tuned pair's winner
+        out.append({"problem": mine["problem"], "served_by": "torch"} if torch_won else mine)
     return out + _measured(near, regions, space.fixed)
 
 
@@ -131,18 +134,22 @@ def _untuned_kinds(fam, mine: list[dict]) -> list[dict]:
             for k in choices if k not in named for b in mine if b["problem"][op.kind] == source]
 
 
-def serving(fam, spec, entries: list[dict], regions: list[dict] = ()) -> dict[str, str]:
+def serving(fam, spec, entries: list[dict], regions: list[dict] = (), unbuilt: frozenset = frozenset()) -> dict[str, str]:
     """Who serves each dtype pair's calls, in words (the manifest's `serving`, by pair "x/weight"),
-    as `bound` binds them and the binding chooses: the same rule, said once per pair."""
-    binds = bound(fam, spec, entries)
+    as `bound` binds them and the binding chooses: the same rule, said once per pair. `unbuilt`:
+    variants that failed to build (`build_variants`), whose calls torch's op serves."""
+    binds = [{"problem": b["problem"], "served_by": "torch", "unbuilt": True} if b.get("variant") in unbuilt else b
+             for b in bound(fam, spec, entries)]
     tuned = _tuned_pairs(fam, entries)
     said = {}
     for space in fam.all_spaces():
         mine = [b for b in binds if fam.space_for(b["problem"]).fixed == space.fixed]
-        won = sorted({_sizes(spec, b["problem"]) for b in mine if b.get("served_by") == "torch"})
+        won = sorted({_sizes(spec, b["problem"]) for b in mine if b.get("served_by") == "torch" and not b.get("unbuilt")})
         tuned_for = next((b["tuned_for"] for b in mine if b.get("tuned_for")), "")
         torch_won = f"; torch's op near {', '.join(won)}, where it was faster" if won else ""
-        if not any("variant" in b for b in mine):
+        if any(b.get("unbuilt") for b in mine) and not any("variant" in b for b in mine):
+            text = "torch's op (the parameters rendered for this pair failed to build)"
+        elif not any("variant" in b for b in mine):
             text = "torch's op" + (" (no variant was tuned for this pair)" if not won else torch_won)
         elif not spec.baseline or spec.reach == 0 or (spec.unfused is not None and spec.unfused(space.fixed)):
             why = " (torch's op is unfused here)" if spec.unfused is not None and spec.unfused(space.fixed) else ""

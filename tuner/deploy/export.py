@@ -202,10 +202,13 @@ def _write(out: Path, family, winners: list[dict[str, Any]], gpu: dict, binaries
         **({"regions": list(regions)} if regions else {}),
     }
     spec = families.part(family.FAMILY, "op").OP if families.has_part(family.FAMILY, "op") else None
-    if getattr(family, "OP_DECLARATION", None) is not None:  # who serves each dtype pair, in words
-        manifest["serving"] = _binaries.serving(family, spec, entries, regions)
-    if binaries:
-        manifest["binaries"] = _binaries.write(out, family, spec, entries, gpu.get("arch"), regions)
+    built = _binaries.write(out, family, spec, entries, gpu.get("arch"), regions) if binaries else None
+    if getattr(family, "OP_DECLARATION", None) is not None:  # who serves each dtype pair, in words, as built
+        named = {b["variant"] for b in _binaries.bound(family, spec, entries, regions) if "variant" in b}
+        unbuilt = frozenset(named - {b["variant"] for b in built["bound"] if "variant" in b}) if built else frozenset()
+        manifest["serving"] = _binaries.serving(family, spec, entries, regions, unbuilt)
+    if built:
+        manifest["binaries"] = built
     manifest["checksum"] = manifest_checksum(manifest)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
 

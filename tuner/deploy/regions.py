@@ -50,27 +50,35 @@ def grid(family: str, entries: list[dict]) -> list[dict]:
     out = []
     groups: dict[tuple, list[dict]] = {}
     for e in entries:
-        if e.get("served_by", "variant") != "variant" or (spec.unfused is not None and spec.unfused(e["problem"])):
+        if spec.unfused is not None and spec.unfused(e["problem"]):
             continue
         fixed = tuple(sorted(fam.space_for(e["problem"]).fixed.items()))
         groups.setdefault((fixed, spec.shape(e["problem"])[1]), []).append(e)
     for group in groups.values():
         if not all(n in e["problem"] for e in group for n in names):  # a key the problem does not name
             continue
-        tuned = [tuple(spec.shape(e["problem"])[0]) for e in group]
+        keys = [tuple(spec.shape(e["problem"])[0]) for e in group]  # every tuned problem, in the binding's order
+        tuned = [k for k, e in zip(keys, group) if e.get("served_by", "variant") == "variant"]  # measured around
         found = set()
         for key in tuned:
             for f in scales(len(key), bool(op.guards)):
                 found.add(tuple(max(1, round(k * x)) for k, x in zip(key, f)))
         for a, b in itertools.combinations(tuned, 2):
             found.add(tuple(max(1, round(math.sqrt(x * y))) for x, y in zip(a, b)))
-        found -= set(tuned)
+        found -= set(keys)  # a tuned problem's own verdict decides there, torch's included
 
         def distance(key, to):  # as the binding measures it (tuner_op.h's nearest): differences of logs
             return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for x, y in zip(key, to))
 
+        def nearest(key) -> int:  # as the binding chooses (tuner_op.h): the first of equal distances
+            best = 0
+            for i in range(1, len(keys)):
+                if distance(key, keys[i]) < distance(key, keys[best]) - 1e-12:
+                    best = i
+            return best
+
         for key in sorted(found, key=lambda k: (min(distance(k, t) for t in tuned), k))[:MOST]:
-            near = min(range(len(tuned)), key=lambda i: distance(key, tuned[i]))
+            near = nearest(key)
             problem = {**group[near]["problem"], **dict(zip(names, key))}
             out.append({"problem": problem, "near": problem_key(group[near]["problem"])})
     return out
