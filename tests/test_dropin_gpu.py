@@ -146,6 +146,29 @@ def test_embedding_bag_functional_form_decides_in_the_binding(bag, monkeypatch):
                                F.embedding_bag(ids, table.clone(), offsets, max_norm=1.0))
 
 
+def test_calls_torch_refuses_get_torch_s_errors_from_both_forms(rms, bag):
+    """A weight on another device than x, and a padding_idx outside the table or a mode torch does
+    not know, go to torch's function from the binding's C++ form and from the Python form: its
+    errors (a RuntimeError for the device and the padding_idx), as code catching torch's expects."""
+    from tuner import entries
+
+    x, w = rms_norm.make_inputs(64, 2048, "bfloat16", "bfloat16", seed=5)
+    for form in (TF.rms_norm, entries._python_forms["rms_norm"]):
+        with pytest.raises(RuntimeError):
+            form(x, (2048,), w.cpu())
+    table = torch.randn(10, 64, device="cuda")
+    ids = torch.randint(0, 10, (40,), device="cuda")
+    offsets = torch.arange(0, 40, 8, device="cuda")
+    for form in (TF.embedding_bag, entries._python_forms["embedding_bag"]):
+        for pad in (10, -11):
+            with pytest.raises(RuntimeError, match="padding_idx must be within the number of embeddings"):
+                form(ids, table, offsets, padding_idx=pad)
+        torch.testing.assert_close(form(ids, table, offsets, padding_idx=-10), F.embedding_bag(ids, table, offsets,
+                                                                                                padding_idx=-10))
+        with pytest.raises(ValueError, match="mode has to be one of sum, mean or max"):
+            form(ids, table, offsets, mode="avg")
+
+
 # ------------------------------------------------------------ PyTorch's OpInfo samples
 
 def _opinfo(name):

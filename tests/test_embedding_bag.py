@@ -266,6 +266,18 @@ def test_the_binding_s_functional_form_hands_cpu_calls_to_torch(op):
     torch.testing.assert_close(fast(ids.view(2, 4), weight), F.embedding_bag(ids.view(2, 4), weight))
 
 
+def test_calls_torch_refuses_are_not_the_op_s():
+    """`served` leaves a padding_idx outside the table and a mode torch does not know to torch's
+    function (its errors), and takes the ones inside, negative ones too."""
+    from tuner.families.embedding_bag.op import served
+
+    w, i, o, _ = eb.make_inputs(10, 4, 3, 2, seed=2)
+    for pad in (-10, 0, 9, None):
+        assert served(i, w, o, padding_idx=pad) is not None
+    for kwargs in ({"padding_idx": 10}, {"padding_idx": -11}, {"mode": "avg"}):
+        assert served(i, w, o, **kwargs) is None, kwargs
+
+
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 def test_the_gpu_tests_hand_written_backward_agrees_with_autograd_of_the_reference(mode):
     """tests/references.py's backward from segment sums (the GPU tests' second opinion) against the

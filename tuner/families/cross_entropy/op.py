@@ -37,7 +37,7 @@ OP_DECLARATION = declare.Op(
         "int64_t ignore_index=-100, bool? reduce=None, c10::string_view reduction=\"mean\", "
         "double label_smoothing=0.0, *, bool in_place=False)",
         serves="input.is_cuda() && !weight.has_value() && !size_average.has_value() && !reduce.has_value() && "
-               "input.dim() == 2 && target.dim() == 1 && label_smoothing >= 0.0 && label_smoothing <= 1.0 && "
+               "input.dim() == 2 && target.dim() == 1 && target.device() == input.device() && label_smoothing >= 0.0 && label_smoothing <= 1.0 && "
                "(reduction == \"mean\" || reduction == \"sum\" || reduction == \"none\")",
         call=("input", "target", "ignore_index", "label_smoothing", "reduction", "in_place")),
 )
@@ -61,7 +61,8 @@ def served(input, target, weight=None, size_average=None, ignore_index: int = -1
     import torch
 
     if (weight is not None or size_average is not None or reduce is not None or input.dim() != 2
-            or target.dim() != 1 or input.dtype not in runtime.dtypes(DTYPES) or target.dtype != torch.int64
+            or target.dim() != 1 or target.device != input.device or input.dtype not in runtime.dtypes(DTYPES)
+            or target.dtype != torch.int64
             or reduction not in REDUCTIONS or not 0.0 <= label_smoothing <= 1.0):
         return None
     return input, target, ignore_index, float(label_smoothing), reduction

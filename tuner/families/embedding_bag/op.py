@@ -82,7 +82,9 @@ OP_DECLARATION = declare.Op(
         serves="!max_norm.has_value() && !scale_grad_by_freq && !sparse && weight.is_cuda() && !input.is_nested() && "
                "input.device() == weight.device() && (!offsets.has_value() || offsets->device() == weight.device()) && "
                "(!per_sample_weights.has_value() || (per_sample_weights->scalar_type() == weight.scalar_type() && "
-               "mode == \"sum\" && per_sample_weights->device() == weight.device()))",
+               "mode == \"sum\" && per_sample_weights->device() == weight.device())) && "
+               "(mode == \"sum\" || mode == \"mean\" || mode == \"max\") && (!padding_idx.has_value() || "
+               "(*padding_idx >= -weight.size(0) && *padding_idx < weight.size(0)))",
         call=("weight", "input", "offsets", "mode", "per_sample_weights", "include_last_offset", "padding_idx")),
 )
 
@@ -119,12 +121,15 @@ def served(input, weight, offsets=None, max_norm=None, norm_type: float = 2.0, s
            padding_idx=None) -> tuple | None:
     """The op's arguments for an F.embedding_bag call it takes, wherever its tensors are (the op's
     dtypes), else None: max_norm (which renormalizes the table in place), scale_grad_by_freq and
-    sparse=True are torch's alone, as are per-sample weights of another dtype or mode."""
+    sparse=True are torch's alone, as are per-sample weights of another dtype or mode; a mode or a
+    padding_idx torch refuses is left to torch's words (a RuntimeError for a padding_idx outside the
+    table, as code catching torch's expects)."""
     indices = runtime.dtypes(INDEX_DTYPES)
     if (max_norm is not None or scale_grad_by_freq or sparse or input.is_nested
             or weight.dtype not in runtime.dtypes(WEIGHT_DTYPES) or input.dtype not in indices
             or (offsets is not None and offsets.dtype not in indices)
-            or (per_sample_weights is not None and (per_sample_weights.dtype != weight.dtype or mode != "sum"))):
+            or (per_sample_weights is not None and (per_sample_weights.dtype != weight.dtype or mode != "sum"))
+            or mode not in MODES or (padding_idx is not None and not -weight.shape[0] <= padding_idx < weight.shape[0])):
         return None
     return weight, input, offsets, mode, per_sample_weights, include_last_offset, padding_idx
 

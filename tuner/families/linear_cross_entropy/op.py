@@ -53,6 +53,7 @@ def linear_cross_entropy(input, weight, target, bias=None, ignore_index: int = -
 
     if (input.is_cuda and bias is None and input.dim() >= 1 and target.shape == input.shape[:-1]
             and input.dtype in runtime.dtypes(DTYPES) and weight.dtype == input.dtype and target.dtype == torch.int64
+            and weight.device == input.device == target.device
             and reduction in REDUCTIONS and 0.0 <= label_smoothing <= 1.0):
         loss = runtime.entry("linear_cross_entropy")(input.reshape(-1, input.shape[-1]), weight, target.reshape(-1),
                                                       ignore_index, float(label_smoothing), reduction)

@@ -29,7 +29,7 @@ OP_DECLARATION = declare.Op(
         "rms_norm(Tensor input, IntArrayRef normalized_shape, Tensor? weight=None, double? eps=None)",
         serves="input.is_cuda() && input.dim() >= 1 && normalized_shape && normalized_shape->size() == 1 && "
                "(*normalized_shape)[0] == input.size(-1) && (!weight.has_value() || "
-               "(weight->dim() == 1 && weight->size(0) == input.size(-1)))",
+               "(weight->dim() == 1 && weight->size(0) == input.size(-1) && weight->device() == input.device()))",
         call=("input", "weight", f"eps.value_or({FLOAT32_EPS!r})")),
 )
 
@@ -64,7 +64,8 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
             (width,) = normalized_shape  # one normalized dimension, the last
         except (TypeError, ValueError):
             width = None
-        if width == input.size(-1) and (weight is None or getattr(weight, "shape", None) == (width,)):
+        if width == input.size(-1) and (weight is None or (getattr(weight, "shape", None) == (width,)
+                                                           and weight.device == input.device)):
             return runtime.entry("rms_norm")(input, weight, FLOAT32_EPS if eps is None else eps)
     import torch.nn.functional as F
 
