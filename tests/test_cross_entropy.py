@@ -60,6 +60,8 @@ def test_calls_no_variant_takes_and_bad_input(op):
         op(x, t[:5])
     with pytest.raises(ValueError, match=r"cross_entropy: logits must be \[rows, vocab\]"):
         op(x.reshape(2, 3, 11), t)
+    with pytest.raises(ValueError, match="cross_entropy: logits must have at least one class"):
+        op(x[:, :0], t)
     with pytest.raises(RuntimeError, match="target dtype to be Long"):  # no variant takes it: torch's op and words
         op(x, t.int())
     bad = t.clone()

@@ -212,6 +212,9 @@ def test_op_errors_on_cpu(op):
         op(w, idx.float(), offs, "sum")  # outside the op's dtypes: torch's op, and its words
     with pytest.raises(ValueError, match="padding_idx must be within"):
         op(w, idx, offs, "sum", padding_idx=10**6)
+    with pytest.raises(ValueError, match="weight has no rows for the indices to name"):
+        op(w[:0], idx, offs, "sum")
+    torch.testing.assert_close(op(w[:0], idx[:0], offs[:1], "sum"), torch.zeros(1, w.shape[1]))  # nothing named
     for other in ({"max_norm": 1.0}, {"scale_grad_by_freq": True}, {"sparse": True}):  # torch's function serves
         torch.testing.assert_close(embedding_bag(idx, w.clone(), offs, **other),
                                    torch.nn.functional.embedding_bag(idx, w.clone(), offs, **other))

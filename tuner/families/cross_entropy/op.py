@@ -21,7 +21,9 @@ OP_DECLARATION = declare.Op(
             declare.Scalar("in_place", "bool", False)),  # opt-in: the logits' storage takes their gradient
     outputs=(declare.Tensor("loss", dtypes=("float32",), shape=("rows",), reduced_by="reduction"),),
     sizes={"rows": "leading(logits)", "vocab": "logits.size(-1)"},
-    checks=(("logits.dim() == 2", "logits must be [rows, vocab]"),),
+    checks=(("logits.dim() == 2", "logits must be [rows, vocab]"),
+            # no class for a target to name: the kernels would write no loss at all
+            ("logits.size(1) >= 1 or logits.size(0) == 0", "logits must have at least one class")),
     errors=(("bad_target", BAD_TARGET),),  # found by the forward's kernel
     # where torch's op serves (a problem where it was faster): a bad target would fire its device-side assert
     guards=(("target", "logits.size(-1)", "bad_target", "ignore_index"),),

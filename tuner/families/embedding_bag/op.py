@@ -31,6 +31,8 @@ OP_DECLARATION = declare.Op(
            "bag_length": "indices.size(1) if indices.dim() == 2 else 0 - 1"},
     key=("dim", "bag_size"), kind="mode",
     checks=(("weight.dim() == 2", "weight must be 2-D [num_embeddings, dim]"),
+            # the kernels clamp an index into the table: an empty one has no row to clamp to
+            ("weight.size(0) >= 1 or indices.numel() == 0", "weight has no rows for the indices to name"),
             ("indices.dim() == 1 or indices.dim() == 2", "indices must be 1-D (with offsets) or 2-D"),
             ("indices.dim() == 1 or offsets is None", "offsets must be None when indices are 2-D"),
             ("indices.dim() == 2 or not (offsets is None)", "offsets are required when indices are 1-D"),
