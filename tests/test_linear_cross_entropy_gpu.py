@@ -118,8 +118,10 @@ def test_calls_torch_answers_otherwise_go_to_torch(op):
     import tuner.functional as TF
 
     h, w, t = lce.make_inputs(64, 32, 300, "float32", seed=9)
+
     def torch_s(h, w, t, **kw):
         return F.cross_entropy(F.linear(h, w), t, **kw)
+
     torch.testing.assert_close(TF.linear_cross_entropy(h, w, t.clamp(max=255).to(torch.uint8)),
                                torch_s(h, w, t.clamp(max=255).to(torch.uint8)))
     got = TF.linear_cross_entropy(h.double(), w.double(), t)
