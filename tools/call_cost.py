@@ -19,6 +19,7 @@ Every way is checked against the float64 reference first. "served" says who ran 
 variant (its kernels ran) or torch's op. One markdown table on stdout and in OUT/call_cost.md.
 
     python tools/call_cost.py OUT giou=DIR embedding_bag=DIR ... [--problem FAMILY:key=value,...] [--no-baseline]
+        [--rounds N] [--round-ms MS]
 
 `--no-baseline` loads the exports with `baseline=False`: the nearest variant serves every call of a
 tuned dtype pair, to see what a variant's call costs where torch's op would serve.
@@ -114,7 +115,8 @@ def per_call_us(calls: dict, rounds: int = 7, budget_s: float = 0.02) -> dict[st
     return best
 
 
-def family_rows(family: str, directory: Path, problems: list[dict], baseline: bool = True) -> list[dict]:
+def family_rows(family: str, directory: Path, problems: list[dict], baseline: bool = True, rounds: int = 7,
+                round_s: float = 0.02) -> list[dict]:
     import torch
 
     from tuner import families, runtime
@@ -143,7 +145,7 @@ def family_rows(family: str, directory: Path, problems: list[dict], baseline: bo
                         agree(name, fn(*plain), torch.autograd.grad(fn(*inputs), leaves, grad))
                     fwd[name] = (lambda fn=fn: fn(*plain))
                     both[name] = (lambda fn=fn: torch.autograd.grad(fn(*inputs), leaves, grad))
-                fwd_us, both_us = per_call_us(fwd), per_call_us(both)
+                fwd_us, both_us = per_call_us(fwd, rounds, round_s), per_call_us(both, rounds, round_s)
             except (NotImplementedError, RuntimeError, AssertionError) as exc:  # torch cannot run it, or a check failed
                 print(f"{family} {change}: not measured: {str(exc).splitlines()[0]}", flush=True)
                 continue
@@ -191,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problem", action="append", default=[], help="FAMILY:key=value,...: another problem")
     ap.add_argument("--only-given", action="store_true", help="only the --problem problems")
     ap.add_argument("--no-baseline", action="store_true", help="load with baseline=False (the nearest variant serves)")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds, the fastest kept (default 7)")
+    ap.add_argument("--round-ms", type=float, default=20.0,
+                    help="ms of calls a way a round (default 20; 30 rounds of 50 ms settle tenths of a µs)")
     args = ap.parse_args(argv)
     import torch
 
@@ -202,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.exports:
         family, _, directory = item.partition("=")
         problems = ([] if args.only_given else list(SMALL.get(family, ()))) + extra.get(family, [])
-        rows += family_rows(family, Path(directory), problems, baseline=not args.no_baseline)
+        rows += family_rows(family, Path(directory), problems, baseline=not args.no_baseline, rounds=args.rounds,
+                            round_s=args.round_ms / 1000)
     import tuner
 
     text = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}; "
