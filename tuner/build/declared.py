@@ -98,8 +98,9 @@ FUNCTIONAL_TYPES = {
 def functional_entry(op: declare.Op) -> dict | None:
     """What the template renders of the op's Functional (tuner.declare_terms): the signature for
     torch's parser, each parameter's C++ read, and the condition a call must meet to go to the op:
-    the declared one, and each tensor handed to the op of a dtype it takes (an optional one: or
-    None)."""
+    the declared one, each tensor handed to the op of a dtype it takes (an optional one: or
+    None) on the first one's device, and each word handed to a scalar with choices among them
+    (torch's function answers the rest: its deprecated words, its errors)."""
     f = op.functional
     if f is None:
         return None
@@ -119,12 +120,18 @@ def functional_entry(op: declare.Op) -> dict | None:
                                        f"the op takes {len(op.inputs)}")
     kinds = {n: cpp for cpp, n, _ in reads}
     conditions = [f"({f.serves})"]
+    first, given = f.call[0], dict(zip((a.name for a in op.inputs), f.call))
     for expr, a in zip(f.call, op.inputs):
         if isinstance(a, declare.Tensor) and expr in kinds:
             optional = kinds[expr] == "std::optional<at::Tensor>"
-            takes = " || ".join(f"{expr}{'->' if optional else '.'}scalar_type() == {AT[d]}"
-                                for d in op.root(a.name).dtypes)
-            conditions.append(f"(!{expr}.has_value() || {takes})" if optional else f"({takes})")
+            to = "->" if optional else "."
+            takes = (f"{expr}{to}scalar_type() == {given[a.like]}.scalar_type()" if a.like in given else
+                     " || ".join(f"{expr}{to}scalar_type() == {AT[d]}" for d in op.root(a.name).dtypes))
+            if expr != first:
+                takes = f"({takes}) && {expr}{to}device() == {first}.device()"
+            conditions.append(f"(!{expr}.has_value() || ({takes}))" if optional else f"({takes})")
+        elif isinstance(a, declare.Scalar) and a.choices and kinds.get(expr) == "c10::string_view":
+            conditions.append("(" + " || ".join(f'{expr} == "{c}"' for c in a.choices) + ")")
     parsed = f.signature.replace("IntArrayRef ", "PyObject* ")
     return {"name": name, "signature": json.dumps(parsed), "count": len(params), "reads": reads,
             "serves": " &&\n      ".join(conditions), "call": ", ".join(f.call)}

@@ -39,9 +39,8 @@ OP_DECLARATION = declare.Op(
         "int64_t ignore_index=-100, bool? reduce=None, c10::string_view reduction=\"mean\", "
         "double label_smoothing=0.0, *, bool in_place=False)",
         serves="input.is_cuda() && !weight.has_value() && !size_average.has_value() && !reduce.has_value() && "
-               "input.dim() == 2 && target.dim() == 1 && target.device() == input.device() && "
-               "label_smoothing >= 0.0 && label_smoothing <= 1.0 && "
-               "(reduction == \"mean\" || reduction == \"sum\" || reduction == \"none\")",
+               "input.dim() == 2 && target.dim() == 1 && "
+               "label_smoothing >= 0.0 && label_smoothing <= 1.0",
         call=("input", "target", "ignore_index", "label_smoothing", "reduction", "in_place")),
 )
 

@@ -82,10 +82,7 @@ OP_DECLARATION = declare.Op(
         "bool scale_grad_by_freq=False, c10::string_view mode=\"mean\", bool sparse=False, "
         "Tensor? per_sample_weights=None, bool include_last_offset=False, int64_t? padding_idx=None)",
         serves="!max_norm.has_value() && !scale_grad_by_freq && !sparse && weight.is_cuda() && !input.is_nested() && "
-               "input.device() == weight.device() && (!offsets.has_value() || offsets->device() == weight.device()) && "
-               "(!per_sample_weights.has_value() || (per_sample_weights->scalar_type() == weight.scalar_type() && "
-               "mode == \"sum\" && per_sample_weights->device() == weight.device())) && "
-               "(mode == \"sum\" || mode == \"mean\" || mode == \"max\") && (!padding_idx.has_value() || "
+               "(!per_sample_weights.has_value() || mode == \"sum\") && (!padding_idx.has_value() || "
                "(*padding_idx >= -weight.size(0) && *padding_idx < weight.size(0)))",
         call=("weight", "input", "offsets", "mode", "per_sample_weights", "include_last_offset", "padding_idx")),
 )

@@ -29,7 +29,7 @@ OP_DECLARATION = declare.Op(
         "rms_norm(Tensor input, IntArrayRef normalized_shape, Tensor? weight=None, double? eps=None)",
         serves="input.is_cuda() && input.dim() >= 1 && normalized_shape && normalized_shape->size() == 1 && "
                "(*normalized_shape)[0] == input.size(-1) && (!weight.has_value() || "
-               "(weight->dim() == 1 && weight->size(0) == input.size(-1) && weight->device() == input.device()))",
+               "(weight->dim() == 1 && weight->size(0) == input.size(-1)))",
         call=("input", "weight", f"eps.value_or({FLOAT32_EPS!r})")),
 )
 
