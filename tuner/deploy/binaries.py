@@ -210,7 +210,8 @@ def build_variants(fam, winners: list[dict], arch: str, sources: dict[str, str] 
     if failed:
         print(f"{fam.FAMILY}: {', '.join(sorted(failed))} (parameters rendered for a dtype pair no search tuned) "
               f"failed to build for {arch}: torch's op serves those calls", file=sys.stderr)
-        winners = [{"problem": w["problem"], "served_by": "torch"} if w.get("variant") in failed else w for w in winners]
+        winners = [{"problem": w["problem"], "served_by": "torch", "unbuilt": w["variant"]}
+                   if w.get("variant") in failed else w for w in winners]
     entry = fam.ENTRY
     placed = [{**w, "library": builds[w["variant"]].so.name, "entry": builds[w["variant"]].entry or entry}
               if "variant" in w else w for w in winners]

@@ -204,8 +204,7 @@ def _write(out: Path, family, winners: list[dict[str, Any]], gpu: dict, binaries
     spec = families.part(family.FAMILY, "op").OP if families.has_part(family.FAMILY, "op") else None
     built = _binaries.write(out, family, spec, entries, gpu.get("arch"), regions) if binaries else None
     if getattr(family, "OP_DECLARATION", None) is not None:  # who serves each dtype pair, in words, as built
-        named = {b["variant"] for b in _binaries.bound(family, spec, entries, regions) if "variant" in b}
-        unbuilt = frozenset(named - {b["variant"] for b in built["bound"] if "variant" in b}) if built else frozenset()
+        unbuilt = frozenset(b["unbuilt"] for b in built["bound"] if "unbuilt" in b) if built else frozenset()
         manifest["serving"] = _binaries.serving(family, spec, entries, regions, unbuilt)
     if built:
         manifest["binaries"] = built

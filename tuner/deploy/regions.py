@@ -71,10 +71,11 @@ def grid(family: str, entries: list[dict]) -> list[dict]:
             return sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for x, y in zip(key, to))
 
         def nearest(key) -> int:  # as the binding chooses (tuner_op.h): the first of equal distances
-            best = 0
+            best, best_d = 0, distance(key, keys[0])
             for i in range(1, len(keys)):
-                if distance(key, keys[i]) < distance(key, keys[best]) - 1e-12:
-                    best = i
+                d = distance(key, keys[i])
+                if d < best_d - 1e-12:
+                    best, best_d = i, d
             return best
 
         for key in sorted(found, key=lambda k: (min(distance(k, t) for t in tuned), k))[:MOST]:
