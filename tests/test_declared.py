@@ -86,7 +86,7 @@ def test_the_rendered_op_compiles_and_registers_its_schemas():
         "float eps, int rounds, bool fast, str mode, bool x_grad, bool w_grad) -> (Tensor, Tensor)")
     assert str(torch.ops.tuner.declared_probe_forward.default._schema).endswith("-> (Tensor, Tensor, Tensor, Tensor)")
     assert torch.ops.tuner_declared_probe.has_baseline() is True  # the control ops are there, and say so
-    assert "served(int[] sizes, ScalarType x, ScalarType w) -> str" in str(
+    assert "served(int[] sizes, ScalarType x, ScalarType w, bool grad=False) -> str" in str(
         torch.ops.tuner_declared_probe.served.default._schema)
     assert torch.ops.tuner_declared_probe.served([4, 8], torch.float64, torch.float32) == "torch"  # no variant takes it
     x, index = torch.randn(4, 8), torch.zeros(4, dtype=torch.long)
@@ -462,7 +462,7 @@ def test_an_optional_input_with_a_gradient_and_a_saved_tensor_of_one_word_render
     runtime.register_python(types_namespace(impls=impls))
     assert "Tensor? scale" in str(torch.ops.tuner.bags_probe.default._schema)
     assert str(torch.ops.tuner_bags_probe.served.default._schema).endswith(
-        "served(int[] sizes, ScalarType weight, int kind=0) -> str")
+        "served(int[] sizes, ScalarType weight, int kind=0, bool grad=False) -> str")
     assert str(torch.ops.tuner.bags_probe.default._schema).endswith("int? padding_idx=None) -> Tensor")
     g = torch.Generator().manual_seed(0)
     weight, indices = torch.randn(9, 4, generator=g), torch.randint(0, 9, (3, 5), generator=g)

@@ -82,7 +82,7 @@ def test_a_problem_the_check_gave_to_torch_keeps_its_variant_where_it_won_around
     entries = [_entry(rms_norm.space(), p)]
     around = regions.grid("rms_norm", entries)
     ratios = {export.problem_key(r["problem"]): {"fwd wall": 0.5} for r in around}
-    checked = export.with_checks(entries, {export.problem_key(p): {"fwd wall": 1.2}})
+    checked = export.with_checks(entries, {export.problem_key(p): {"fwd wall": 1.2, "fwd+bwd wall": 1.1}})
     assert checked[0]["served_by"] == "torch"
     binds = binaries.bound(rms_norm, rms_norm.op.OP, checked, regions.decide(around, ratios, export.SLOWER))
     mine = [b for b in binds if (b["problem"]["x"], b["problem"]["weight"]) == ("bfloat16", "bfloat16")]
@@ -109,15 +109,65 @@ def test_the_grid_leaves_out_every_tuned_problem_s_shape_and_the_first_of_two_st
     assert {b["variant"] for b in binds if b["problem"] in [r["problem"] for r in around]} == {v1.name}
 
 
-def test_who_serves_a_shape_is_read_from_its_ratios():
+def test_who_serves_a_shape_is_read_from_its_ratios_for_each_kind_of_call():
+    """Calls without a gradient are the forward's cells' to decide, training calls forward+backward's:
+    torch's op serves a kind where the op was slower in one of its cells or has no time there, and
+    the whole shape where it lost both."""
     points = regions.grid("rms_norm", [_entry(rms_norm.space(), rms_norm.Problem().__dict__)])
     keys = [export.problem_key(p["problem"]) for p in points]
-    ratios = {keys[0]: {"fwd wall": 0.8, "fwd gpu": 0.7, "fwd+bwd wall": 0.9, "fwd+bwd gpu": 0.6},
-              keys[1]: {"fwd wall": 1.04, "fwd gpu": 0.7, "fwd+bwd wall": 0.9, "fwd+bwd gpu": 0.6},
-              keys[2]: {"fwd wall": 0.9, "fwd gpu": None, "fwd+bwd wall": 0.9, "fwd+bwd gpu": 0.6}}
+    ratios = {keys[0]: {"fwd wall": 0.8, "fwd GPU": 0.7, "fwd+bwd wall": 0.9, "fwd+bwd GPU": 0.6},
+              keys[1]: {"fwd wall": 1.04, "fwd GPU": 0.7, "fwd+bwd wall": 0.9, "fwd+bwd GPU": 0.6},
+              keys[2]: {"fwd wall": 0.9, "fwd GPU": 0.8, "fwd+bwd wall": 0.9, "fwd+bwd GPU": None},
+              keys[3]: {"fwd wall": 1.2, "fwd GPU": 0.8, "fwd+bwd wall": 0.9, "fwd+bwd GPU": 1.1}}
     decided = regions.decide(points, ratios, export.SLOWER)
-    assert [r["served_by"] for r in decided] == ["variant", "torch", "torch"]  # the fourth was not measured
+    assert len(decided) == 4  # the fifth was not measured
+    assert [(r["served_by"], r.get("torch_serves")) for r in decided] == [
+        ("variant", None), ("variant", "inference"), ("variant", "training"), ("torch", None)]
     assert decided[1]["checked"] == ratios[keys[1]]
+    binds = binaries.bound(rms_norm, rms_norm.op.OP, [_entry(rms_norm.space(), rms_norm.Problem().__dict__)], decided)
+    mine = {export.problem_key(b["problem"]): b for b in binds}
+    assert [mine[k].get("torch_serves") for k in keys[:3]] == [None, "inference", "training"]
+    assert mine[keys[3]] == {"problem": points[3]["problem"], "served_by": "torch"}
+    words = binaries.serving(rms_norm, rms_norm.op.OP, [_entry(rms_norm.space(), rms_norm.Problem().__dict__)],
+                             decided)["bfloat16/bfloat16"]
+    assert "variants serve 3, torch's op 1" in words and "(inference)" in words and "(training)" in words
+
+
+def test_a_tuned_problem_s_check_gives_torch_s_op_the_kind_of_call_it_won():
+    base = rms_norm.Problem().__dict__
+    entry = _entry(rms_norm.space(), base)
+    key = export.problem_key(base)
+    forward_lost = {"fwd wall": 1.3, "fwd GPU": 0.9, "fwd+bwd wall": 0.8, "fwd+bwd GPU": 0.7}
+    (w,) = export.with_checks([entry], {key: forward_lost})
+    assert (w["served_by"], w["torch_serves"], w["checked"]) == ("variant", "inference", forward_lost)
+    (again,) = export.with_checks([w], {key: {cell: 0.9 for cell in forward_lost}})  # a later check won both
+    assert again["served_by"] == "variant" and "torch_serves" not in again
+    (both,) = export.with_checks([entry], {key: {cell: 1.1 for cell in forward_lost}})
+    assert both["served_by"] == "torch" and "torch_serves" not in both
+    (bind,) = [b for b in binaries.bound(rms_norm, rms_norm.op.OP, [w]) if b["problem"] == base]
+    assert bind["variant"] == entry["variant"] and bind["torch_serves"] == "inference"
+
+
+def test_the_runtime_stages_the_calls_a_variant_serves_only_where_torch_s_op_serves_the_others(monkeypatch):
+    """A binding built before the `serves` argument still loads an export without it."""
+    import ctypes
+
+    from tuner import runtime
+
+    staged = []
+
+    class Ops:
+        def stage(self, *args):
+            staged.append(args)
+
+    monkeypatch.setattr(runtime, "table", lambda *a: 7)
+    monkeypatch.setattr(ctypes, "CDLL", lambda path: path)
+    problem = rms_norm.Problem().__dict__
+    binds = [{"problem": problem, "variant": "v", "library": "lib", "entry": "e", **kind}
+             for kind in ({}, {"torch_serves": "inference"}, {"torch_serves": "training"})]
+    runtime.stage(rms_norm.op.OP, Ops(), binds, {"lib": "lib.so"})
+    assert [len(a) for a in staged] == [5, 6, 6]
+    assert [a[5] for a in staged[1:]] == [runtime.SERVES["training"], runtime.SERVES["inference"]]
 
 
 def test_a_variant_is_weighed_against_the_op_s_own_path_to_torch_where_measured():
@@ -282,8 +332,9 @@ def test_measured_shapes_decide_who_serves_a_call(tmp_path, shared_home):
     for r in decided:
         rows, width = r["problem"]["rows"], r["problem"]["width"]
         for near in ((rows, width), (rows + rows // 8, width)):
-            who = torch.ops.tuner_rms_norm.served(list(near), torch.bfloat16, torch.bfloat16)
-            assert (who == "torch") == (r["served_by"] == "torch"), (near, r)
+            for grad, kind in ((False, "inference"), (True, "training")):
+                who = torch.ops.tuner_rms_norm.served(list(near), torch.bfloat16, torch.bfloat16, grad)
+                assert (who == "torch") == (r["served_by"] == "torch" or r.get("torch_serves") == kind), (near, r)
 
 
 def test_export_best_lists_each_measured_shape_and_who_serves_it():

@@ -12,7 +12,7 @@ import tuner
 from tuner import opspec, runtime
 from tuner.build import binding
 from tuner.build import compile as build
-from tuner.deploy import export
+from tuner.deploy import export, regions
 from tuner.families import rms_norm
 from tuner.families.rms_norm import op as rms_op
 from tuner.store.records import served_by
@@ -179,15 +179,24 @@ def test_export_binds_torch_where_no_variant_beat_it_and_for_untuned_pairs(tmp_p
                 "objective": "fwd+bwd", "objective_us": timings["fwd"]["median_us"] + timings["bwd"]["median_us"],
                 "baseline_us": torch_op, "served_by": served_by(timings, torch_op, "fwd+bwd")}
 
+    # a shape the check measured, where torch's op won the calls without a gradient and the variant
+    # the training calls
+    one_kind = regions.decide([{"problem": rms_norm.Problem(1024, 4096).__dict__,
+                                "near": export.problem_key(rms_norm.Problem(4096, 4096).__dict__)}],
+                              {export.problem_key(rms_norm.Problem(1024, 4096).__dict__): {
+                                  "fwd GPU": 1.2, "fwd+bwd GPU": 0.6, "fwd wall": 0.9, "fwd+bwd wall": 0.7}}, 1.0)
+    assert one_kind[0]["served_by"] == "variant" and one_kind[0]["torch_serves"] == "inference"
     out = export.write(tmp_path / "rms", [won(fast, 4096, 4096, _timed(20.0, 50.0)),
                                           won(wide, 16384, 8192, _timed(25.0, 55.0)),
-                                          won(fast, 65536, 768, _timed(31.0, 40.0))], GPU)
+                                          won(fast, 65536, 768, _timed(31.0, 40.0))], GPU, regions=one_kind)
     manifest = export.read(out)
+    assert "1024 x 4096 (inference)" in manifest["serving"]["bfloat16/bfloat16"]
     assert [e["served_by"] for e in manifest["entries"]] == ["variant", "variant", "torch"]
     assert manifest["serving"]["float16/float32"].startswith("variants at every shape")
     bound = manifest["binaries"]["bound"]
     tuned = [b for b in bound if not b.get("tuned_for")]
-    assert [b.get("variant") for b in tuned] == [fast.name, wide.name, None]  # bfloat16/bfloat16's own
+    assert [b.get("variant") for b in tuned] == [fast.name, wide.name, None, fast.name]  # bfloat16/bfloat16's own
+    assert tuned[3]["torch_serves"] == "inference"
     assert "library" not in tuned[2]  # torch's row needs none
     mixed = {(b["problem"]["x"], b["problem"]["weight"]) for b in bound if b.get("tuned_for")}
     assert mixed == {(x, w) for x in rms_norm.DTYPES for w in rms_norm.DTYPES if x != w}
@@ -202,6 +211,12 @@ def test_export_binds_torch_where_no_variant_beat_it_and_for_untuned_pairs(tmp_p
     assert ops.served([65536, 768], bf16, bf16) == "torch"  # the variant did not beat torch here
     assert ops.served([65536, 1024], bf16, bf16) == "torch"  # nearest to that problem
     assert ops.served([64, 128], bf16, bf16) == "torch"  # beyond every tuned problem's reach
+    for grad in (False, True):  # nothing but the measured shape gives torch's op one kind of call
+        assert ops.served([4096, 4096], bf16, bf16, grad) == fast.name
+        assert ops.served([65536, 768], bf16, bf16, grad) == "torch"
+    assert ops.served([1024, 4096], bf16, bf16) == "torch"  # a call without a gradient there: torch's op won it
+    assert ops.served([1024, 4096], bf16, bf16, True) == fast.name  # a training call: the variant won it
+    assert ops.served([1024, 4096], bf16, bf16, grad=True) == fast.name
     for x, w in ((fp32, fp32), (fp16, fp16)):
         assert ops.served([4096, 4096], x, w) == "torch"  # untuned pairs torch fuses
     for x, w in ((fp16, fp32), (bf16, fp32), (fp32, bf16)):  # unfused by torch: the tuned parameters, anywhere

@@ -102,6 +102,50 @@ def test_rms_norm_near_a_tuned_problem_runs_its_variant(rms):
         torch.testing.assert_close(op(x, w), F.rms_norm(x, (8192,), w, EPS), atol=2e-2, rtol=2e-2)  # ...that agrees
 
 
+def test_rms_norm_serves_each_kind_of_call_as_the_check_measured_it(shared_home, tmp_path):
+    """Where the export's check gave torch's op the calls without a gradient and a variant the
+    training calls (or the other way round), a forward under no_grad or inference_mode, and a
+    training call (eager and compiled), each run what won them: torch's results bit for bit, or
+    the variant's kernels."""
+    from tuner.deploy import regions
+
+    v = rms_norm.space().variant(threads_per_row=256, block_size=256, vec=8, unroll=2, rstd="saved",
+                                 grad_weight="partials", bwd_blocks=2, walk="resident")
+    tuned = rms_norm.Problem(4096, 4096).__dict__
+    shapes = {"inference": rms_norm.Problem(1024, 4096).__dict__, "training": rms_norm.Problem(4096, 1024).__dict__}
+    lost = {"inference": {"fwd GPU": 1.2, "fwd wall": 0.9, "fwd+bwd GPU": 0.7, "fwd+bwd wall": 0.8},
+            "training": {"fwd GPU": 0.8, "fwd wall": 0.9, "fwd+bwd GPU": 1.1, "fwd+bwd wall": 0.8}}
+    decided = regions.decide([{"problem": p, "near": export.problem_key(tuned)} for p in shapes.values()],
+                             {export.problem_key(shapes[k]): lost[k] for k in shapes}, export.SLOWER)
+    assert [r["torch_serves"] for r in decided] == ["inference", "training"]
+    op = tuner.load(export.write(tmp_path / "kinds", [_entry(v, tuned, "variant")], gpus.attached().describe(),
+                                 regions=decided))
+    for kind, p in shapes.items():
+        rows, width = p["rows"], p["width"]
+        assert torch.ops.tuner_rms_norm.served([rows, width], BF16, BF16, False) == ("torch" if kind == "inference"
+                                                                                    else v.name)
+        assert torch.ops.tuner_rms_norm.served([rows, width], BF16, BF16, True) == ("torch" if kind == "training"
+                                                                                   else v.name)
+        x, w = rms_norm.make_inputs(rows, width, seed=11)
+        want = F.rms_norm(x, (width,), w, EPS)
+        for context in (torch.no_grad, torch.inference_mode):
+            with context():
+                assert _ran_a_variant(lambda: op(x, w)) == (kind == "training"), (kind, context)
+                if kind == "inference":
+                    assert torch.equal(op(x, w), want)
+        x.requires_grad_(), w.requires_grad_()
+        g = torch.randn(rows, width, device="cuda", dtype=BF16)
+        want_grads = torch.autograd.grad(F.rms_norm(x, (width,), w, EPS), (x, w), g)
+        assert _ran_a_variant(lambda: torch.autograd.grad(op(x, w), (x, w), g)) == (kind == "inference"), kind
+        got = torch.autograd.grad(op(x, w), (x, w), g)
+        if kind == "training":  # torch's op: its own gradients
+            assert all(torch.equal(a, b) for a, b in zip(got, want_grads))
+        compiled = torch.compile(lambda x, w: op(x, w), fullgraph=True)  # chosen as the graph is traced
+        for grads in (got, torch.autograd.grad(compiled(x, w), (x, w), g)):
+            for a, b in zip(grads, want_grads):
+                torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+
+
 def test_rms_norm_baseline_under_compile_and_cuda_graphs(rms):
     op, _ = rms
     x, w = rms_norm.make_inputs(65536, 768, seed=7)

@@ -31,9 +31,11 @@ from . import entries
 from .entries import entry, functional  # noqa: F401 (what the families' functions call, as runtime.<name>)
 
 VALIDATE = {"deferred": 0, "sync": 1, "async": 2}  # the bindings' codes
+SERVES = {"inference": 1, "training": 2}  # the calls a staged variant serves, a bit each (tuner_op.h's Serves)
 # The control ops a binding offers this runtime (templates/common/tuner_op.h); 4: stage(variant,
-# int pair, int[] shape, int kind, str tuned_for), set_reach(pair, reach), publish(reference, reach),
-# where variant 0 is the baseline. Binaries built for another protocol are not bound.
+# int pair, int[] shape, int kind, str tuned_for[, int serves]), set_reach(pair, reach), publish(reference,
+# reach), where variant 0 is the baseline (a binding of 4 before `serves` takes the rest: an export
+# that gives torch's op one kind of call is newer than it). Binaries built for another protocol are not bound.
 OP_PROTOCOL = 4
 MANIFEST = "manifest.json"
 
@@ -301,8 +303,11 @@ def stage(spec: OpSpec, ops, bound: list[dict], libraries: dict[str, Path]) -> l
         if b.get("served_by") == "torch":  # the baseline, where no variant beat it
             ops.stage(0, spec.pair(b["problem"]), [max(1, int(n)) for n in sizes], int(kind), "")
             continue
+        # the calls the variant serves where the check gave torch's op one kind (tuner_op.h's Serves);
+        # left out where it serves both, so that a binding built before the argument loads
+        serves = {"inference": (SERVES["training"],), "training": (SERVES["inference"],)}.get(b.get("torch_serves"), ())
         ops.stage(table(opened[b["library"]], b["entry"], spec.abi, b["variant"]), -1, [max(1, int(n)) for n in sizes],
-                  int(kind), b.get("tuned_for", ""))
+                  int(kind), b.get("tuned_for", ""), *serves)
     return list(opened.values())
 
 

@@ -206,10 +206,16 @@ class Workspaces {
 // A call's sizes (and the key a winner is picked by): a few numbers, kept off the heap.
 using Sizes = c10::SmallVector<int64_t, 8>;
 
+// The calls a winner's variant serves (a bit each): calls that want no gradient (inference, a
+// forward alone) and calls that do (training, a forward and its backward). The export's check
+// times both, and torch's op serves the kind where it won.
+enum Serves : int64_t { SERVES_INFERENCE = 1, SERVES_TRAINING = 2, SERVES_BOTH = 3 };
+
 // A winner bound at load: the variant's table, the problem it was tuned for (sizes compared
 // in log distance, and a kind, e.g. a mode, that a call prefers to match), and, when it was
 // tuned for another dtype pair, which (the call warns once). No table: the baseline (the torch
-// op the family replaces) serves the problem, because no variant beat it there.
+// op the family replaces) serves the problem, because no variant beat it there; `serves`: the
+// calls the variant serves there, the baseline the others.
 template <class Vtable>
 struct Winner {
   std::vector<int64_t> shape;
@@ -217,7 +223,9 @@ struct Winner {
   const Vtable* vt;
   std::string tuned_for;
   std::vector<double> logs = {};  // log(max(size, 1)) of `shape`, made once at stage (a call takes its own once)
+  int64_t serves = SERVES_BOTH;
   bool baseline() const { return vt == nullptr; }
+  bool baseline_for(bool grad) const { return vt == nullptr || !(serves & (grad ? SERVES_TRAINING : SERVES_INFERENCE)); }
 };
 
 template <class Vtable>
@@ -272,17 +280,22 @@ class Op {
 
   // ---------------------------------------------------------------- binding winners
 
-  // A variant's table at `address`, or with address 0 the baseline for dtype pair `pair`.
-  void stage(int64_t address, int64_t pair, std::vector<int64_t> shape, int64_t kind, std::string tuned_for) {
+  // A variant's table at `address`, or with address 0 the baseline for dtype pair `pair`; `serves`,
+  // the calls the variant serves (Serves; the baseline the others).
+  void stage(int64_t address, int64_t pair, std::vector<int64_t> shape, int64_t kind, std::string tuned_for,
+             int64_t serves = SERVES_BOTH) {
     const Vtable* vt = address ? table(address) : nullptr;
     TORCH_CHECK(vt != nullptr || has_baseline_, name, ": this op has no baseline to stage");
+    TORCH_CHECK(serves >= SERVES_INFERENCE && serves <= SERVES_BOTH, name, ": serves must be 1, 2 or 3");
+    TORCH_CHECK(serves == SERVES_BOTH || has_baseline_, name, ": a variant of an op without a baseline serves every call");
     if (vt != nullptr) pair = pair_of_(vt);
     TORCH_CHECK(pair >= 0 && pair < pairs_, name, ": ", vt ? vt->name : "the baseline", " has unknown dtypes");
     for (int64_t s : shape) TORCH_CHECK(s > 0, name, ": a tuned shape must be positive");
     std::vector<double> logs;
     for (int64_t s : shape) logs.push_back(std::log(static_cast<double>(s)));
     std::lock_guard<std::mutex> lock(mutex_);
-    staging_.pairs[pair].winners.push_back(Winner<Vtable>{std::move(shape), kind, vt, std::move(tuned_for), std::move(logs)});
+    staging_.pairs[pair].winners.push_back(
+        Winner<Vtable>{std::move(shape), kind, vt, std::move(tuned_for), std::move(logs), serves});
   }
 
   // The staged pair's own reach (see Pair::reach).
@@ -361,12 +374,12 @@ class Op {
   }
 
   // Whether the baseline serves a call of this pair, shape and kind in the live table (false when
-  // nothing is bound or the CPU reference serves CUDA calls): what an Autograd or plain CUDA kernel
-  // asks before it calls the torch op its family replaces.
+  // nothing is bound or the CPU reference serves CUDA calls), one that wants a gradient (`grad`) or
+  // not: what an Autograd or plain CUDA kernel asks before it calls the torch op its family replaces.
   template <class What>
-  bool serves_baseline(int pair, c10::IntArrayRef shape, int64_t kind, What&& what) const {
+  bool serves_baseline(int pair, c10::IntArrayRef shape, int64_t kind, bool grad, What&& what) const {
     const auto t = bound_or_null();
-    return t != nullptr && !t->reference && choose(*t, pair, shape, kind, what).baseline();
+    return t != nullptr && !t->reference && choose(*t, pair, shape, kind, what).baseline_for(grad);
   }
 
   // The nearest variant whatever the baseline would serve (an op below the autograd kernel that
@@ -546,13 +559,13 @@ struct OnCpu<Ret(Args...)> {
 
 // The binding's control ops in namespace `ns` for the tuner_op::Op object `op` (what
 // tuner.runtime calls): stage a winner (its table's address, or 0 and the dtype pair for the
-// baseline; tuned shape, kind, the dtype pair it was tuned for when not its own), set a pair's
-// own reach, publish the staged ones (with the reach of a tuned problem), the validate mode, errors.
+// baseline; tuned shape, kind, the dtype pair it was tuned for when not its own, the calls it
+// serves), set a pair's own reach, publish the staged ones (with the reach of a tuned problem), the validate mode, errors.
 #define TUNER_OP_CONTROL(ns, op)                                                                             \
   TORCH_LIBRARY_FRAGMENT(ns, m) {                                                                           \
-    m.def("stage(int variant, int pair, int[] shape, int kind, str tuned_for) -> ()",                       \
-          [](int64_t v, int64_t p, c10::IntArrayRef s, int64_t k, std::string t) {                           \
-            op.stage(v, p, s.vec(), k, std::move(t));                                                        \
+    m.def("stage(int variant, int pair, int[] shape, int kind, str tuned_for, int serves=3) -> ()",         \
+          [](int64_t v, int64_t p, c10::IntArrayRef s, int64_t k, std::string t, int64_t serves) {           \
+            op.stage(v, p, s.vec(), k, std::move(t), serves);                                                \
           });                                                                                                \
     m.def("set_reach(int pair, float reach) -> ()", [](int64_t p, double reach) { op.set_reach(p, reach); }); \
     m.def("publish(bool reference, float reach) -> ()", [](bool r, double reach) { op.publish(r, reach); }); \

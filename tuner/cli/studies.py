@@ -239,8 +239,7 @@ def region_lines(regions: list[dict], describe) -> list[str]:
         if len(every) > len(cells):
             parts.append(f"{len(every) - len(cells)} cell(s) not timed")
         against = f" ({'; '.join(parts)})"
-        who = "a variant" if r.get("served_by") == "variant" else "torch's op"
-        lines.append(f"  {describe(r['problem'])}: {who}{against}")
+        lines.append(f"  {describe(r['problem'])}: {_who(r)}{against}")
     return lines
 
 
@@ -259,7 +258,20 @@ def _served(entry: dict) -> str:
         timing += "; op/torch " + ", ".join(f"{cell} {'-' if r is None else f'{r:.2f}x'}" for cell, r in checked.items())
     if entry.get("served_by") == "torch":
         return f"torch's op (the best variant, {entry['variant']}, {timing})"
+    if entry.get("torch_serves"):
+        return f"{_who(entry).replace('a variant', entry['variant'])} ({timing})"
     return f"{entry['variant']} ({timing})"
+
+
+def _who(verdict: dict) -> str:
+    """Who serves a checked shape, in words: each kind of call's, where torch's op won one
+    (tuner.deploy.regions.verdict)."""
+    if verdict.get("served_by") == "torch":
+        return "torch's op"
+    other = {"inference": "training", "training": "inference"}.get(verdict.get("torch_serves"))
+    if other is None:
+        return "a variant"
+    return f"a variant for {other} calls, torch's op for {verdict['torch_serves']} calls"
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -103,11 +103,23 @@ def _checked(family: str, out: Path, winners: list[dict]) -> tuple[list[dict], l
     checked = {k: ratios[k] for k in (export.problem_key(p["problem"]) for p in tuned) if k in ratios}
     winners = export.with_checks(winners, checked)
     slower = sum(w.get("served_by") == "torch" and "checked" in w for w in winners)
-    notes = [f"checked the op against torch's at its {len(checked)} variant-served problems: {slower} slower in a "
-             "cell (wall or GPU, forward or forward+backward), now served by torch's op"]
+    notes = [f"checked the op against torch's at its {len(checked)} variant-served problems: {slower} slower in "
+             "both kinds of call (without a gradient and with one; wall or GPU), now served by torch's op"
+             + _one_kind(winners)]
     measured = regions.decide(around, ratios, export.SLOWER)
     if measured:
         won = sum(r["served_by"] == "torch" for r in measured)
         notes.append(f"timed the op against torch's at {len(measured)} shapes around and between them: variants "
-                     f"serve {len(measured) - won} of them, torch's op {won} (the manifest's regions)")
+                     f"serve {len(measured) - won} of them, torch's op {won}" + _one_kind(measured)
+                     + " (the manifest's regions)")
     return winners, measured, notes
+
+
+def _one_kind(verdicts: list[dict]) -> str:
+    """How many verdicts give torch's op one kind of call, the variant the other (`torch_serves`), in
+    words ("; 2 give torch's op one kind of call: 1 inference, 1 training"), or ""."""
+    kinds = [v["torch_serves"] for v in verdicts if v.get("served_by", "variant") == "variant" and v.get("torch_serves")]
+    if not kinds:
+        return ""
+    return f"; {len(kinds)} give torch's op one kind of call: " + ", ".join(
+        f"{kinds.count(k)} {k}" for k in regions.KINDS if k in kinds)

@@ -91,7 +91,7 @@ def _tuned_pair(fam, baseline: bool, same: list[dict], regions, fixed: dict) -> 
         if mine is not None:
             near.setdefault(problem_key(e["problem"]), mine)
         out.append({"problem": e["problem"], "served_by": "torch"}
-                   if mine is None or (baseline and e.get("served_by") == "torch") else mine)
+                   if mine is None or (baseline and e.get("served_by") == "torch") else _kind(mine, e, baseline))
     return out + _measured(near, [r for r in regions if fam.space_for(r["problem"]).fixed == fixed], fixed)
 
 
@@ -105,16 +105,25 @@ def _untuned_pair(fam, baseline: bool, entries: list[dict], regions, space, unfu
                 "tuned_for": "/".join(map(str, fam.space_for(e["problem"]).fixed.values()))}
         near.setdefault(problem_key(e["problem"]), mine)  # as the tuned pair's (`_tuned_pair`)
         torch_won = baseline and e.get("served_by") == "torch" and not unfused  # torch beat the tuned pair's winner
-        out.append({"problem": mine["problem"], "served_by": "torch"} if torch_won else mine)
+        out.append({"problem": mine["problem"], "served_by": "torch"} if torch_won
+                   else _kind(mine, e, baseline and not unfused))
     return out + _measured(near, regions, space.fixed)
+
+
+def _kind(bind: dict, verdict: dict, baseline: bool) -> dict:
+    """A variant's bind with the kind of call torch's op serves there (`torch_serves`, where the
+    check gave it one kind: tuner.deploy.regions.verdict), given a baseline to serve it."""
+    kind = verdict.get("torch_serves") if baseline else None
+    return {**bind, "torch_serves": kind} if kind else bind
 
 
 def _measured(near: dict, regions, fixed: dict) -> list[dict]:
     """The binds of shapes measured around tuned problems, in the pair's dtypes `fixed`: torch's op
-    where it won, else the bind of the tuned problem `near` them (by its key), at the shape."""
+    where it won, else the bind of the tuned problem `near` them (by its key), at the shape, with
+    the kind of call torch's op won there, if one."""
     return [{"problem": {**r["problem"], **fixed}, "served_by": "torch"}
             if r["served_by"] == "torch" or r["near"] not in near
-            else {**near[r["near"]], "problem": {**r["problem"], **fixed}} for r in regions]
+            else _kind({**near[r["near"]], "problem": {**r["problem"], **fixed}}, r, True) for r in regions]
 
 
 def _untuned_kinds(fam, mine: list[dict]) -> list[dict]:
@@ -146,7 +155,9 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = (), unbuilt: f
         mine = [b for b in binds if fam.space_for(b["problem"]).fixed == space.fixed]
         won = sorted({_sizes(spec, b["problem"]) for b in mine if b.get("served_by") == "torch" and not b.get("unbuilt")})
         tuned_for = next((b["tuned_for"] for b in mine if b.get("tuned_for")), "")
-        torch_won = f"; torch's op near {', '.join(won)}, where it was faster" if won else ""
+        one = _one_kind(spec, mine)
+        torch_won = (f"; torch's op near {', '.join(won)}, where it was faster" if won else "") + (
+            f"; torch's op for one kind of call at {one}" if one else "")
         if any(b.get("unbuilt") for b in mine) and not any("variant" in b for b in mine):
             text = "torch's op (the parameters rendered for this pair failed to build)"
         elif not any("variant" in b for b in mine):
@@ -165,8 +176,10 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = (), unbuilt: f
             taken = " of " + "/".join(map(str, source.values()))
         if measured:
             won = [_sizes(spec, r["problem"]) for r in measured if r["served_by"] == "torch"]
+            one = _one_kind(spec, measured)
             text += (f"; measured at {len(measured)} shapes around them{taken}: variants serve "
-                     f"{len(measured) - len(won)}, torch's op {len(won)}" + (f" ({', '.join(won)})" if won else ""))
+                     f"{len(measured) - len(won)}, torch's op {len(won)}" + (f" ({', '.join(won)})" if won else "")
+                     + (f", and one kind of call at {one}" if one else ""))
         copies = [b for b in mine if b.get("served_as")]
         if copies:
             kind = fam.OP_DECLARATION.kind
@@ -174,6 +187,13 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = (), unbuilt: f
             text += f"; {kind} {kinds} (no search tuned them) as {copies[0]['served_as']}'s"
         said["/".join(map(str, space.fixed.values()))] = text + (f"; parameters tuned for {tuned_for}" if tuned_for else "")
     return said
+
+
+def _one_kind(spec, binds: list[dict]) -> str:
+    """The shapes where torch's op serves one kind of call beside a variant (`torch_serves`), each with
+    the kind ("4096 x 32 (inference)"), or ""."""
+    return ", ".join(sorted({f"{_sizes(spec, b['problem'])} ({b['torch_serves']})" for b in binds
+                             if b.get("served_by", "variant") == "variant" and b.get("torch_serves")}))
 
 
 def _sizes(spec, problem: dict) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 from tuner import families, paths, runtime
 from tuner.version import __version__
 from tuner.deploy import binaries as _binaries
+from tuner.deploy import regions as _regions
 from tuner.store import study as studies
 from tuner.store import trials
 from tuner.errors import TunerError
@@ -105,7 +106,7 @@ def _fact(st, variant: Variant, key: str):
     return studies.facts(trial).get(key)
 
 
-SLOWER = 1.0  # a checked problem whose op is slower than torch's in any cell by more than this goes to torch
+SLOWER = _regions.SLOWER  # a checked problem slower than torch's op by more than this in a cell goes to torch
 
 
 def export(study_names: list[str], out: Path, storage: str | None = None, binaries: bool = True,
@@ -146,14 +147,15 @@ def winners_of(loaded: list) -> tuple[list[dict[str, Any]], dict]:
 
 
 def with_checks(winners: list[dict[str, Any]], checked: dict[str, dict] | None) -> list[dict[str, Any]]:
-    """The winners with the op's ratios to torch's at their problems (tuner.deploy.serving): a
-    problem slower in any cell is served by torch's op."""
+    """The winners with the op's ratios to torch's at their problems (tuner.deploy.serving), and who
+    serves each kind of call there (`verdict`: torch's op where the op was slower)."""
     out = []
     for w in winners:
         cells = (checked or {}).get(problem_key(w["problem"]))
         if cells is not None:
-            w = {**w, "checked": cells, **({"served_by": "torch"} if any(r is None or r > SLOWER for r in cells.values())
-                                           else {})}
+            said = _regions.verdict(cells)
+            w = {**{k: v for k, v in w.items() if k != "torch_serves"}, "checked": cells,
+                 **(said if said["served_by"] == "torch" or "torch_serves" in said else {})}
         out.append(w)
     return out
 
@@ -189,6 +191,8 @@ def _write(out: Path, family, winners: list[dict[str, Any]], gpu: dict, binaries
             "verification": w.get("verification", {}),
             # the baseline's timings beside the winner's, and who serves the problem (tuner.store.records.served_by)
             "baseline_us": w.get("baseline_us"), "served_by": w.get("served_by", "variant"),
+            # the kind of call torch's op serves though a variant serves the other (`verdict`)
+            **({"torch_serves": w["torch_serves"]} if w.get("torch_serves") else {}),
             **({"checked": w["checked"]} if "checked" in w else {}),  # the op / torch's op, per cell
         })
     for name, text in headers(family.FAMILY).items():  # the sources include them

@@ -1,7 +1,8 @@
 """Serve by measurement around the tuned problems: the export's check times the op (the nearest
 variant) against torch's op (as the op calls it: behind its guards, tuner.deploy.serving) at shapes
 around and between the problems a variant serves, and the op serves each of those shapes with
-whichever won. The binding picks the nearest of everything it binds (tuned problems and these
+whichever won, for each kind of call on its own (`verdict`: calls without a gradient by the
+forward's times, training calls by forward+backward's). The binding picks the nearest of everything it binds (tuned problems and these
 shapes, in the shape key's log space; tuner_op.h), so that a call goes where the measurement
 nearest to it went, and torch's op serves beyond the family's reach of every one.
 
@@ -23,6 +24,22 @@ from tuner import families
 
 FACTOR = 4  # around a problem: its sizes this much smaller and larger, one at a time
 MOST = 16  # shapes measured per dtype pair and kind, the nearest to a tuned problem first
+SLOWER = 1.0  # a checked shape whose op is slower than torch's op in a cell by more than this: torch's there
+KINDS = ("inference", "training")  # the calls a verdict is given for: without a gradient (a forward), with one
+
+
+def verdict(cells: dict[str, float | None], slower: float = SLOWER) -> dict[str, str]:
+    """Who serves a checked shape (a tuned problem or one around them), from the op's ratios to
+    torch's op per cell (tuner.report.bench's CELLS): each kind of call by its own cells (inference:
+    the forward's; training: forward+backward's), lost where a cell is slower by more than `slower`
+    or has no time. {"served_by": "torch"} where both kinds were lost; {"served_by": "variant",
+    "torch_serves": kind} where one was, so that a forward slower than torch's does not give torch
+    the training calls a variant wins, nor the other way round; else {"served_by": "variant"}."""
+    lost = {"training" if cell.startswith("fwd+bwd") else "inference" for cell, r in cells.items()
+            if r is None or r > slower}
+    if len(lost) == len(KINDS):
+        return {"served_by": "torch"}
+    return {"served_by": "variant", **({"torch_serves": lost.pop()} if lost else {})}
 
 
 def scales(sizes: int, guarded: bool) -> list[tuple[float, ...]]:
@@ -86,16 +103,15 @@ def grid(family: str, entries: list[dict]) -> list[dict]:
 
 
 def decide(points: list[dict], ratios: dict[str, dict], slower: float) -> list[dict]:
-    """The measured shapes with who serves each: torch's op where the op was slower than it in any
-    cell by more than `slower`, or a cell has no time; shapes not measured (too big for the GPU, say)
-    are left out, so that the tuned problems around them decide."""
+    """The measured shapes with who serves each kind of call there (tuner.deploy.export.verdict:
+    torch's op where the op was slower than it by more than `slower`, or a cell has no time);
+    shapes not measured (too big for the GPU, say) are left out, so that the tuned problems around
+    them decide."""
     from tuner.deploy.binaries import problem_key
 
     out = []
     for p in points:
         cells = ratios.get(problem_key(p["problem"]))
-        if cells is None:
-            continue
-        worse = any(r is None or r > slower for r in cells.values())
-        out.append({**p, "served_by": "torch" if worse else "variant", "checked": cells})
+        if cells is not None:
+            out.append({**p, **verdict(cells, slower), "checked": cells})
     return out

@@ -2,8 +2,10 @@
 every problem a variant serves, timed as `tuner bench` times them (wall time of back-to-back calls
 and GPU time, forward and forward+backward), on the GPU the export is for. The search timed
 kernels; a training step also pays the op's host path, and where a call is small enough for the
-host to bound it, a faster kernel can still make a slower step. A problem whose op is slower than
-torch's in any of the four cells goes to torch's op (`tuner export-best` writes the export again).
+host to bound it, a faster kernel can still make a slower step. Where the op is slower than torch's
+in a cell, torch's op serves that kind of call there (the forward's cells decide calls without a
+gradient, forward+backward's training calls: tuner.deploy.regions.verdict); `tuner export-best`
+writes the export again.
 "Torch's op" here is the op's own path to it (`tuner.runtime.torch_path`: the declaration's guards
 and torch's op, what a call costs where torch serves), so that a variant slower than torch's bare
 call but faster than the guarded one keeps its problem.
