@@ -300,3 +300,36 @@ def test_the_gpu_tests_hand_written_backward_agrees_with_autograd_of_the_referen
     assert (got_psw is None) == (psw is None)
     if psw is not None:
         assert torch.allclose(got_psw, want_psw, atol=1e-12)
+
+
+def test_a_count_of_bags_never_puts_a_call_beyond_reach_and_the_counts_measured_decide(op):
+    """The key is (dim, mean bag, bags), the count of bags loose: a tuned problem serves every count
+    of bags at its dim and bag length, the shapes the export measured at other counts decide there
+    (each kind of call by its own verdict), and dim or bag length 16x off is beyond reach."""
+    from tuner import runtime
+    from tuner.build import binding
+    from tuner.deploy import binaries
+    from tuner.families.embedding_bag import op as eb_op
+
+    v = next(iter(eb.space()))
+    tuned = eb.Problem(mode="sum").__dict__
+    mine = {"variant": v.name, "params": v.as_dict()}
+    winners = [{"problem": tuned, **mine}, {"problem": {**tuned, "bags": 8192}, **mine, "torch_serves": "inference"},
+               {"problem": {**tuned, "dim": 32, "bag_size": 38, "bags": 32768}, "served_by": "torch"}]
+    placed, libraries = binaries.build_variants(eb, winners, "sm_90", jobs=1)
+    ops = binding.load("embedding_bag")
+    keep = runtime.stage(eb_op.OP, ops, placed, libraries)
+    ops.publish(False, eb_op.OP.reach)
+
+    def served(dim, bag, bags, grad=False):  # sizes: rows, dim, bags, bag_size, n, bag_length
+        return ops.served([5_000_000, dim, bags, bag, bags * bag, -1], torch.float32, torch.int64, 0, grad)
+
+    for grad in (False, True):
+        assert served(128, 150, 2048, grad) == v.name
+        assert served(128, 150, 16, grad) == v.name  # 128x fewer bags: still within reach
+        assert served(32, 38, 16384, grad) == "torch"  # nearest the shape torch's op won
+        assert served(8, 150, 2048, grad) == "torch"  # 16x narrower: beyond reach
+        assert served(128, 9, 2048, grad) == "torch"  # 16x shorter bags: beyond reach
+    assert served(128, 150, 65536) == "torch"  # nearest 8,192 bags: torch's op won the calls without a gradient
+    assert served(128, 150, 65536, True) == v.name  # and a variant the training calls
+    del keep

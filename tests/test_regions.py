@@ -38,22 +38,27 @@ def test_no_grid_where_variants_serve_every_shape_or_torch_won_the_problem():
 
 
 def test_the_grid_keeps_kinds_apart_and_changes_only_the_key_s_sizes():
-    """EmbeddingBag's key is (dim, mean bag size), kept by mode: a problem per mode gets its own
-    shapes, and the table's rows and the bag count stay the tuned problem's."""
+    """EmbeddingBag's key is (dim, mean bag size, bags), kept by mode, the count of bags loose: a
+    problem per mode gets its own shapes, and the table's rows stay the tuned problem's."""
     space = embedding_bag.space()
     sum_ = {**embedding_bag.Problem().__dict__, "mode": "sum"}
     mean = {**sum_, "mode": "mean", "dim": 64}
     points = regions.grid("embedding_bag", [_entry(space, sum_), _entry(space, mean)])
-    assert len(points) == 20  # no midpoint between two modes
+    assert len(points) == 2 * (regions.MOST + 8)  # no midpoint between two modes; 8 more for the loose size
     for p in points:
         tuned = sum_ if p["problem"]["mode"] == "sum" else mean
         assert p["near"] == export.problem_key(tuned)
-        assert {k for k in tuned if p["problem"][k] != tuned[k]} in ({"dim"}, {"bag_size"}, {"dim", "bag_size"})
+        assert {k for k in tuned if p["problem"][k] != tuned[k]} <= {"dim", "bag_size", "bags"}
     # torch's path is guarded: below the tuned problem a grid to 16x smaller, where small calls
-    # are bound by the host; above it, each size 4x larger
-    shapes = {(p["problem"]["dim"], p["problem"]["bag_size"]) for p in points if p["problem"]["mode"] == "sum"}
-    assert shapes == {(32, 150), (8, 150), (128, 38), (128, 9), (32, 38), (32, 9), (8, 38), (8, 9),
-                      (512, 150), (128, 600)}
+    # are bound by the host; above it, each size 4x larger; the nearest of them first
+    sizes = [(p["problem"]["dim"], p["problem"]["bag_size"], p["problem"]["bags"]) for p in points
+             if p["problem"]["mode"] == "sum"]
+    shapes = {(d, n) for d, n, _ in sizes}
+    assert shapes == {(32, 150), (8, 150), (128, 38), (128, 9), (32, 38), (32, 9), (8, 38),
+                      (512, 150), (128, 600), (128, 150)}  # (8, 9): 256x smaller, the farthest, left out
+    # the count of bags only grows (4x and 16x): a call with many short bags is measured where it runs
+    assert {b for *_, b in sizes} == {2048, 8192, 32768}
+    assert (32, 38, 8192) in sizes and (32, 38, 32768) in sizes and (128, 150, 32768) in sizes
 
 
 def test_a_shape_between_two_problems_names_the_variant_the_binding_runs_there():
@@ -144,6 +149,14 @@ def test_a_tuned_problem_s_check_gives_torch_s_op_the_kind_of_call_it_won():
     assert again["served_by"] == "variant" and "torch_serves" not in again
     (both,) = export.with_checks([entry], {key: {cell: 1.1 for cell in forward_lost}})
     assert both["served_by"] == "torch" and "torch_serves" not in both
+    # an op that cannot serve the kinds apart (no saves: a training call's forward chooses again) gives
+    # torch's op the problem where it lost either; a winner its search gave to torch's op stays torch's
+    (whole,) = export.with_checks([entry], {key: forward_lost}, apart=False)
+    assert whole["served_by"] == "torch" and "torch_serves" not in whole
+    lost, won = _entry(rms_norm.space(), base, "torch"), entry
+    assert [w["served_by"] for w in export.with_checks([lost, won], {key: forward_lost})] == ["torch", "variant"]
+    assert regions.kinds_apart("rms_norm") and regions.verdict({"fwd wall": 0.9}) == {
+        "served_by": "variant", "torch_serves": "training"}  # a kind with no time was not shown won
     (bind,) = [b for b in binaries.bound(rms_norm, rms_norm.op.OP, [w]) if b["problem"] == base]
     assert bind["variant"] == entry["variant"] and bind["torch_serves"] == "inference"
 
@@ -167,6 +180,10 @@ def test_the_runtime_stages_the_calls_a_variant_serves_only_where_torch_s_op_ser
              for kind in ({}, {"torch_serves": "inference"}, {"torch_serves": "training"})]
     runtime.stage(rms_norm.op.OP, Ops(), binds, {"lib": "lib.so"})
     assert [len(a) for a in staged] == [5, 6, 6]
+    # loaded with baseline=False (the check's own timing, comparisons): every variant serves both kinds
+    torch_s = {"problem": problem, "served_by": "torch"}
+    assert runtime.staged(binds + [torch_s], True) == binds + [torch_s]
+    assert runtime.staged(binds + [torch_s], False) == [binds[0]] * 3
     assert [a[5] for a in staged[1:]] == [runtime.SERVES["training"], runtime.SERVES["inference"]]
 
 

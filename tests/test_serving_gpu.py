@@ -128,19 +128,22 @@ def test_rms_norm_serves_each_kind_of_call_as_the_check_measured_it(shared_home,
                                                                                    else v.name)
         x, w = rms_norm.make_inputs(rows, width, seed=11)
         want = F.rms_norm(x, (width,), w, EPS)
+        x.requires_grad_(), w.requires_grad_()  # an inference call of tensors that would take a gradient
+        compiled = torch.compile(lambda x, w: op(x, w), fullgraph=True)  # chosen as the graph is traced
         for context in (torch.no_grad, torch.inference_mode):
             with context():
                 assert _ran_a_variant(lambda: op(x, w)) == (kind == "training"), (kind, context)
+                if context is torch.no_grad:
+                    assert _ran_a_variant(lambda: compiled(x, w)) == (kind == "training"), kind
                 if kind == "inference":
                     assert torch.equal(op(x, w), want)
-        x.requires_grad_(), w.requires_grad_()
         g = torch.randn(rows, width, device="cuda", dtype=BF16)
         want_grads = torch.autograd.grad(F.rms_norm(x, (width,), w, EPS), (x, w), g)
         assert _ran_a_variant(lambda: torch.autograd.grad(op(x, w), (x, w), g)) == (kind == "inference"), kind
         got = torch.autograd.grad(op(x, w), (x, w), g)
         if kind == "training":  # torch's op: its own gradients
             assert all(torch.equal(a, b) for a, b in zip(got, want_grads))
-        compiled = torch.compile(lambda x, w: op(x, w), fullgraph=True)  # chosen as the graph is traced
+        assert _ran_a_variant(lambda: torch.autograd.grad(compiled(x, w), (x, w), g)) == (kind == "inference"), kind
         for grads in (got, torch.autograd.grad(compiled(x, w), (x, w), g)):
             for a, b in zip(grads, want_grads):
                 torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)

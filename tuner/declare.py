@@ -78,6 +78,11 @@ class Op:
     # call prefers its winner tuned at (a bag's mode; the problem then names it).
     key: tuple[str, ...] = ()
     kind: str | None = None
+    # How many of the key's sizes, the last ones, are loose: they weigh in the choice among the tuned
+    # problems and the shapes the export measured around them (tuner.deploy.regions, which measures
+    # at more of them), but never put a call beyond a tuned problem's reach (EmbeddingBag's count of
+    # bags: a variant tuned at 2,048 bags serves 50,000, unless the export measured torch's op faster there).
+    loose: int = 0
     # What a call must hold beyond dtypes and shapes: (condition, message) pairs, each condition an
     # expression of the inputs as `sizes` are ("x.dim() >= 1"), checked first, refused with
     # "<op>: <message>".

@@ -257,6 +257,9 @@ def check(op: "tuner.declare.Op") -> None:
         why = _unreadable(op, e, number=True, of_sizes=True)
         if why:
             fail(f"key {e!r}: an expression of the sizes ({', '.join(op.sizes)}) with + - * and ratio(a, b) ({why})")
+    if not isinstance(op.loose, int) or isinstance(op.loose, bool) or not 0 <= op.loose < max(len(op.key), 1):
+        fail(f"loose={op.loose!r}: how many of the key's last sizes the reach leaves out, fewer than the key's "
+             f"{len(op.key)} (a key to name them: key=('dim', 'bag_size', 'bags'), loose=1)")
     if not isinstance(op.sorted, tuple) or len(set(op.sorted)) != len(op.sorted) or any(
             n not in inputs or inputs[n].optional or set(op.root(n).dtypes) - INTEGER for n in op.sorted):
         fail(f"sorted={op.sorted!r}: a tuple of integer input tensors a call always gives (e.g. ('indices',))")

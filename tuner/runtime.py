@@ -285,11 +285,19 @@ def bind(spec: OpSpec, binding: Path, bound: list[dict], libraries: dict[str, Pa
     handles = []
     if torch.cuda.is_available():
         if not reference:
-            handles = stage(spec, ops, [b for b in bound if baseline or b.get("served_by") != "torch"], libraries)
+            handles = stage(spec, ops, staged(bound, baseline), libraries)
         ops.publish(reference, spec.reach if spec.baseline and baseline else 0.0)
         ops.set_check(VALIDATE[validate])
     _loaded[spec.family] = Loaded(spec, ops, bound, reference, handles)
     return entries.loaded(spec.op)
+
+
+def staged(bound: list[dict], baseline: bool) -> list[dict]:
+    """The binds a load stages: all of them; `baseline=False`, the variants' alone, each serving
+    every call of its shape, of either kind (no `torch_serves`)."""
+    if baseline:
+        return list(bound)
+    return [{k: v for k, v in b.items() if k != "torch_serves"} for b in bound if b.get("served_by") != "torch"]
 
 
 def stage(spec: OpSpec, ops, bound: list[dict], libraries: dict[str, Path]) -> list:

@@ -256,10 +256,12 @@ class Op {
   using PairOf = int (*)(const Vtable*);
   using Describe = std::string (*)(int64_t);
 
+  // `reach_sizes`: how many of the key's sizes count in the reach (the rest, a declaration's `loose`
+  // ones, weigh only in the choice among tuned and measured shapes); -1 every one.
   Op(const char* name, int abi, int pairs, PairOf pair_of, Describe describe, int error_word = 0, int error_bits = 8,
-     bool baseline = false)
+     bool baseline = false, int reach_sizes = -1)
       : name(name), workspaces(error_word, error_bits), abi_(abi), pairs_(pairs), pair_of_(pair_of),
-        describe_(describe), has_baseline_(baseline), baseline_{{}, 0, nullptr, ""} {
+        describe_(describe), has_baseline_(baseline), reach_sizes_(reach_sizes), baseline_{{}, 0, nullptr, ""} {
     staging_.pairs.resize(pairs);
   }
 
@@ -338,23 +340,31 @@ class Op {
   // Nearest tuned problem: log distance over the shape, 10 more for another kind; the first
   // of equals wins. -1 when the pair has no winner (of a variant, with `variants_only`). A table
   // with the export's measured regions holds dozens of winners: their logs are made at stage, so
-  // that a call takes only its own (a log a size, not one a size and winner).
+  // that a call takes only its own (a log a size, not one a size and winner). `within`: the least
+  // distance to any of them over the sizes the reach counts (the nearest's where it counts all).
   int64_t nearest(const Table<Vtable>& t, int pair, c10::IntArrayRef shape, int64_t kind,
-                  double* distance = nullptr, bool variants_only = false) const {
+                  double* distance = nullptr, bool variants_only = false, double* within = nullptr) const {
     if (pair < 0 || pair >= pairs_) return -1;
     const auto& winners = t.pairs[pair].winners;
     c10::SmallVector<double, 8> logs;
     for (int64_t s : shape) logs.push_back(std::log(static_cast<double>(std::max<int64_t>(s, 1))));
+    const size_t counted = reach_sizes_ < 0 ? logs.size() : static_cast<size_t>(reach_sizes_);
     int64_t best = -1;
-    double best_d = 0;
+    double best_d = 0, near_d = 0;  // near_d: the least distance the reach counts, of every winner
     for (size_t i = 0; i < winners.size(); ++i) {
       const auto& w = winners[i];
       if (variants_only && w.baseline()) continue;
-      double d = w.kind == kind ? 0.0 : 10.0;
-      for (size_t k = 0; k < logs.size() && k < w.logs.size(); ++k) d += std::fabs(logs[k] - w.logs[k]);
+      double d = w.kind == kind ? 0.0 : 10.0, reach_d = d;
+      for (size_t k = 0; k < logs.size() && k < w.logs.size(); ++k) {
+        const double step = std::fabs(logs[k] - w.logs[k]);
+        d += step;
+        if (k < counted) reach_d += step;
+      }
+      near_d = best < 0 ? reach_d : std::min(near_d, reach_d);
       if (best < 0 || d < best_d - 1e-12) best = static_cast<int64_t>(i), best_d = d;
     }
     if (distance != nullptr) *distance = best_d;
+    if (within != nullptr) *within = near_d;
     return best;
   }
 
@@ -366,10 +376,10 @@ class Op {
   template <class What>
   const Winner<Vtable>& choose(const Table<Vtable>& t, int pair, c10::IntArrayRef shape, int64_t kind,
                                What&& what) const {
-    double d = 0;
-    const int64_t i = nearest(t, pair, shape, kind, &d);
+    double d = 0, within = 0;
+    const int64_t i = nearest(t, pair, shape, kind, &d, false, &within);
     const double reach = i < 0 || t.pairs[pair].reach < 0 ? t.reach : t.pairs[pair].reach;
-    if (has_baseline_ && (i < 0 || (reach > 0 && d > reach + 1e-9))) return baseline_;
+    if (has_baseline_ && (i < 0 || (reach > 0 && within > reach + 1e-9))) return baseline_;
     return checked(t, pair, i, what);
   }
 
@@ -479,6 +489,7 @@ class Op {
   PairOf pair_of_;
   Describe describe_;
   bool has_baseline_;
+  int reach_sizes_;
   Winner<Vtable> baseline_;  // what choose() returns for a call the baseline serves
   std::mutex mutex_;
   Table<Vtable> staging_;

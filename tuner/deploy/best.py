@@ -101,12 +101,13 @@ def _checked(family: str, out: Path, winners: list[dict]) -> tuple[list[dict], l
     except RuntimeError as exc:
         return winners, [], [f"not checked at its problems: {exc}"]
     checked = {k: ratios[k] for k in (export.problem_key(p["problem"]) for p in tuned) if k in ratios}
-    winners = export.with_checks(winners, checked)
+    apart = regions.kinds_apart(family)  # each kind of call served apart
+    winners = export.with_checks(winners, checked, apart)
     slower = sum(w.get("served_by") == "torch" and "checked" in w for w in winners)
     notes = [f"checked the op against torch's at its {len(checked)} variant-served problems: {slower} slower in "
              "both kinds of call (without a gradient and with one; wall or GPU), now served by torch's op"
              + _one_kind(winners)]
-    measured = regions.decide(around, ratios, export.SLOWER)
+    measured = regions.decide(around, ratios, export.SLOWER, apart)
     if measured:
         won = sum(r["served_by"] == "torch" for r in measured)
         notes.append(f"timed the op against torch's at {len(measured)} shapes around and between them: variants "

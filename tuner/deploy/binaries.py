@@ -166,7 +166,9 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = (), unbuilt: f
             why = " (torch's op is unfused here)" if spec.unfused is not None and spec.unfused(space.fixed) else ""
             text = f"variants at every shape{why}" + torch_won
         else:
-            text = (f"variants within {math.exp(spec.reach):.0f}x of their tuned problems, torch's op farther"
+            op = getattr(fam, "OP_DECLARATION", None)
+            loose = f" (at any {', '.join(op.key[-op.loose:])})" if op is not None and op.loose else ""
+            text = (f"variants within {math.exp(spec.reach):.0f}x of their tuned problems{loose}, torch's op farther"
                     + torch_won)
         measured = [r for r in regions if fam.space_for(r["problem"]).fixed == space.fixed]
         taken = ""  # an untuned pair bound with variants takes its source pair's measured shapes (`bound`)

@@ -116,7 +116,8 @@ def export(study_names: list[str], out: Path, storage: str | None = None, binari
     served by torch's op. `regions`: the shapes measured around them, with who serves each
     (tuner.deploy.regions.decide)."""
     winners, gpu = gather(study_names, storage)
-    return write(out, with_checks(winners, checked), gpu, binaries, regions or [])
+    apart = _regions.kinds_apart(winners[0]["variant"].family)
+    return write(out, with_checks(winners, checked, apart), gpu, binaries, regions or [])
 
 
 def gather(study_names: list[str], storage: str | None = None) -> tuple[list[dict[str, Any]], dict]:
@@ -146,14 +147,19 @@ def winners_of(loaded: list) -> tuple[list[dict[str, Any]], dict]:
     return winners, json.loads(gpus.pop())
 
 
-def with_checks(winners: list[dict[str, Any]], checked: dict[str, dict] | None) -> list[dict[str, Any]]:
+def with_checks(winners: list[dict[str, Any]], checked: dict[str, dict] | None,
+                apart: bool = True) -> list[dict[str, Any]]:
     """The winners with the op's ratios to torch's at their problems (tuner.deploy.serving), and who
-    serves each kind of call there (`verdict`: torch's op where the op was slower)."""
+    serves each kind of call there (tuner.deploy.regions.verdict: torch's op where the op was
+    slower; `apart`, regions.kinds_apart). A winner its search gave to torch's op stays torch's: the
+    check timed the problem's variant-served winner, not it (of two studies of one problem, say)."""
     out = []
     for w in winners:
         cells = (checked or {}).get(problem_key(w["problem"]))
-        if cells is not None:
-            said = _regions.verdict(cells)
+        if cells is not None and w.get("served_by", "variant") != "variant":
+            w = {**w, "checked": cells}
+        elif cells is not None:
+            said = _regions.verdict(cells, SLOWER, apart)
             w = {**{k: v for k, v in w.items() if k != "torch_serves"}, "checked": cells,
                  **(said if said["served_by"] == "torch" or "torch_serves" in said else {})}
         out.append(w)

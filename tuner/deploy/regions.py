@@ -11,7 +11,9 @@ larger along each of its sizes, and the midpoint (geometric mean) of every two o
 a pair whose torch op is unfused (variants serve all of it) nor a family without a baseline. Where
 torch's path carries a guard (the declaration's `guards`: a launch before torch's op), the smaller
 side is a grid: each size 1, 4 or 16 times smaller, so that small calls, bound by the host where the
-op's one launch and torch's two differ most, are served by what was measured near them.
+op's one launch and torch's two differ most, are served by what was measured near them. A key's
+loose sizes (the declaration's `loose`: EmbeddingBag's count of bags, which never puts a call beyond
+reach) are kept or made 4x and 16x larger beside each of those shapes.
 tuner.deploy.serving.measure times them, in the check's process.
 """
 
@@ -23,33 +25,52 @@ import math
 from tuner import families
 
 FACTOR = 4  # around a problem: its sizes this much smaller and larger, one at a time
-MOST = 16  # shapes measured per dtype pair and kind, the nearest to a tuned problem first
+MOST = 16  # shapes measured per dtype pair and kind, the nearest to a tuned problem first (8 more a loose size)
 SLOWER = 1.0  # a checked shape whose op is slower than torch's op in a cell by more than this: torch's there
 KINDS = ("inference", "training")  # the calls a verdict is given for: without a gradient (a forward), with one
 
 
-def verdict(cells: dict[str, float | None], slower: float = SLOWER) -> dict[str, str]:
+def kinds_apart(family: str) -> bool:
+    """Whether the family's op serves each kind of call apart: a training call's forward is its
+    `<name>_forward` op (a declaration with `saves`), which does not choose again; without one, the
+    forward below autograd cannot tell a training call's from an inference call, and torch's op
+    serves a shape where the op lost either kind (`verdict`'s `apart`)."""
+    op = getattr(families.get(family), "OP_DECLARATION", None)
+    return op is not None and bool(op.saves)
+
+
+def verdict(cells: dict[str, float | None], slower: float = SLOWER, apart: bool = True) -> dict[str, str]:
     """Who serves a checked shape (a tuned problem or one around them), from the op's ratios to
     torch's op per cell (tuner.report.bench's CELLS): each kind of call by its own cells (inference:
     the forward's; training: forward+backward's), lost where a cell is slower by more than `slower`
     or has no time. {"served_by": "torch"} where both kinds were lost; {"served_by": "variant",
     "torch_serves": kind} where one was, so that a forward slower than torch's does not give torch
-    the training calls a variant wins, nor the other way round; else {"served_by": "variant"}."""
-    lost = {"training" if cell.startswith("fwd+bwd") else "inference" for cell, r in cells.items()
-            if r is None or r > slower}
-    if len(lost) == len(KINDS):
+    the training calls a variant wins, nor the other way round; else {"served_by": "variant"}. A kind
+    with no cell at all was not shown to be won: lost. `apart=False` (`kinds_apart`): torch's op
+    serves where either kind was lost."""
+    kind = {cell: "training" if cell.startswith("fwd+bwd") else "inference" for cell in cells}
+    lost = {kind[cell] for cell, r in cells.items() if r is None or r > slower} | (set(KINDS) - set(kind.values()))
+    if len(lost) == len(KINDS) or (lost and not apart):
         return {"served_by": "torch"}
     return {"served_by": "variant", **({"torch_serves": lost.pop()} if lost else {})}
 
 
-def scales(sizes: int, guarded: bool) -> list[tuple[float, ...]]:
+def scales(sizes: int, guarded: bool, loose: int = 0) -> list[tuple[float, ...]]:
     """How a tuned key's sizes are scaled for the shapes around it: each 4x larger and 4x smaller,
-    one at a time; where torch's path is guarded, every mix of 1, 4 and 16 times smaller instead."""
-    larger = [tuple(FACTOR if i == d else 1 for i in range(sizes)) for d in range(sizes)]
+    one at a time; where torch's path is guarded, every mix of 1, 4 and 16 times smaller instead.
+    The key's last `loose` sizes (the declaration's: a count of bags) are kept, or made 4 or 16
+    times larger, beside each of those and alone: a variant tuned at one count serves every other."""
+    fixed = sizes - loose
+    larger = [tuple(FACTOR if i == d else 1 for i in range(fixed)) for d in range(fixed)]
     if not guarded:
-        return [tuple(1 / FACTOR if i == d else 1 for i in range(sizes)) for d in range(sizes)] + larger
-    down = [f for f in itertools.product((1, 1 / FACTOR, 1 / FACTOR ** 2), repeat=sizes) if any(x != 1 for x in f)]
-    return down + larger
+        around = [tuple(1 / FACTOR if i == d else 1 for i in range(fixed)) for d in range(fixed)] + larger
+    else:
+        around = [f for f in itertools.product((1, 1 / FACTOR, 1 / FACTOR ** 2), repeat=fixed) if any(x != 1 for x in f)]
+        around += larger
+    if not loose:
+        return around
+    more = list(itertools.product((1, FACTOR, FACTOR ** 2), repeat=loose))
+    return [f + m for f in [(1,) * fixed] + around for m in more if any(x != 1 for x in f + m)]
 
 
 def grid(family: str, entries: list[dict]) -> list[dict]:
@@ -78,7 +99,7 @@ def grid(family: str, entries: list[dict]) -> list[dict]:
         tuned = [k for k, e in zip(keys, group) if e.get("served_by", "variant") == "variant"]  # measured around
         found = set()
         for key in tuned:
-            for f in scales(len(key), bool(op.guards)):
+            for f in scales(len(key), bool(op.guards), op.loose):
                 found.add(tuple(max(1, round(k * x)) for k, x in zip(key, f)))
         for a, b in itertools.combinations(tuned, 2):
             found.add(tuple(max(1, round(math.sqrt(x * y))) for x, y in zip(a, b)))
@@ -95,16 +116,16 @@ def grid(family: str, entries: list[dict]) -> list[dict]:
                     best, best_d = i, d
             return best
 
-        for key in sorted(found, key=lambda k: (min(distance(k, t) for t in tuned), k))[:MOST]:
+        for key in sorted(found, key=lambda k: (min(distance(k, t) for t in tuned), k))[:MOST + 8 * op.loose]:
             near = nearest(key)
             problem = {**group[near]["problem"], **dict(zip(names, key))}
             out.append({"problem": problem, "near": problem_key(group[near]["problem"])})
     return out
 
 
-def decide(points: list[dict], ratios: dict[str, dict], slower: float) -> list[dict]:
-    """The measured shapes with who serves each kind of call there (tuner.deploy.export.verdict:
-    torch's op where the op was slower than it by more than `slower`, or a cell has no time);
+def decide(points: list[dict], ratios: dict[str, dict], slower: float, apart: bool = True) -> list[dict]:
+    """The measured shapes with who serves each kind of call there (`verdict`: torch's op where the
+    op was slower than it by more than `slower`, or a cell has no time; `apart`, `kinds_apart`);
     shapes not measured (too big for the GPU, say) are left out, so that the tuned problems around
     them decide."""
     from tuner.deploy.binaries import problem_key
@@ -113,5 +134,5 @@ def decide(points: list[dict], ratios: dict[str, dict], slower: float) -> list[d
     for p in points:
         cells = ratios.get(problem_key(p["problem"]))
         if cells is not None:
-            out.append({**p, **verdict(cells, slower), "checked": cells})
+            out.append({**p, **verdict(cells, slower, apart), "checked": cells})
     return out

@@ -24,12 +24,13 @@ OP_DECLARATION = declare.Op(
             declare.Scalar("include_last_offset", "bool", default=False),
             declare.Scalar("padding_idx", "int", optional=True)),
     outputs=(declare.Tensor("out", like="weight", shape=("bags", "dim")),),
-    # the key is (dim, mean bag); n and bag_length (2-D indices: their rows' length, else -1) tell the
-    # variants how bags split the entries
+    # the key is (dim, mean bag, bags), the count of bags loose (within reach at any count, measured at
+    # more by the export); n and bag_length (2-D indices: their rows' length, else -1) tell the variants
+    # how bags split the entries
     sizes={"rows": "weight.size(0)", "dim": "weight.size(1)", "bags": _BAGS,
            "bag_size": f"ratio(indices.numel(), {_BAGS})", "n": "indices.numel()",
            "bag_length": "indices.size(1) if indices.dim() == 2 else 0 - 1"},
-    key=("dim", "bag_size"), kind="mode",
+    key=("dim", "bag_size", "bags"), loose=1, kind="mode",
     checks=(("weight.dim() == 2", "weight must be 2-D [num_embeddings, dim]"),
             # the kernels clamp an index into the table: an empty one has no row to clamp to
             ("weight.size(0) >= 1 or indices.numel() == 0", "weight has no rows for the indices to name"),
@@ -152,7 +153,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float =
 
 
 FUNCTIONS = {"embedding_bag": embedding_bag}
-# A tuned problem serves calls within 4x of its dim x mean bag size (log distance ln 4), as do the
+# A tuned problem serves calls within 4x of its dim x mean bag size (log distance ln 4; any count of bags), as do the
 # shapes the export measured around it where a variant won (tuner.deploy.regions); untuned modes and
 # dtype pairs (tuned parameters rendered for them) likewise: torch's op behind its guard (a launch
 # more, which decides a small call) serves where it won, and farther.
