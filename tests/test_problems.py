@@ -80,8 +80,9 @@ def test_captured_problems_searched_and_exported_with_the_baseline(tmp_path):
 
 
 def test_a_problem_whose_op_was_slower_than_torch_when_checked_goes_to_torch(tmp_path, monkeypatch):
-    """export-best's check (tuner.deploy.serving, on the GPU) times the op itself against torch's: a problem
-    slower in any cell, or not timed in one, is served by torch's op; the ratios stay in the manifest."""
+    """export-best's check (tuner.deploy.serving, on the GPU) times the op itself against torch's: a kind
+    of call slower in a cell, or not timed in one, is served by torch's op (training calls by the
+    forward+backward cells, both kinds where both lost); the ratios stay in the manifest."""
     from tuner.deploy import serving
     from tuner.store import study as studies
 
@@ -93,11 +94,13 @@ def test_a_problem_whose_op_was_slower_than_torch_when_checked_goes_to_torch(tmp
     names = studies.names_on("giou", "H100")
     big = giou.Problem().__dict__
     cells = {"fwd GPU": 0.6, "fwd+bwd GPU": 0.7, "fwd wall": 0.9}
-    for wall, served in ((0.95, "variant"), (1.2, "torch"), (None, "torch")):
-        out = export.export(names, tmp_path / "out", checked={export.problem_key(big): {**cells, "fwd+bwd wall": wall}},
-                            binaries=False)
+    for fwd, wall, served, kind in ((0.9, 0.95, "variant", None), (0.9, 1.2, "variant", "training"),
+                                    (0.9, None, "variant", "training"), (1.1, 1.2, "torch", None)):
+        checked = {export.problem_key(big): {**cells, "fwd wall": fwd, "fwd+bwd wall": wall}}
+        out = export.export(names, tmp_path / "out", checked=checked, binaries=False)
         entry = next(e for e in export.read(out)["entries"] if e["problem"] == big)
-        assert entry["served_by"] == served and entry["checked"]["fwd+bwd wall"] == wall
+        assert (entry["served_by"], entry.get("torch_serves")) == (served, kind)
+        assert entry["checked"]["fwd+bwd wall"] == wall
     assert studies.load(names[0]).user_attrs["baseline"]
     for family in ("giou", "rms_norm"):  # every declared family has a bench of its problems: only a GPU is wanted
         why = serving.checkable({"family": family, "arch": "sm_2000"})  # no GPU, or none of that arch
