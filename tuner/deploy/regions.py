@@ -2,9 +2,10 @@
 variant) against torch's op (as the op calls it: behind its guards, tuner.deploy.serving) at shapes
 around and between the problems a variant serves, and the op serves each of those shapes with
 whichever won, for each kind of call on its own (`verdict`: calls without a gradient by the
-forward's times, training calls by forward+backward's). The binding picks the nearest of everything it binds (tuned problems and these
-shapes, in the shape key's log space; tuner_op.h), so that a call goes where the measurement
-nearest to it went, and torch's op serves beyond the family's reach of every one.
+forward's times, training calls by forward+backward's). The binding picks the nearest of
+everything it binds (tuned problems and these shapes, in the shape key's log space; tuner_op.h),
+so that a call goes where the measurement nearest to it went, and torch's op serves beyond the
+family's reach of every one.
 
 The shapes: per dtype pair and kind, each variant-served problem's key a factor of 4 smaller and
 larger along each of its sizes, and the midpoint (geometric mean) of every two of its problems; not
@@ -65,8 +66,8 @@ def scales(sizes: int, guarded: bool, loose: int = 0) -> list[tuple[float, ...]]
     if not guarded:
         around = [tuple(1 / FACTOR if i == d else 1 for i in range(fixed)) for d in range(fixed)] + larger
     else:
-        around = [f for f in itertools.product((1, 1 / FACTOR, 1 / FACTOR ** 2), repeat=fixed) if any(x != 1 for x in f)]
-        around += larger
+        steps = itertools.product((1, 1 / FACTOR, 1 / FACTOR ** 2), repeat=fixed)
+        around = [f for f in steps if any(x != 1 for x in f)] + larger
     if not loose:
         return around
     more = list(itertools.product((1, FACTOR, FACTOR ** 2), repeat=loose))
