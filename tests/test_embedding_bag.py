@@ -330,6 +330,9 @@ def test_a_count_of_bags_never_puts_a_call_beyond_reach_and_the_counts_measured_
         assert served(32, 38, 16384, grad) == "torch"  # nearest the shape torch's op won
         assert served(8, 150, 2048, grad) == "torch"  # 16x narrower: beyond reach
         assert served(128, 9, 2048, grad) == "torch"  # 16x shorter bags: beyond reach
+        # nearer the tuned problem in all (its count of bags) than the shape torch's op won, but 16x
+        # off in dim x bag: only the winners within reach are chosen from
+        assert served(32, 38, 2048, grad) == "torch"
     assert served(128, 150, 65536) == "torch"  # nearest 8,192 bags: torch's op won the calls without a gradient
     assert served(128, 150, 65536, True) == v.name  # and a variant the training calls
     del keep

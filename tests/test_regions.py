@@ -54,11 +54,13 @@ def test_the_grid_keeps_kinds_apart_and_changes_only_the_key_s_sizes():
     sizes = [(p["problem"]["dim"], p["problem"]["bag_size"], p["problem"]["bags"]) for p in points
              if p["problem"]["mode"] == "sum"]
     shapes = {(d, n) for d, n, _ in sizes}
-    assert shapes == {(32, 150), (8, 150), (128, 38), (128, 9), (32, 38), (32, 9), (8, 38),
-                      (512, 150), (128, 600), (128, 150)}  # (8, 9): 256x smaller, the farthest, left out
-    # the count of bags only grows (4x and 16x): a call with many short bags is measured where it runs
+    assert shapes == {(32, 150), (8, 150), (128, 38), (128, 9), (32, 38), (32, 9), (8, 38), (8, 9),
+                      (512, 150), (128, 600), (128, 150)}
+    # the count of bags only grows (4x and 16x), beside the tuned sizes and the smaller ones: a call
+    # with many short bags is measured where it runs, and no shape has over 16x the tuned entries
     assert {b for *_, b in sizes} == {2048, 8192, 32768}
     assert (32, 38, 8192) in sizes and (32, 38, 32768) in sizes and (128, 150, 32768) in sizes
+    assert sorted(s for s in sizes if s[0] > 128 or s[1] > 150) == [(128, 600, 2048), (512, 150, 2048)]
 
 
 def test_a_shape_between_two_problems_names_the_variant_the_binding_runs_there():

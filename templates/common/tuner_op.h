@@ -338,19 +338,19 @@ class Op {
   int64_t check() const { return check_.load(std::memory_order_relaxed); }
 
   // Nearest tuned problem: log distance over the shape, 10 more for another kind; the first
-  // of equals wins. -1 when the pair has no winner (of a variant, with `variants_only`). A table
-  // with the export's measured regions holds dozens of winners: their logs are made at stage, so
-  // that a call takes only its own (a log a size, not one a size and winner). `within`: the least
-  // distance to any of them over the sizes the reach counts (the nearest's where it counts all).
+  // of equals wins. -1 when the pair has no winner (of a variant, with `variants_only`; within
+  // `reach`, where it is given, over the sizes the reach counts: the key's but its loose ones). A
+  // table with the export's measured regions holds dozens of winners: their logs are made at stage,
+  // so that a call takes only its own (a log a size, not one a size and winner).
   int64_t nearest(const Table<Vtable>& t, int pair, c10::IntArrayRef shape, int64_t kind,
-                  double* distance = nullptr, bool variants_only = false, double* within = nullptr) const {
+                  double* distance = nullptr, bool variants_only = false, double reach = -1) const {
     if (pair < 0 || pair >= pairs_) return -1;
     const auto& winners = t.pairs[pair].winners;
     c10::SmallVector<double, 8> logs;
     for (int64_t s : shape) logs.push_back(std::log(static_cast<double>(std::max<int64_t>(s, 1))));
     const size_t counted = reach_sizes_ < 0 ? logs.size() : static_cast<size_t>(reach_sizes_);
     int64_t best = -1;
-    double best_d = 0, near_d = 0;  // near_d: the least distance the reach counts, of every winner
+    double best_d = 0;
     for (size_t i = 0; i < winners.size(); ++i) {
       const auto& w = winners[i];
       if (variants_only && w.baseline()) continue;
@@ -360,11 +360,10 @@ class Op {
         d += step;
         if (k < counted) reach_d += step;
       }
-      near_d = best < 0 ? reach_d : std::min(near_d, reach_d);
+      if (reach >= 0 && reach_d > reach + 1e-9) continue;  // beyond its reach: never this call's
       if (best < 0 || d < best_d - 1e-12) best = static_cast<int64_t>(i), best_d = d;
     }
     if (distance != nullptr) *distance = best_d;
-    if (within != nullptr) *within = near_d;
     return best;
   }
 
@@ -376,10 +375,10 @@ class Op {
   template <class What>
   const Winner<Vtable>& choose(const Table<Vtable>& t, int pair, c10::IntArrayRef shape, int64_t kind,
                                What&& what) const {
-    double d = 0, within = 0;
-    const int64_t i = nearest(t, pair, shape, kind, &d, false, &within);
-    const double reach = i < 0 || t.pairs[pair].reach < 0 ? t.reach : t.pairs[pair].reach;
-    if (has_baseline_ && (i < 0 || (reach > 0 && within > reach + 1e-9))) return baseline_;
+    const double own = pair >= 0 && pair < pairs_ ? t.pairs[pair].reach : -1;
+    const double reach = own < 0 ? t.reach : own;  // 0: no limit
+    const int64_t i = nearest(t, pair, shape, kind, nullptr, false, has_baseline_ && reach > 0 ? reach : -1);
+    if (has_baseline_ && i < 0) return baseline_;
     return checked(t, pair, i, what);
   }
 

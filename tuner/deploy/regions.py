@@ -60,18 +60,18 @@ def scales(sizes: int, guarded: bool, loose: int = 0) -> list[tuple[float, ...]]
     """How a tuned key's sizes are scaled for the shapes around it: each 4x larger and 4x smaller,
     one at a time; where torch's path is guarded, every mix of 1, 4 and 16 times smaller instead.
     The key's last `loose` sizes (the declaration's: a count of bags) are kept, or made 4 or 16
-    times larger, beside each of those and alone: a variant tuned at one count serves every other."""
+    times larger, beside the tuned sizes and each smaller shape (not the larger ones: a call's
+    entries grow 16x at most): a variant tuned at one count serves every other."""
     fixed = sizes - loose
     larger = [tuple(FACTOR if i == d else 1 for i in range(fixed)) for d in range(fixed)]
     if not guarded:
-        around = [tuple(1 / FACTOR if i == d else 1 for i in range(fixed)) for d in range(fixed)] + larger
+        smaller = [tuple(1 / FACTOR if i == d else 1 for i in range(fixed)) for d in range(fixed)]
     else:
         steps = itertools.product((1, 1 / FACTOR, 1 / FACTOR ** 2), repeat=fixed)
-        around = [f for f in steps if any(x != 1 for x in f)] + larger
-    if not loose:
-        return around
+        smaller = [f for f in steps if any(x != 1 for x in f)]
     more = list(itertools.product((1, FACTOR, FACTOR ** 2), repeat=loose))
-    return [f + m for f in [(1,) * fixed] + around for m in more if any(x != 1 for x in f + m)]
+    return [f + m for f in [(1,) * fixed] + smaller for m in more if any(x != 1 for x in f + m)] + [
+        f + (1,) * loose for f in larger]
 
 
 def grid(family: str, entries: list[dict]) -> list[dict]:
