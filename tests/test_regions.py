@@ -431,3 +431,14 @@ def test_list_names_the_exports_under_the_home_and_one_it_cannot_load(tmp_path, 
     monkeypatch.chdir(tmp_path)  # the name alone: no such folder here, one under the exports
     assert main(["show", "--export", good.name]) == 0
     assert f"to {good}" in capsys.readouterr().out
+
+
+def test_a_check_that_outlasts_its_time_limit_leaves_the_export_unchecked_with_why(monkeypatch, tmp_path):
+    import subprocess
+
+    def slow(*args, timeout=None, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], timeout)
+
+    monkeypatch.setattr(subprocess, "run", slow)
+    with pytest.raises(RuntimeError, match="took over 5 s"):  # best._checked says it and keeps the search's choice
+        serving.measure(tmp_path, [{"problem": rms_norm.Problem().__dict__}], timeout=5)
