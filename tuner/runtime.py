@@ -313,7 +313,7 @@ def stage(spec: OpSpec, ops, bound: list[dict], libraries: dict[str, Path]) -> l
             continue
         # the calls the variant serves where the check gave torch's op one kind (tuner_op.h's Serves);
         # left out where it serves both, so that a binding built before the argument loads
-        serves = {"inference": (SERVES["training"],), "training": (SERVES["inference"],)}.get(b.get("torch_serves"), ())
+        serves = (sum(SERVES.values()) - SERVES[b["torch_serves"]],) if b.get("torch_serves") else ()
         ops.stage(table(opened[b["library"]], b["entry"], spec.abi, b["variant"]), -1, [max(1, int(n)) for n in sizes],
                   int(kind), b.get("tuned_for", ""), *serves)
     return list(opened.values())

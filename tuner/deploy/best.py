@@ -119,8 +119,7 @@ def _checked(family: str, out: Path, winners: list[dict]) -> tuple[list[dict], l
 def _one_kind(verdicts: list[dict]) -> str:
     """How many verdicts give torch's op one kind of call, the variant the other (`torch_serves`), in
     words ("; 2 give torch's op one kind of call: 1 inference, 1 training"), or ""."""
-    kinds = [v["torch_serves"] for v in verdicts
-             if v.get("served_by", "variant") == "variant" and v.get("torch_serves")]
+    kinds = [v["torch_serves"] for v in verdicts if v.get("torch_serves")]  # only ever beside a variant
     if not kinds:
         return ""
     return f"; {len(kinds)} give torch's op one kind of call: " + ", ".join(

@@ -195,7 +195,7 @@ def _one_kind(spec, binds: list[dict]) -> str:
     """The shapes where torch's op serves one kind of call beside a variant (`torch_serves`), each with
     the kind ("4096 x 32 (inference)"), or ""."""
     return ", ".join(sorted({f"{_sizes(spec, b['problem'])} ({b['torch_serves']})" for b in binds
-                             if b.get("served_by", "variant") == "variant" and b.get("torch_serves")}))
+                             if b.get("torch_serves")}))
 
 
 def _sizes(spec, problem: dict) -> str:
