@@ -106,17 +106,17 @@ def _checked(family: str, out: Path, winners: list[dict]) -> tuple[list[dict], l
     slower = sum(w.get("served_by") == "torch" and "checked" in w for w in winners)
     notes = [f"checked the op against torch's at its {len(checked)} variant-served problems: {slower} slower in "
              "both kinds of call (without a gradient and with one; wall or GPU), now served by torch's op"
-             + _one_kind(winners)]
+             + _kinds_counted(winners)]
     measured = regions.decide(around, ratios, export.SLOWER, apart)
     if measured:
         won = sum(r["served_by"] == "torch" for r in measured)
         notes.append(f"timed the op against torch's at {len(measured)} shapes around and between them: variants "
-                     f"serve {len(measured) - won} of them, torch's op {won}" + _one_kind(measured)
+                     f"serve {len(measured) - won} of them, torch's op {won}" + _kinds_counted(measured)
                      + " (the manifest's regions)")
     return winners, measured, notes
 
 
-def _one_kind(verdicts: list[dict]) -> str:
+def _kinds_counted(verdicts: list[dict]) -> str:
     """How many verdicts give torch's op one kind of call, the variant the other (`torch_serves`), in
     words ("; 2 give torch's op one kind of call: 1 inference, 1 training"), or ""."""
     kinds = [v["torch_serves"] for v in verdicts if v.get("torch_serves")]  # only ever beside a variant

@@ -155,7 +155,7 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = (), unbuilt: f
         mine = [b for b in binds if fam.space_for(b["problem"]).fixed == space.fixed]
         won = sorted({_sizes(spec, b["problem"]) for b in mine if b.get("served_by") == "torch" and not b.get("unbuilt")})
         tuned_for = next((b["tuned_for"] for b in mine if b.get("tuned_for")), "")
-        one = _one_kind(spec, mine)
+        one = _one_kind_shapes(spec, mine)
         torch_won = (f"; torch's op near {', '.join(won)}, where it was faster" if won else "") + (
             f"; torch's op for one kind of call at {one}" if one else "")
         if any(b.get("unbuilt") for b in mine) and not any("variant" in b for b in mine):
@@ -178,7 +178,7 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = (), unbuilt: f
             taken = " of " + "/".join(map(str, source.values()))
         if measured:
             won = [_sizes(spec, r["problem"]) for r in measured if r["served_by"] == "torch"]
-            one = _one_kind(spec, measured)
+            one = _one_kind_shapes(spec, measured)
             text += (f"; measured at {len(measured)} shapes around them{taken}: variants serve "
                      f"{len(measured) - len(won)}, torch's op {len(won)}" + (f" ({', '.join(won)})" if won else "")
                      + (f", and one kind of call at {one}" if one else ""))
@@ -191,7 +191,7 @@ def serving(fam, spec, entries: list[dict], regions: list[dict] = (), unbuilt: f
     return said
 
 
-def _one_kind(spec, binds: list[dict]) -> str:
+def _one_kind_shapes(spec, binds: list[dict]) -> str:
     """The shapes where torch's op serves one kind of call beside a variant (`torch_serves`), each with
     the kind ("4096 x 32 (inference)"), or ""."""
     return ", ".join(sorted({f"{_sizes(spec, b['problem'])} ({b['torch_serves']})" for b in binds
