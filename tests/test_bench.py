@@ -193,14 +193,15 @@ def test_bench_shapes_are_parsed_for_the_family_s_number_of_sizes():
 
 def test_the_host_floors_are_a_launch_and_autograd_on_a_leaf_shaped_as_the_first_input():
     """BENCH_HOST_FLOORS (GIoU's): one kernel launch timed as a forward, `x.sum().backward()` on a
-    leaf of the first floating-point input's shape as a forward+backward; none for other families."""
+    leaf of the first floating-point input's shape as a forward+backward, and F.mse_loss on two
+    float32 tensors of that shape in both; none for other families."""
     import types
 
     from tuner.report import declared
 
     p, t, n = giou.make_inputs(4, 8, "bfloat16", "uint8", seed=1)
     floors = declared._host_floors(giou, (t, p, n, "mean", 1e-7))
-    assert list(floors) == ["floor: one kernel launch", "floor: x.sum().backward()"]
+    assert list(floors) == ["floor: one kernel launch", "floor: x.sum().backward()", "anchor: F.mse_loss (native op)"]
     launch, none = floors["floor: one kernel launch"]
     assert none is None and launch().tolist() == [1.0]
     nothing, backward = floors["floor: x.sum().backward()"]
@@ -208,6 +209,14 @@ def test_the_host_floors_are_a_launch_and_autograd_on_a_leaf_shaped_as_the_first
     backward()
     leaf = backward.__closure__[0].cell_contents
     assert leaf.shape == p.shape and leaf.dtype == torch.float32 and (leaf.grad == 1).all()
+    mse, mse_both = floors["anchor: F.mse_loss (native op)"]
+    cells = dict(zip(mse.__code__.co_freevars, (c.cell_contents for c in mse.__closure__)))
+    x, y = cells["x"], cells["y"]
+    assert x.shape == y.shape == p.shape and x.dtype == torch.float32 and not x.equal(y)
+    assert torch.allclose(mse(), ((x.double() - y.double()) ** 2).mean().float())
+    mse_both()
+    leaf_x = dict(zip(mse_both.__code__.co_freevars, (c.cell_contents for c in mse_both.__closure__)))["leaf_x"]
+    assert torch.allclose(leaf_x.grad, 2 * (x - y) / x.numel())
     assert declared._host_floors(types.SimpleNamespace(), (p, t, n)) == {}
 
 

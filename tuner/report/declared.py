@@ -155,16 +155,27 @@ def read_floor(nbytes: int, inputs):
 
 def _host_floors(fam, inputs) -> dict:
     """Where the family's calls are bound by the host (`BENCH_HOST_FLOORS`): one kernel launch
-    through the dispatcher, and autograd's own cost (`x.sum().backward()` on a float32 leaf shaped
-    as the first floating-point input), timed beside the rows."""
+    through the dispatcher, autograd's own cost (`x.sum().backward()` on a float32 leaf shaped as
+    the first floating-point input), and `F.mse_loss` on two float32 tensors of that shape (a
+    native C++ loss with C++ autograd: what an op's call costs when no Python runs on its path),
+    timed beside the rows."""
     import torch
+    import torch.nn.functional as F
 
     if not getattr(fam, "BENCH_HOST_FLOORS", False):
         return {}
     first = next(t for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point())
     one, leaf = torch.zeros(1, device=first.device), torch.randn(first.shape, device=first.device, requires_grad=True)
+    x, y = (torch.rand(first.shape, device=first.device) for _ in range(2))
+    leaf_x = x.clone().requires_grad_(True)
+
+    def mse_both():
+        leaf_x.grad = None
+        F.mse_loss(leaf_x, y).backward()
+
     return {"floor: one kernel launch": (lambda: one.fill_(1.0), None),
-            "floor: x.sum().backward()": (None, lambda: leaf.sum().backward())}
+            "floor: x.sum().backward()": (None, lambda: leaf.sum().backward()),
+            "anchor: F.mse_loss (native op)": (lambda: F.mse_loss(x, y), mse_both)}
 
 
 def bench(family: str, directory, args) -> list[dict]:
