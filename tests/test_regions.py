@@ -371,6 +371,12 @@ def test_export_best_lists_each_measured_shape_and_who_serves_it():
     assert lines[1] == f"  bfloat16/bfloat16 rows={first['rows']} width={first['width']}: a variant (op / torch's op at most 0.90x, fwd+bwd GPU)"
     assert lines[2] == f"  bfloat16/bfloat16 rows={second['rows']} width={second['width']}: torch's op (op / torch's op at most 1.30x, fwd wall; 1 cell(s) not timed)"
     assert studies.region_lines([], str) == []
+    one_kind = studies.region_lines([{**measured[0], "torch_serves": "inference"}], str)[1]
+    assert ": a variant for training calls, torch's op for inference calls (op / torch's op" in one_kind
+    winner = {"variant": "v1", "served_by": "variant", "torch_serves": "training", "objective": "fwd+bwd",
+              "objective_us": 12.0}
+    assert studies._served(winner) == "v1 for inference calls, torch's op for training calls (fwd+bwd 12.00 us)"
+    assert studies._served({**winner, "torch_serves": None}) == "v1 (fwd+bwd 12.00 us)"
 
 
 def test_show_export_reads_back_each_problem_the_measured_shapes_and_each_pair_s_word(tmp_path, capsys):

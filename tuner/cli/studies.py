@@ -258,20 +258,18 @@ def _served(entry: dict) -> str:
         timing += "; op/torch " + ", ".join(f"{cell} {'-' if r is None else f'{r:.2f}x'}" for cell, r in checked.items())
     if entry.get("served_by") == "torch":
         return f"torch's op (the best variant, {entry['variant']}, {timing})"
-    if entry.get("torch_serves"):
-        return f"{_who(entry).replace('a variant', entry['variant'])} ({timing})"
-    return f"{entry['variant']} ({timing})"
+    return f"{_who(entry, entry['variant'])} ({timing})"
 
 
-def _who(verdict: dict) -> str:
-    """Who serves a checked shape, in words: each kind of call's, where torch's op won one
-    (tuner.deploy.regions.verdict)."""
+def _who(verdict: dict, variant: str = "a variant") -> str:
+    """Who serves a checked shape, in words (`variant`: what to call its variant): each kind of
+    call's, where torch's op won one (tuner.deploy.regions.verdict)."""
     if verdict.get("served_by") == "torch":
         return "torch's op"
     other = {"inference": "training", "training": "inference"}.get(verdict.get("torch_serves"))
     if other is None:
-        return "a variant"
-    return f"a variant for {other} calls, torch's op for {verdict['torch_serves']} calls"
+        return variant
+    return f"{variant} for {other} calls, torch's op for {verdict['torch_serves']} calls"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
