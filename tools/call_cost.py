@@ -10,6 +10,9 @@ each round: host noise only adds), forward without gradients and forward+backwar
   then F.cross_entropy);
 - `torch op`: the family's baseline, torch's op with what the op's contract adds (cross-entropy's
   float32 loss);
+- `torch path`: the loaded op's own path to torch's op, whatever its table says
+  (`tuner.runtime.torch_path`: from C++, the declaration's guards where it has them, then torch's
+  op), what a call costs where torch's op serves it; "-" where the family has no baseline;
 - `packet`: what `tuner.load` returns (`torch.ops.tuner.<op>`; since 2026-12-02 its calls go to
   the binding's entry, `tuner.entries.loaded`);
 - `entry`: the binding's own Python function (`tuner.runtime.entry`);
@@ -17,9 +20,12 @@ each round: host noise only adds), forward without gradients and forward+backwar
 
 Every way is checked against the float64 reference first. "served" says who ran the op's call: a
 variant (its kernels ran) or torch's op. One markdown table on stdout and in OUT/call_cost.md.
+`--kernels` adds a second table: each way's GPU time a call (the profiler's kernels over 20 calls,
+as `tuner bench` sums them) and its host time a call (20 calls issued without waiting for the GPU,
+which they cannot fill), to tell a call the host bounds from one the GPU does.
 
     python tools/call_cost.py OUT giou=DIR embedding_bag=DIR ... [--problem FAMILY:key=value,...] [--no-baseline]
-        [--rounds N] [--round-ms MS]
+        [--rounds N] [--round-ms MS] [--kernels]
 
 `--no-baseline` loads the exports with `baseline=False`: the nearest variant serves every call of a
 tuned dtype pair, to see what a variant's call costs where torch's op would serve.
@@ -46,7 +52,7 @@ SMALL = {
     "linear_cross_entropy": ({"tokens": 1, "width": 2048, "vocab": 32000},
                              {"tokens": 64, "width": 2048, "vocab": 32000}),
 }
-WAYS = ("F", "torch op", "packet", "entry", "TF")
+WAYS = ("F", "torch op", "torch path", "packet", "entry", "TF")
 
 
 def user_calls(family: str) -> dict:
@@ -115,8 +121,30 @@ def per_call_us(calls: dict, rounds: int = 7, budget_s: float = 0.02) -> dict[st
     return best
 
 
+def kernel_host_us(calls: dict, n: int = 20) -> tuple[dict[str, float], dict[str, float]]:
+    """Each call's GPU µs (`tuner bench`'s: the profiler's kernels over `n` calls, divided by `n`)
+    and host µs (`n` calls issued back to back, the clock stopped before waiting for the GPU)."""
+    import torch
+
+    from tuner.report import bench
+
+    gpu, host = {}, {}
+    for name, fn in calls.items():
+        gpu[name] = bench.kernel_us(fn, n)
+        best = float("inf")
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+        host[name] = best
+    return gpu, host
+
+
 def family_rows(family: str, directory: Path, problems: list[dict], baseline: bool = True, rounds: int = 7,
-                round_s: float = 0.02) -> list[dict]:
+                round_s: float = 0.02, kernels: bool = False) -> list[dict]:
     import torch
 
     from tuner import families, runtime
@@ -128,7 +156,9 @@ def family_rows(family: str, directory: Path, problems: list[dict], baseline: bo
         warnings.simplefilter("ignore")
         packet = declared._load(directory, baseline=baseline)
     entry = getattr(runtime, "entry", lambda op: packet)(spec.op)  # a checkout before it had none
-    ways = {"torch op": spec.torch_op, "packet": packet, "entry": entry, **user_calls(family)}
+    path = getattr(runtime, "torch_path", lambda family: None)(family)  # a checkout before it had none
+    ways = {"torch op": spec.torch_op, **({"torch path": path} if path else {}), "packet": packet, "entry": entry,
+            **user_calls(family)}
     rows = []
     for change in problems:
         problem = {**fam.Problem().__dict__, **change}
@@ -141,16 +171,18 @@ def family_rows(family: str, directory: Path, problems: list[dict], baseline: bo
             warnings.simplefilter("ignore")  # torch's mixed-dtype norm warns that it is not fused
             try:
                 for name, fn in ways.items():
-                    if name in ("packet", "entry", "TF"):
+                    if name in ("torch path", "packet", "entry", "TF"):
                         agree(name, fn(*plain), torch.autograd.grad(fn(*inputs), leaves, grad))
                     fwd[name] = (lambda fn=fn: fn(*plain))
                     both[name] = (lambda fn=fn: torch.autograd.grad(fn(*inputs), leaves, grad))
                 fwd_us, both_us = per_call_us(fwd, rounds, round_s), per_call_us(both, rounds, round_s)
+                split = {"fwd": kernel_host_us(fwd), "fwd+bwd": kernel_host_us(both)} if kernels else None
             except (NotImplementedError, RuntimeError, AssertionError) as exc:  # torch cannot run it, or a check failed
                 print(f"{family} {change}: not measured: {str(exc).splitlines()[0]}", flush=True)
                 continue
         label = " ".join(f"{k}={v}" for k, v in change.items())
-        rows.append({"family": family, "problem": label, "served": who, "fwd": fwd_us, "fwd+bwd": both_us})
+        rows.append({"family": family, "problem": label, "served": who, "fwd": fwd_us, "fwd+bwd": both_us,
+                     **({"split": split} if split else {})})
         print(row(rows[-1]), flush=True)
         del inputs, grad, agree, leaves, plain
         torch.cuda.empty_cache()
@@ -177,6 +209,22 @@ def table(rows: list[dict]) -> str:
                       "|---|---|---|---|---|---|---|", *(row(r) for r in rows)])
 
 
+def split_table(rows: list[dict]) -> str:
+    """GPU and host µs a call of each way (`--kernels`), forward and forward+backward."""
+    head = " / ".join(WAYS)
+
+    def cells(us):
+        return " / ".join(f"{us[w]:.1f}" if w in us else "-" for w in WAYS)
+
+    lines = [f"| family | problem | forward GPU µs: {head} | forward host µs | forward+backward GPU µs | "
+             "forward+backward host µs |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "split" in r:
+            (fg, fh), (bg, bh) = r["split"]["fwd"], r["split"]["fwd+bwd"]
+            lines.append(f"| {r['family']} | {r['problem']} | {cells(fg)} | {cells(fh)} | {cells(bg)} | {cells(bh)} |")
+    return "\n".join(lines)
+
+
 def parse_problem(text: str) -> tuple[str, dict]:
     family, _, fields = text.partition(":")
     change = {}
@@ -194,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-given", action="store_true", help="only the --problem problems")
     ap.add_argument("--no-baseline", action="store_true", help="load with baseline=False (the nearest variant serves)")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds, the fastest kept (default 7)")
+    ap.add_argument("--kernels", action="store_true", help="also each way's GPU and host µs a call (a second table)")
     ap.add_argument("--round-ms", type=float, default=20.0,
                     help="ms of calls a way a round (default 20; 30 rounds of 50 ms settle tenths of a µs)")
     args = ap.parse_args(argv)
@@ -208,11 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         family, _, directory = item.partition("=")
         problems = ([] if args.only_given else list(SMALL.get(family, ()))) + extra.get(family, [])
         rows += family_rows(family, Path(directory), problems, baseline=not args.no_baseline, rounds=args.rounds,
-                            round_s=args.round_ms / 1000)
+                            round_s=args.round_ms / 1000, kernels=args.kernels)
     import tuner
 
     text = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}; "
-            f"tuner from {Path(tuner.__file__).parent}\n\n" + table(rows))
+            f"tuner from {Path(tuner.__file__).parent}\n\n" + table(rows)
+            + (f"\n\n{split_table(rows)}" if args.kernels else ""))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "call_cost.md").write_text(text + "\n")
     print(text)
