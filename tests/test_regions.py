@@ -306,6 +306,38 @@ def test_an_untuned_dtype_pair_of_embedding_bag_is_bound_as_the_tuned_pair_at_it
                 assert all(b["params"]["backward"] == "sorted" for b in mine if "variant" in b)
 
 
+def test_an_h100_export_s_recorded_check_is_decided_again_as_it_was():
+    """From the ratios an H100 export's check recorded around EmbeddingBag's default problem
+    (tests/data/h100-eb-default-check.json; docs/benchmarks.md, EmbeddingBag's many short bags): the
+    grid is the 24 shapes it measured, each decided and bound as that export did. At dim 32, 8,192
+    bags of 9 the forward lost its GPU cell (1.65x) and won its wall cell (0.46x): torch's op takes the
+    calls without a gradient there, the variant keeps training calls (0.39-0.64x)."""
+    import json
+    from pathlib import Path
+
+    from tuner.families.embedding_bag import op
+
+    data = json.loads((Path(__file__).parent / "data" / "h100-eb-default-check.json").read_text())
+    tuned, recorded = data["tuned"], data["regions"]
+    key = export.problem_key
+    points = regions.grid("embedding_bag", [{"problem": tuned["problem"], "served_by": "variant"}])
+    assert sorted(key(p["problem"]) for p in points) == sorted(key(r["problem"]) for r in recorded)
+    assert {p["near"] for p in points} == {key(tuned["problem"])}
+    apart = regions.kinds_apart("embedding_bag")
+    decided = regions.decide(points, {key(r["problem"]): r["checked"] for r in recorded}, export.SLOWER, apart)
+    verdicts = {key(r["problem"]): (r["served_by"], r.get("torch_serves")) for r in decided}
+    assert verdicts == {key(r["problem"]): (r["served_by"], r.get("torch_serves")) for r in recorded}
+    short = key({**tuned["problem"], "dim": 32, "bag_size": 9, "bags": 8192})
+    assert verdicts.pop(short) == ("variant", "inference")
+    assert set(verdicts.values()) == {("variant", None)}
+    winner = {k: tuned[k] for k in ("problem", "variant", "params", "served_by")}
+    (checked,) = export.with_checks([winner], {key(tuned["problem"]): tuned["checked"]}, apart)
+    assert checked["served_by"] == "variant" and "torch_serves" not in checked
+    binds = {key(b["problem"]): b for b in binaries.bound(embedding_bag, op.OP, [winner], decided)
+             if b["problem"].get("weight") == "float32" and b["problem"].get("index") == "int64"}
+    assert binds[short]["variant"] == tuned["variant"] and binds[short]["torch_serves"] == "inference"
+
+
 def test_an_untuned_pair_takes_one_tuned_pair_the_nearest_in_dtypes():
     """With several tuned pairs, an untuned pair is bound as one of them: the one sharing its weight
     dtype, else its index dtype (the first such): two pairs' verdicts at one shape never meet, and
