@@ -112,6 +112,37 @@ def test_the_function_takes_model_shaped_calls_and_gives_torch_s_answers(op):
             torch.testing.assert_close(got, want.reshape(3, 4) if reduction == "none" else want)
 
 
+def test_the_function_gives_torch_s_answers_and_errors_to_every_other_call():
+    """Where the target is not one class index a row of the input (class probabilities, an unbatched
+    row, a target of another shape with as many entries), tuner.functional.linear_cross_entropy is
+    torch's two functions as given: their answers, their errors; none is read as rows silently."""
+    import tuner.functional as TF
+
+    w = torch.randn(5, 8)
+
+    def outcome(fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            return type(exc), str(exc).splitlines()[0]
+
+    def torch_s(x, w, t, **kwargs):
+        return F.cross_entropy(F.linear(x, w), t, **kwargs)
+
+    calls = [(torch.randn(2, 3, 8), torch.randint(0, 5, (3, 2)), "none"),  # as many entries, another shape
+             (torch.randn(4, 8), torch.randint(0, 5, (4, 1)), "none"),
+             (torch.randn(8), torch.tensor(2), "mean"), (torch.randn(8), torch.tensor(2), "none"),  # one row
+             (torch.randn(4, 8), torch.softmax(torch.randn(4, 5), 1), "mean"),  # class probabilities
+             (torch.randn(4, 8), None, "mean"), ([[1.0] * 8], torch.tensor([0]), "mean")]
+    for x, t, reduction in calls:
+        got, want = outcome(TF.linear_cross_entropy, x, w, t, reduction=reduction), outcome(
+            torch_s, x, w, t, reduction=reduction)
+        if isinstance(want, tuple):
+            assert got == want, (x if isinstance(x, list) else x.shape, t)
+        else:
+            torch.testing.assert_close(got, want)
+
+
 def test_a_captured_step_records_its_lm_head_and_loss(tmp_path):
     """tuner.capture of a Llama-style step: hidden [batch, seq, H] through F.linear (no bias), the
     logits upcast and flattened, F.cross_entropy: recorded as this family's problem (the hidden

@@ -128,6 +128,23 @@ def test_functional_forms_take_every_call_torch_takes():
     torch.testing.assert_close(got, want, equal_nan=True)
 
 
+def test_functional_forms_refuse_what_is_not_a_tensor_as_torch_does():
+    """A list or None where torch's function wants a tensor: torch's own error, word for word (not an
+    AttributeError of the form's choice)."""
+    t, w = torch.tensor([0, 1]), torch.randn(5, 2)
+    calls = [(TF.cross_entropy, F.cross_entropy, ([[1.0, 2.0], [0.5, 0.1]], t)),
+             (TF.cross_entropy, F.cross_entropy, (torch.randn(2, 5), [0, 1])),
+             (TF.rms_norm, F.rms_norm, ([[1.0]], (1,))),
+             (TF.linear_cross_entropy, lambda x, w, t: F.cross_entropy(F.linear(x, w), t), ([[1.0, 2.0]], w, t[:1])),
+             (TF.linear_cross_entropy, lambda x, w, t: F.cross_entropy(F.linear(x, w), t), (torch.randn(1, 2), w, None))]
+    for mine, torch_s, args in calls:
+        with pytest.raises(TypeError) as want:
+            torch_s(*args)
+        with pytest.raises(TypeError) as got:
+            mine(*args)
+        assert str(got.value) == str(want.value), mine.__name__
+
+
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")
 def test_a_loaded_export_s_functional_forms_are_its_binding_s(loaded):
     """Once an export is bound, TF.rms_norm's calls go to the binding's C++ form of it (torch's

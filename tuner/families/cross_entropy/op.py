@@ -63,8 +63,8 @@ def served(input, target, weight=None, size_average=None, ignore_index: int = -1
     import torch
 
     if (weight is not None or size_average is not None or reduce is not None or input.dim() != 2
-            or target.dim() != 1 or target.device != input.device or input.dtype not in runtime.dtypes(DTYPES)
-            or target.dtype != torch.int64
+            or not isinstance(target, torch.Tensor) or target.dim() != 1 or target.device != input.device
+            or input.dtype not in runtime.dtypes(DTYPES) or target.dtype != torch.int64
             or reduction not in REDUCTIONS or not 0.0 <= label_smoothing <= 1.0):
         return None
     return input, target, ignore_index, float(label_smoothing), reduction
@@ -76,7 +76,8 @@ def cross_entropy(input, target, *args, in_place: bool = False, **kwargs):
     calls it takes go to `torch.ops.tuner.cross_entropy` (a variant, or torch's op where the export
     says so; its loss in float32), every other call to F.cross_entropy itself. `in_place=True`: the
     logits' gradient may be written over the logits (see the op)."""
-    args_ = served(input, target, *args, **kwargs) if input.is_cuda else None
+    # (not a tensor: F.cross_entropy's own TypeError)
+    args_ = served(input, target, *args, **kwargs) if getattr(input, "is_cuda", False) else None
     if args_ is not None:
         return runtime.entry("cross_entropy")(*args_, in_place)
     import torch.nn.functional as F

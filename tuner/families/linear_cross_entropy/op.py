@@ -46,12 +46,19 @@ def torch_linear_cross_entropy(hidden, weight, target, ignore_index: int = -100,
 
 def linear_cross_entropy(input, weight, target, bias=None, ignore_index: int = -100, label_smoothing: float = 0.0,
                          reduction: str = "mean"):
-    """`F.cross_entropy(F.linear(input, weight, bias), target, ...)` as one op (load an export first): a
-    CUDA call without a bias (input [..., H] and weight alike in the op's dtypes, int64 target [...],
-    arguments torch accepts) goes to the op, every other to torch's two (their errors included)."""
+    """`F.cross_entropy(F.linear(input, weight, bias), target, ...)` as one op (load an export first),
+    a class index a row of `input`: input [..., H] with target [...] of its leading shape, as a model's
+    hidden states [batch, seq, H] and labels [batch, seq] (each token its own row, as LLM code flattens
+    them; torch's two would read a 3-D input's dim 1 as the classes). A CUDA call of that form
+    without a bias (input and weight alike in the op's dtypes, an int64 target, arguments torch
+    accepts) goes to the op; any other call of that form to torch's two, rows flattened the same way;
+    every other call (a 1-D or 2-D input with any target torch takes: class probabilities, an
+    unbatched row) to torch's two as given, with their answers and their errors."""
     import torch
 
-    if (input.is_cuda and bias is None and input.dim() >= 1 and target.shape == input.shape[:-1]
+    tensors = isinstance(input, torch.Tensor) and isinstance(target, torch.Tensor)
+    rows = tensors and input.dim() >= 1 and target.shape == input.shape[:-1]  # a class index a row
+    if (rows and input.is_cuda and bias is None and isinstance(weight, torch.Tensor)
             and input.dtype in runtime.dtypes(DTYPES) and weight.dtype == input.dtype and target.dtype == torch.int64
             and weight.device == input.device == target.device
             and reduction in REDUCTIONS and 0.0 <= label_smoothing <= 1.0):
@@ -60,6 +67,9 @@ def linear_cross_entropy(input, weight, target, bias=None, ignore_index: int = -
         return loss.reshape(target.shape) if reduction == "none" else loss
     import torch.nn.functional as F
 
+    if not (rows and input.dim() > 2):  # torch's two mean the same as the op here, or refuse it
+        return F.cross_entropy(F.linear(input, weight, bias), target, ignore_index=ignore_index,
+                               reduction=reduction, label_smoothing=label_smoothing)
     return F.cross_entropy(F.linear(input, weight, bias).flatten(0, -2), target.flatten(), ignore_index=ignore_index,
                            reduction=reduction, label_smoothing=label_smoothing).reshape(
         target.shape if reduction == "none" else ())

@@ -59,7 +59,7 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     follow in C++: only what decides between the two is asked here, in as few steps as Python
     allows; once an export is bound, the binding's C++ form of this function decides first
     (OP_DECLARATION's `functional`), at torch's own call cost."""
-    if input.is_cuda and input.dtype in runtime.dtypes(DTYPES) and input.dim():
+    if getattr(input, "is_cuda", False) and input.dtype in runtime.dtypes(DTYPES) and input.dim():  # else F.rms_norm's
         try:
             (width,) = normalized_shape  # one normalized dimension, the last
         except (TypeError, ValueError):
