@@ -269,6 +269,9 @@ def _norm(time_us=1.0, calls=1, **fields):
      "label_smoothing=1.5 is not a number from 0 to 1"),
     ({"format": 1, "problems": [_norm(time_us=-1.0)]}, "time_us must be a finite number of at least 0"),
     ({"format": 1, "problems": []}, "holds no problems"),
+    ({"format": True, "problems": [_norm()]}, "has format True; this tuner reads format 1"),  # True == 1 in Python
+    ({"format": 1, "problems": [_norm(rows=2**31)]}, "rows=2147483648 is above 2147483647"),
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),  # past Python's stack: no RecursionError
 ])
 def test_read_names_the_file_and_what_is_wrong_with_it(tmp_path, content, message):
     path = tmp_path / "shapes.json"

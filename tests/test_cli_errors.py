@@ -293,7 +293,8 @@ def test_list_of_a_missing_storage_creates_nothing(home, capsys):
 # ------------------------------------------------------------------ files
 
 @pytest.mark.parametrize("flag", ["--simulate", "--import-records"])
-@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"[1, 2]\n5\n", None])
+@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"[1, 2]\n5\n", None,
+                                     b"[" * 100_000 + b"]" * 100_000 + b"\n"])  # nested past Python's stack
 def test_a_file_that_is_no_measurement_log_is_one_line(home, capsys, flag, content):
     path = home / "f.jsonl"
     if content is None:

@@ -52,6 +52,39 @@ def test_edited_manifest_is_refused(artifact):
         export.read(out)
 
 
+@pytest.mark.parametrize("forge, message", [
+    (lambda m: m["entries"][0].pop("source"), "an entry's source None is not a file of the export"),
+    (lambda m: m["entries"][0].update(source="/etc/hostname"), "'/etc/hostname' is not a file of the export"),
+    (lambda m: m["entries"][0].update(source="../art/manifest.json"), "is not a file of the export"),
+    (lambda m: m.pop("header_sha256"), "do not match the hash in manifest.json"),
+    (lambda m: m.update(entries=[]), "its entries are not a list of tuned problems"),
+])
+def test_a_manifest_edited_and_its_checksum_made_again_is_refused_with_why(artifact, forge, message):
+    """The checksum is no signature: a manifest edited and summed again still gets a clear refusal,
+    never a KeyError, nor a source read from outside the export's folder."""
+    out, _ = artifact
+    manifest = json.loads((out / "manifest.json").read_text())
+    forge(manifest)
+    manifest["checksum"] = export.manifest_checksum(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TunerError, match=message):
+        export.read(out)
+
+
+def test_a_manifest_nested_past_python_s_stack_is_not_json(artifact):
+    out, _ = artifact
+    (out / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(TunerError, match="is not valid JSON: nested too deeply"):
+        export.read(out)
+
+
+def test_load_names_what_is_wrong_with_its_arguments(tuner_home):
+    with pytest.raises(TunerError, match="got gpu=3"):
+        tuner.load(gpu=3)
+    with pytest.raises(TunerError, match="family='nope': no such family; installed: .*giou"):
+        tuner.load(gpu="H100", family="nope")
+
+
 def test_an_export_that_fails_leaves_nothing_and_keeps_the_one_before(artifact, monkeypatch):
     """Written beside its folder and moved in at the end: a compile that fails (or Ctrl-C) leaves
     no half-written export, and an earlier export in that folder stays whole."""

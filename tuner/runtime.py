@@ -160,6 +160,8 @@ def read_manifest(directory: Path) -> dict:
         raise RuntimeError(f"{directory} is not a tuned export: {path}: {exc.strerror}") from None
     except ValueError as exc:  # not JSON, not UTF-8
         raise RuntimeError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:  # nested past Python's stack: no export writes that
+        raise RuntimeError(f"{path} is not valid JSON: nested too deeply") from None
     if not isinstance(manifest, dict):
         raise RuntimeError(f"{path} is not an export's manifest (a JSON object)")
     if manifest.get("checksum") != manifest_checksum(manifest):

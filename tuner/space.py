@@ -188,6 +188,9 @@ def covering(spaces: Sequence[Space]) -> list[Variant]:
     return picks
 
 
+SIZE_MAX = 2**31 - 1  # a problem's size, on its command line or in a capture file: a tensor dimension
+
+
 def option(default, help: str, *, flag: str | None = None, choices: Sequence[str] | None = None,
            parse: str | None = None, dtype: bool = False):
     """A field of a family's Problem as the command line offers it (tuner.cli.target): `--<name>`

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from tuner import paths
+from tuner.space import SIZE_MAX
 from tuner.errors import TunerError
 
 
@@ -75,8 +76,8 @@ count = integer(1, COUNT_MAX)
 count_or_zero = integer(0, COUNT_MAX)
 jobs = integer(1, 1024)
 seed = integer(0, 2**32 - 1)  # what NumPy's and Optuna's samplers take
-size = integer(1, 2**31 - 1)  # a tensor dimension
-size_or_zero = integer(0, 2**31 - 1)
+size = integer(1, SIZE_MAX)  # a tensor dimension
+size_or_zero = integer(0, SIZE_MAX)
 port = integer(1, 65535)
 seconds = number(0, 30 * 86400, above_lo=True, unit=" seconds (30 days)")
 delay = number(0, 3600, unit=" seconds")
@@ -203,6 +204,8 @@ def recording(path: Path | None, flag: str) -> None:
                     continue
                 try:
                     json.loads(line)
+                except RecursionError:  # an array or object nested past Python's stack: no object either
+                    pass
                 except ValueError:
                     continue  # not JSON at all: a damaged line, skipped as a cut one is
                 raise TunerError(f"{flag} {path}: line {number} is not a measurement (a JSON object)")

@@ -19,6 +19,7 @@ from typing import Any
 
 from tuner import families
 from tuner.errors import SpaceError, TunerError
+from tuner.space import SIZE_MAX
 
 FORMAT = 1
 
@@ -52,9 +53,12 @@ def read(path: str | os.PathLike, family: str | None = None) -> list[dict]:
         raise TunerError(f"capture file {path} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise TunerError(f"capture file {path} is not JSON: {exc}") from None
+    except RecursionError:  # arrays or objects nested past Python's stack: no capture writes those
+        raise TunerError(f"capture file {path} is not a capture: JSON nested too deeply") from None
     except OSError as exc:
         raise TunerError(f"capture file {path} cannot be read: {exc.strerror}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    # (type: JSON's true equals 1 in Python, and is no format)
+    if not isinstance(doc, dict) or type(doc.get("format")) is not int or doc["format"] != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise TunerError(f"capture file {path} has format {found!r}; this tuner reads format {FORMAT}")
     if not isinstance(doc.get("problems"), list):
@@ -91,8 +95,8 @@ def problems(path: str | os.PathLike, family: str) -> list[tuple[Any, float]]:
 
 def _values_wrong(fam, cls, given: dict) -> list[str]:
     """What a problem's values hold that its command line would refuse: a size below 1 (0 where it
-    may be), a value outside its choices, a float that is not finite or a share outside [0, 1], a
-    dtype the family does not take (`space_for`)."""
+    may be) or above SIZE_MAX, a value outside its choices, a float that is not finite or a share
+    outside [0, 1], a dtype the family does not take (`space_for`)."""
     wrong = []
     for f in dataclasses.fields(cls):
         opt, v = f.metadata.get("option", {}), given[f.name]
@@ -103,6 +107,8 @@ def _values_wrong(fam, cls, given: dict) -> list[str]:
             wrong.append(f"{f.name}={v} is below 1")
         elif type(v) is int and parse == "size_or_zero" and v < 0:
             wrong.append(f"{f.name}={v} is below 0")
+        elif type(v) is int and parse in (None, "size", "size_or_zero") and v > SIZE_MAX:
+            wrong.append(f"{f.name}={v} is above {SIZE_MAX}")
         elif type(v) is float and (not math.isfinite(v) or (parse == "fraction" and not 0 <= v <= 1)):
             wrong.append(f"{f.name}={v!r} is not {'a number from 0 to 1' if parse == 'fraction' else 'finite'}")
     if not wrong:

@@ -235,7 +235,8 @@ def read(directory: Path) -> dict:
                          f"family {manifest.get('family')}; installed families: {', '.join(families.names())})")
     if manifest.get("checksum") != manifest_checksum(manifest):
         raise TunerError(f"{path} was edited after export (its checksum does not match); refusing to load it")
-    if not isinstance(manifest.get("entries"), list) or not all(isinstance(e, dict) for e in manifest["entries"]):
+    entries = manifest.get("entries")
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise TunerError(f"{path}: its entries are not a list of tuned problems, as an export writes them")
     headers = families.get(manifest["family"]).HEADERS
     try:
@@ -245,10 +246,12 @@ def read(directory: Path) -> dict:
     except (OSError, UnicodeDecodeError):
         raise TunerError(f"artifact {directory}: {', '.join(headers)} cannot be read as text: edited after export; "
                          "refusing to load it") from None
-    if sha256(header) != manifest["header_sha256"]:
+    if sha256(header) != manifest.get("header_sha256"):
         raise TunerError(f"{directory}: {', '.join(headers)} do not match the hash in {MANIFEST}: edited after "
                          "export; refusing to load it")
-    for name, expected in [(e["source"], e["source_sha256"]) for e in manifest["entries"]]:
+    for name, expected in [(e.get("source"), e.get("source_sha256")) for e in manifest["entries"]]:
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise TunerError(f"{path}: an entry's source {name!r} is not a file of the export; refusing to load it")
         try:
             text = (directory / name).read_text()
         except FileNotFoundError as exc:

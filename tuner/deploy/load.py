@@ -37,9 +37,12 @@ def load(directory: str | Path | None = None, *, gpu: str | None = None, family:
     serves the problems where no variant beat it, untuned dtype pairs and shapes far from every
     tuned one; `baseline=False` runs the nearest variant wherever a dtype pair has one.
     """
+    if family is not None and family not in families.names():
+        raise TunerError(f"family={family!r}: no such family; installed: {', '.join(families.names())}")
     if directory is None:
-        if gpu is None:
-            raise TunerError("tuner.load needs an artifact folder or gpu=... (e.g. gpu='auto')")
+        if not isinstance(gpu, str) or not gpu:
+            raise TunerError("tuner.load needs an artifact folder or gpu=... (a GPU's name, e.g. 'H100', or 'auto'), "
+                             f"got gpu={gpu!r}")
         directory = find_export(gpu, family)
     directory = Path(directory)
     manifest = artifacts.read(directory)
