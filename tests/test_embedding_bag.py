@@ -147,6 +147,8 @@ def test_distributions_differ_as_the_pr_describes():
     assert counts["random"][0] < 10
     assert counts["one_hot"][0] > 0.4 * counts["one_hot"].sum() and counts["one_hot"][1] < 10
     assert (counts["multi_hot"] > 50).all()
+    with pytest.raises(ValueError, match="distribution must be one of"):  # not multi-hot ids under another name
+        eb.make_inputs(**vars(eb.Problem(rows=100, dim=4, bags=8, bag_size=5)) | {"distribution": "bogus"})
 
 
 # ------------------------------------------------------------------ the op on CPU

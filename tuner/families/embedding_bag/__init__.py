@@ -128,6 +128,8 @@ def make_inputs(rows: int, dim: int, bags: int, bag_size: int, mode: str = "sum"
     seed gives the same inputs on the same device."""
     import torch
 
+    if distribution not in DISTRIBUTIONS:  # each other name drew multi-hot ids
+        raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(seed)
     on = dict(generator=g, device=device)
