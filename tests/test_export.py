@@ -85,6 +85,19 @@ def test_load_names_what_is_wrong_with_its_arguments(tuner_home):
         tuner.load(gpu="H100", family="nope")
 
 
+def test_a_study_without_a_re_timed_winner_is_exported_with_a_warning(artifact):
+    """A search stopped before its finalists (Ctrl-C, a kill) leaves its best trial as the search
+    timed it: exported, and said aloud, with what finishes it."""
+    from tuner.store import study
+
+    _, report = artifact
+    st = study.load(report.study_name)
+    st.set_user_attr("winner", None)
+    with pytest.warns(UserWarning, match="has no re-timed winner .* run the same `tuner search` again"):
+        (winner,), _ = export.winners_of([st])
+    assert winner["retimed"] is False
+
+
 def test_an_export_that_fails_leaves_nothing_and_keeps_the_one_before(artifact, monkeypatch):
     """Written beside its folder and moved in at the end: a compile that fails (or Ctrl-C) leaves
     no half-written export, and an earlier export in that folder stays whole."""

@@ -91,6 +91,10 @@ def _winner(st) -> dict[str, Any]:
             timings["bwd"] = {"median_us": row["bwd_us"], "spread_us": row["bwd_spread_us"]}
         objective = float(row["objective_us"])
         retimed = False
+        # a search stopped before its finalists (Ctrl-C, a kill), or none passed: said aloud
+        warnings.warn(f"study {st.study_name!r} has no re-timed winner (its search stopped before its finalists, or "
+                      f"none passed): exporting its best of {len(frame)} verified trials as the search timed it; run "
+                      "the same `tuner search` again to finish it", UserWarning, stacklevel=3)
     fwd, bwd = variant.halves() or (variant, variant)  # a joined variant's errors: its forward's and its backward's trial
     baseline = st.user_attrs.get("baseline") if retimed else None  # timed beside the finalists
     objective_name = st.user_attrs.get("objective") or "fwd+bwd"
