@@ -65,6 +65,29 @@ def test_a_line_being_written_is_read_once_it_is_whole(tmp_path):
     assert backend.damaged == []
 
 
+@pytest.mark.parametrize("change", ["removed", "replaced", "cut short"])
+def test_a_journal_removed_replaced_or_cut_under_a_reader_is_refused_at_once(tmp_path, change):
+    """Read on from its old place, a new file gives no record (a search waited for its trials'
+    results until its deadline, 13 minutes) and an append would give ids the file never made: the
+    next read or append says what happened and what makes the study again."""
+    from tuner.errors import TunerError
+
+    path = tmp_path / "j"
+    backend = journal.JournalFile(path)
+    backend.append_logs([_attr(1), _attr(2)])
+    assert list(backend.read_logs(0)) == [_attr(1), _attr(2)]
+    if change == "cut short":
+        path.write_bytes(path.read_bytes()[:10])
+    else:
+        path.unlink()
+        if change == "replaced":
+            journal.JournalFile(path).append_logs([_attr(9)])
+    for call in (lambda: backend.read_logs(2), lambda: backend.append_logs([_attr(3)])):
+        with pytest.raises(TunerError, match="removed, replaced or cut short .* --import-records"):
+            call()
+    assert journal.JournalFile(path).read_logs(0) == ([_attr(9)] if change == "replaced" else [])
+
+
 def test_the_default_storage_is_the_journal_but_an_existing_sqlite_home_keeps_its_file(tuner_home):
     assert study.storage_url().endswith("studies/tuner.journal")
     (tuner_home / "studies" / "tuner.journal").unlink(missing_ok=True)

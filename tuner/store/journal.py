@@ -50,6 +50,7 @@ from typing import Any, BinaryIO, Iterator
 from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend
 
+from tuner.errors import TunerError
 from tuner.store.journal_records import JournalDamageWarning, note, parse, unreplayable  # noqa: F401 (the warning: tuner.journal's)
 
 
@@ -196,6 +197,23 @@ class JournalFile(BaseJournalBackend):
         self._tail = _Place()  # after the last line an append saw
         self._scanned = 0  # lines read: damage up to there is known (a re-read from the start finds it again)
         self._lines: list[int] = []  # the line of each record the last read gave
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file read or appended to first
+
+    def _same(self, f: BinaryIO, place: _Place) -> None:
+        """Refuses a journal removed, replaced or cut short while this process used it: read from
+        where it was, the new file gives no record (a search would wait for its trials' results
+        until its deadline), and an append would give its creations ids the new file never made."""
+        st = os.fstat(f.fileno())
+        if self._file is None:
+            self._file = (st.st_dev, st.st_ino)
+        elif (st.st_dev, st.st_ino) != self._file or st.st_size < place.offset:
+            raise self._gone()
+
+    def _gone(self) -> TunerError:
+        return TunerError(f"the journal {self.path} was removed, replaced or cut short while this process used it; "
+                          "what was written to it since is lost, and every measurement is also in its study's log "
+                          "beside it (studies/<study>.jsonl): `tuner search --import-records LOG` makes the study "
+                          "again from it")
 
     def read_logs(self, log_number_from: int) -> list[dict[str, Any]]:
         # Optuna asks for the records from the number it has replayed: from where the last read
@@ -207,8 +225,11 @@ class JournalFile(BaseJournalBackend):
         try:
             f = open(self.path, "rb")
         except FileNotFoundError:
+            if self._file is not None:  # read or appended to before
+                raise self._gone() from None
             return []  # the first append makes it
         with f:
+            self._same(f, place)
             for line, got in _lines(f, place):
                 if isinstance(got, str):
                     if line > self._scanned:
@@ -240,6 +261,7 @@ class JournalFile(BaseJournalBackend):
         with f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
+                self._same(f, self._read if self._read.offset > self._tail.offset else self._tail)
                 end = os.fstat(f.fileno()).st_size
                 if end and os.pread(f.fileno(), 1, end - 1) != b"\n":
                     os.write(f.fileno(), b"\n")  # a killed writer's partial line: ours must not be glued to it
