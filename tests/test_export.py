@@ -1,6 +1,7 @@
 """Export and load on CPU: manifest round trip, hash checks, dispatch, the CPU implementation."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -114,6 +115,29 @@ def test_an_export_that_fails_leaves_nothing_and_keeps_the_one_before(artifact, 
             export.write(folder, winners, gpu, binaries=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in out.parent.iterdir()) == ["art", "studies"]  # no "fresh", no staging folder
+
+
+def test_a_staging_folder_a_killed_export_left_is_removed_by_the_next(tmp_path):
+    """SIGKILL runs no `finally`: the staging folder of a process of this host that is gone is
+    removed by the next staging beside it; a live process's (another export running) is kept."""
+    import socket
+    import subprocess
+    import sys
+
+    from tuner import paths
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    dead = tmp_path / f".giou-H100.{host}.{gone.stdout.strip()}.abc123"
+    live = tmp_path / f".giou-H100.{host}.{os.getpid()}.def456"
+    other = tmp_path / ".giou-H100.k2x9q"  # not named by a host and process: left alone
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "manifest.json").write_text("{}")
+    with paths.staged(tmp_path / "giou-H100") as staging:
+        (staging / "manifest.json").write_text("{}")
+    assert not dead.exists() and live.exists() and other.exists()
+    assert (tmp_path / "giou-H100" / "manifest.json").exists()
 
 
 def test_export_best_refuses_an_unwritable_wheel_folder_before_compiling(artifact, monkeypatch):

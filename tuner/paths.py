@@ -96,13 +96,22 @@ def nearest_existing(path: Path) -> Path:
 def staged(out: Path, last: str | None = None):
     """A folder beside `out` to write into; when the block ends, its files are moved into `out`
     (made then), `last` after the others: a command that fails or is interrupted half-way leaves
-    nothing in `out`, and what was there before stays whole."""
+    nothing in `out`, and what was there before stays whole. The folder's name holds this host's
+    name and this process's id, so that one left by a killed process (SIGKILL: no `finally`) is
+    removed by the next staging beside it on the same host."""
+    import glob
     import shutil
+    import socket
     import tempfile
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    mine = f".{out.name}.{socket.gethostname()}."
+    for left in out.parent.glob(f"{glob.escape(mine)}*"):
+        pid = left.name[len(mine):].split(".")[0]
+        if pid.isdigit() and left.is_dir() and not _alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}.", dir=out.parent))
     try:
         yield staging
         out.mkdir(exist_ok=True)
@@ -110,3 +119,14 @@ def staged(out: Path, last: str | None = None):
             os.replace(f, out / f.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of this host has this id (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

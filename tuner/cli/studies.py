@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 from tuner import paths
 from tuner.cli import target as cli_target
@@ -289,7 +290,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print((out / "by_dimension.md").read_text())
     print(f"wrote {out}/trials.csv, importance.json, by_dimension.csv/.md, time_by_dimension.png, "
           "time_vs_registers.png")
-    print(f"browse the study: tuner dashboard --storage {study.shown(study.storage_url(args.storage))}")
+    print(f"browse the study: tuner dashboard --storage {shlex.quote(study.shown(study.storage_url(args.storage)))}")
     return 0
 
 
