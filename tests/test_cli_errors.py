@@ -158,6 +158,24 @@ def test_records_of_the_wrong_types_are_damage_not_a_crash(home, capsys, one_stu
     assert journal_records.parse(json.dumps(tells[1]).encode())[1] == "values of the wrong type"
 
 
+@pytest.mark.filterwarnings("ignore::tuner.store.journal_records.JournalDamageWarning")  # the damage, on purpose
+@pytest.mark.parametrize("attr", [{"gpu": "x"}, {"retimed": "x"}, {"retimed": [1, 2]}, {"baseline": 5},
+                                  {"winner": "oops"}, {"problem": [1]}])
+def test_a_study_attribute_of_the_wrong_type_is_damage_not_a_crash(home, capsys, one_study, attr):
+    """A study's attribute of another type than a search writes (an editor, another tool) is a
+    damaged record: show, list and export-best go on with the study as it was before it."""
+    import json
+
+    from tuner.store import journal_records
+
+    record = {"op_code": 2, "worker_id": "w", "study_id": 0, "user_attr": attr}
+    (home / "typed.journal").write_text(one_study.read_text() + json.dumps(record) + "\n")
+    for argv in (["show"], ["list"], ["export-best", "--gpu", "H100", "--sources-only", "--out", "exp"]):
+        code, _, err = run(capsys, *argv, "--storage", "typed.journal")
+        assert code == 0 and "error" not in err, (argv, err)
+    assert journal_records.parse(json.dumps(record).encode())[1] == f"study attribute {next(iter(attr))} of the wrong type"
+
+
 def test_a_missing_driver_names_the_projects_extra(home, capsys, monkeypatch):
     from tuner.store import journal
 

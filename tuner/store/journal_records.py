@@ -37,6 +37,15 @@ TYPES: dict[str, Any] = {
     "param_name": lambda v: isinstance(v, str), "datetime_start": lambda v: v is None or isinstance(v, str),
     "datetime_complete": lambda v: v is None or isinstance(v, str)}
 
+# The study attributes a search writes (tuner.search.recording, tuner.search.finalists) and every
+# command reads: one of another type broke show, list, export-best and the search itself.
+STUDY_ATTRS: dict[str, Any] = {
+    "family": lambda v: isinstance(v, str), "objective": lambda v: isinstance(v, str),
+    "problem": lambda v: isinstance(v, dict), "gpu": lambda v: isinstance(v, dict),
+    "rejected": lambda v: isinstance(v, dict), "baseline": lambda v: v is None or isinstance(v, dict),
+    "winner": lambda v: v is None or isinstance(v, dict),
+    "retimed": lambda v: isinstance(v, list) and all(isinstance(row, dict) for row in v)}
+
 _warned: set[tuple[str, int]] = set()  # (journal, line) warned about in this process
 
 
@@ -56,6 +65,11 @@ def parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
     wrong = next((key for key, fits in TYPES.items() if key in record and not fits(record[key])), None)
     if wrong:
         return None, f"{wrong} of the wrong type"
+    if op == 2:  # a study's attribute
+        wrong = next((key for key, value in record["user_attr"].items()
+                      if key in STUDY_ATTRS and not STUDY_ATTRS[key](value)), None)
+        if wrong:
+            return None, f"study attribute {wrong} of the wrong type"
     return record, ""
 
 
