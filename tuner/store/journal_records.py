@@ -40,7 +40,7 @@ TYPES: dict[str, Any] = {
 # The study attributes a search writes (tuner.search.recording, tuner.search.finalists) and every
 # command reads: one of another type broke show, list, export-best and the search itself.
 STUDY_ATTRS: dict[str, Any] = {
-    "family": lambda v: isinstance(v, str), "objective": lambda v: isinstance(v, str),
+    "family": lambda v: isinstance(v, str), "objective": lambda v: v is None or isinstance(v, str),
     "problem": lambda v: isinstance(v, dict), "gpu": lambda v: isinstance(v, dict),
     "rejected": lambda v: isinstance(v, dict), "baseline": lambda v: v is None or isinstance(v, dict),
     "winner": lambda v: v is None or isinstance(v, dict),
