@@ -1,7 +1,6 @@
 """Export and load on CPU: manifest round trip, hash checks, dispatch, the CPU implementation."""
 
 import json
-import os
 
 import pytest
 import torch
@@ -120,16 +119,17 @@ def test_an_export_that_fails_leaves_nothing_and_keeps_the_one_before(artifact, 
 def test_a_staging_folder_a_killed_export_left_is_removed_by_the_next(tmp_path):
     """SIGKILL runs no `finally`: the staging folder of a process of this host that is gone is
     removed by the next staging beside it; a live process's (another export running) is kept."""
-    import socket
+    import re
     import subprocess
     import sys
 
-    from tuner import paths
+    from tuner import owners, paths
 
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    host = socket.gethostname()
-    dead = tmp_path / f".giou-H100.{host}.{gone.stdout.strip()}.abc123"
-    live = tmp_path / f".giou-H100.{host}.{os.getpid()}.def456"
+    gone = subprocess.run([sys.executable, "-c", "from tuner import owners; print(owners.owner())"],
+                          capture_output=True, text=True).stdout.strip()
+    host = re.sub(r"[^A-Za-z0-9-]", "_", owners.host())
+    dead = tmp_path / f".giou-H100.{host}.{'.'.join(gone.rsplit('/', 2)[1:])}.abc123"
+    live = tmp_path / f".giou-H100.{host}.{'.'.join(owners.owner().rsplit('/', 2)[1:])}.def456"
     other = tmp_path / ".giou-H100.k2x9q"  # not named by a host and process: left alone
     for folder in (dead, live, other):
         folder.mkdir()

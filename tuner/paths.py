@@ -96,22 +96,26 @@ def nearest_existing(path: Path) -> Path:
 def staged(out: Path, last: str | None = None):
     """A folder beside `out` to write into; when the block ends, its files are moved into `out`
     (made then), `last` after the others: a command that fails or is interrupted half-way leaves
-    nothing in `out`, and what was there before stays whole. The folder's name holds this host's
-    name and this process's id, so that one left by a killed process (SIGKILL: no `finally`) is
-    removed by the next staging beside it on the same host."""
+    nothing in `out`, and what was there before stays whole. The folder's name holds this process's
+    tag (tuner.owners: host, pid, start time), so that one left by a killed process (SIGKILL: no
+    `finally`) is removed by the next staging beside it on the same host."""
     import glob
+    import re
     import shutil
-    import socket
     import tempfile
+
+    from tuner import owners
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    mine = f".{out.name}.{socket.gethostname()}."
+    host, pid, start = owners.owner().rsplit("/", 2)
+    mine = f".{out.name}.{re.sub(r'[^A-Za-z0-9-]', '_', host)}."  # a name of this host's processes
     for left in out.parent.glob(f"{glob.escape(mine)}*"):
-        pid = left.name[len(mine):].split(".")[0]
-        if pid.isdigit() and left.is_dir() and not _alive(int(pid)):
+        tag = left.name[len(mine):].split(".")[:2]  # its pid and start time
+        if (len(tag) == 2 and tag[0].isdigit() and tag[1] != "None" and left.is_dir()
+                and not owners.owner_alive(f"{host}/{tag[0]}/{tag[1]}")):
             shutil.rmtree(left, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}.", dir=out.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f"{mine}{pid}.{start}.", dir=out.parent))
     try:
         yield staging
         out.mkdir(exist_ok=True)
@@ -119,14 +123,3 @@ def staged(out: Path, last: str | None = None):
             os.replace(f, out / f.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process of this host has this id (one of another user's counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

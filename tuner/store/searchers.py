@@ -5,41 +5,10 @@ tuner/search/heartbeat.py)."""
 from __future__ import annotations
 
 import atexit
-import os
 import re
-import socket
 
 from tuner import paths
-
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of a process (tells a live pid from a reused one)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def host() -> str:
-    """The name this searcher gives its host: TUNER_HOST, or the hostname (containers on one
-    machine may share a hostname but not their processes: give each its own TUNER_HOST)."""
-    return os.environ.get("TUNER_HOST") or socket.gethostname()
-
-
-def owner() -> str:
-    pid = os.getpid()
-    return f"{host()}/{pid}/{_start_time(pid)}"
-
-
-def owner_alive(tag: str) -> bool:
-    """False only when the process that ran a trial is known to be gone (same host)."""
-    try:
-        where, pid, start = tag.rsplit("/", 2)
-    except ValueError:
-        return False
-    if where != host():
-        return True  # cannot tell from here: the heartbeats tell
-    return _start_time(int(pid)) == start
+from tuner.owners import host, owner, owner_alive  # noqa: F401 (a searcher's tag, and whether it lives)
 
 
 _registration = None  # this process's lock file under studies/.owners, held while it lives
