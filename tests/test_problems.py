@@ -183,3 +183,31 @@ def test_a_search_of_several_dtypes_makes_a_study_of_each(tmp_path):
     manifest = export.read(tmp_path / "exports" / "giou-H100")
     assert sorted((e["problem"]["pred"], e["problem"]["target"]) for e in manifest["entries"]) == [
         ("bfloat16", "uint8"), ("float16", "uint8"), ("float32", "float32")]
+
+
+def test_a_search_that_names_no_problem_tunes_the_family_s_default_problems_sharing_the_trials(monkeypatch):
+    from tuner.cli import main as cli
+    from tuner.cli import problems as cli_problems
+    from tuner.families import embedding_bag as eb
+    from tuner.search.config import SearchConfig
+
+    def named(*argv):
+        args = cli.parser("embedding_bag").parse_args(["search", "--family", "embedding_bag", "--gpu", "H100", *argv])
+        args.options = {a.split("=", 1)[0] for a in argv if a.startswith("--")} | {"--family", "--gpu"}
+        return args, cli_problems.named(args)
+
+    args, found = named()
+    assert [(p.key(), share) for p, share in found] == [(eb.Problem(**change).key(), share)
+                                                       for change, share in eb.DEFAULT_PROBLEMS]
+    assert found[0][0] == eb.Problem() and found[1][0].bag_size < 20 and sum(s for _, s in found) == pytest.approx(1)
+    for given in (["--bag-size", "20"], ["--weight", "float16"], ["--study", "mine"], ["--import-records", "r.jsonl"],
+                  ["--simulate", "r.jsonl"]):
+        assert named(*given)[1] is None, given  # a problem or one study named: that one alone
+    assert named("--dtypes", "float16/int64")[1][0][0].bag_size == eb.Problem().bag_size  # --dtypes: the options' sizes
+
+    # the default problems share --trials (200: 133 and 67), each its own study, as `--problems` searches them
+    seen = []
+    monkeypatch.setattr("tuner.search.problems.run", lambda cfgs, *a: seen.extend(cfgs) or [])
+    cli_problems.search(SearchConfig(gpu="H100", problem=found[0][0], trials=args.trials), found, args, 0.0)
+    assert [c.trials for c in seen] == [133, 67] and [c.problem for c in seen] == [p for p, _ in found]
+    assert all(c.study is None for c in seen)

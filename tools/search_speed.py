@@ -61,6 +61,13 @@ def parse(log: str) -> dict:
     m = re.search(r"^timeline \(s from the command's start\): (.*)$", log, re.M)
     if m:
         found["timeline"] = m.group(1)
+    # a search of several problems (a family's DEFAULT_PROBLEMS): its totals, and each problem's compile summed
+    m = re.search(r"^(\d+) trials in ([\d.]+) s from the command's start", log, re.M)
+    if m and "variants" not in found:
+        found.update(variants=int(m.group(1)), trials=int(m.group(1)), since_start=float(m.group(2)))
+        compiles = re.findall(r"trials in [\d.]+ s, compiling ([\d.]+) s", log)
+        if compiles:
+            found["compile"] = sum(map(float, compiles))
     return found
 
 

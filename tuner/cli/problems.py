@@ -1,7 +1,8 @@
 """`tuner search --problems FILE`: every problem a capture recorded, searched in one command
 (tuner.search.problems), with a line per problem as it starts and a table at the end: each
 problem's winner beside torch's op, and which of the two the export will serve it with. `tuner
-search --dtypes ...`: the problems of those dtypes, the same way, each an even share."""
+search --dtypes ...`: the problems of those dtypes, the same way, each an even share. A family's
+`DEFAULT_PROBLEMS`: what a search that names no problem tunes, the same way, sharing --trials."""
 
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ def named(args) -> list[tuple[object, float]] | None:
                          "problem, named after it: drop --study")
     if args.problems is not None:
         return read(args.problems, args.family if "--family" in args.options else None)
-    if not dtyped:
-        return None
     fam = families.get(args.family)
+    if not dtyped:
+        return defaults(fam, args)
     fields = set(dtype_fields(fam))
     flags = {target.option_flag(f) for f in dataclasses.fields(fam.Problem) if f.name in fields and "option" in f.metadata}
     given = sorted(flags & args.options)
@@ -39,6 +40,21 @@ def named(args) -> list[tuple[object, float]] | None:
         raise UsageError(f"--dtypes names each problem's dtypes: drop {', '.join(given)}")
     problems = target.dtype_problems(args)
     return [(p, 1 / len(problems)) for p in problems]
+
+
+def defaults(fam, args) -> list[tuple[object, float]] | None:
+    """The family's default problems (`DEFAULT_PROBLEMS`: (a change of its Problem's defaults, its
+    share of --trials) each), where the command names no problem: no problem option, no --study, no
+    recording to replay or import (those are one study's); None otherwise, or where the family has one."""
+    import dataclasses
+
+    from tuner.cli import target
+
+    changes = getattr(fam, "DEFAULT_PROBLEMS", ())
+    flags = {target.option_flag(f) for f in dataclasses.fields(fam.Problem) if "option" in f.metadata}
+    if len(changes) < 2 or flags & args.options or args.study or args.simulate or args.import_records:
+        return None
+    return [(fam.Problem(**change), share) for change, share in changes]
 
 
 def read(path: Path, family: str | None) -> list[tuple[object, float]]:
@@ -57,14 +73,19 @@ def _describe(problem) -> str:
 
 
 def search(base: SearchConfig, captured: list[tuple[object, float]], args, started: float) -> int:
+    import dataclasses
+
     from tuner.store import study
     from tuner.store.records import objective_value, served_by
     from tuner.search import problems
 
     shares = [share for _, share in captured]
+    if source_is_defaults := args.problems is None and getattr(args, "dtypes", None) is None:
+        base = dataclasses.replace(base, trials=max(1, round(base.trials / len(captured))))  # they share --trials
     cfgs = problems.configs(base, [p for p, _ in captured], shares)
 
-    source = args.problems if args.problems is not None else "--dtypes"
+    source = (args.problems if args.problems is not None else "the family's defaults" if source_is_defaults
+              else "--dtypes")
     share_of = "the captured time" if args.problems is not None else "the trials"
 
     def on_start(i: int, cfg: SearchConfig) -> None:
