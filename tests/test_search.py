@@ -141,6 +141,33 @@ def test_kill_and_resume_loses_no_finished_trial(sim, tuner_home):
     assert {t.number for t in interrupted} <= retried
 
 
+def test_sigterm_ends_a_search_as_ctrl_c_does_and_the_same_command_goes_on(sim, tuner_home):
+    """A batch job's time limit sends SIGTERM: the search says so and exits 143 (128 + 15), where
+    SIGTERM's default ended it silently, mid-step; run again, it finishes from what was kept."""
+    args = ["search", "--gpu", "H100", "--simulate", str(sim), "--trials", "80", "--quiet", "--seed", "5",
+            "--simulate-delay", "0.1", "--sampler", "random"]
+    proc = _cli(*args, env_home=tuner_home)
+    deadline = time.monotonic() + 240  # margins for 2 busy cores: the first trials take about 2 s alone
+    while sum(t.state.name == "COMPLETE" for t in _study_trials(tuner_home)) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, "the search ended before it was signalled"
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err
+    assert err.rstrip().endswith("tuner search: terminated (SIGTERM); its finished trials are kept, "
+                                 "and the same command goes on from them")
+    kept = {t.number: t.value for t in _study_trials(tuner_home) if t.state.name == "COMPLETE"}
+    assert kept
+    proc = _cli(*args, env_home=tuner_home)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    trials = {t.number: t for t in _study_trials(tuner_home)}
+    assert all(trials[n].state.name == "COMPLETE" and trials[n].value == v for n, v in kept.items())
+    assert len([t for t in trials.values() if t.state.name in ("COMPLETE", "PRUNED", "FAIL")
+                and t.user_attrs.get("reason") != "interrupted"]) >= 80
+
+
 def test_two_processes_share_a_study_without_evaluating_a_variant_twice(sim, tuner_home):
     args = ["search", "--gpu", "H100", "--simulate", str(sim), "--trials", "60", "--quiet",
             "--simulate-delay", "0.02", "--sampler", "tpe"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 import warnings
@@ -311,9 +312,21 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch job's time limit, `kill`), raised where Ctrl-C's KeyboardInterrupt would be,
+    so that a command ends as Ctrl-C ends it: its cleanup runs (a search's workers and compiles
+    stopped, its measurements told) and it says so, where SIGTERM's default ended it mid-step, silently."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the command itself, not a caller's process
         paths.keep_bytecode()
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # not where the caller chose otherwise
+            signal.signal(signal.SIGTERM, _terminated)
     command, argv = argv is None, sys.argv[1:] if argv is None else list(argv)
     try:
         try:
@@ -336,9 +349,12 @@ def _run(argv: list[str]) -> int:
     try:
         with _one_line_warnings(args.command):
             return COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        print(f"tuner {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+        kept = ("; its finished trials are kept, and the same command goes on from them"
+                if args.command == "search" else "")
+        print(f"tuner {args.command}: {how}{kept}", file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(stop, Terminated) else 130
     except BrokenPipeError:
         raise
     except Exception as exc:
