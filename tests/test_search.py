@@ -159,6 +159,13 @@ def test_sigterm_ends_a_search_as_ctrl_c_does_and_the_same_command_goes_on(sim, 
                                  "and the same command goes on from them")
     kept = {t.number: t.value for t in _study_trials(tuner_home) if t.state.name == "COMPLETE"}
     assert kept
+    # `tuner list` counts trials as --trials does, the ones left running apart
+    left = _study_trials(tuner_home)
+    done = sum(t.state.name in ("COMPLETE", "PRUNED", "FAIL") and not study.interrupted(t) for t in left)
+    running = sum(t.state.name == "RUNNING" for t in left)
+    out, _ = _cli("list", env_home=tuner_home).communicate(timeout=120)
+    row = next(line.split() for line in out.splitlines() if line.startswith("giou-"))
+    assert (int(row[1]), int(row[2])) == (done, running), out
     proc = _cli(*args, env_home=tuner_home)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]

@@ -123,12 +123,18 @@ def cmd_list(args: argparse.Namespace) -> int:
     from tuner.deploy import export
     from tuner.store import study
 
+    import optuna
+
     url = study.storage_url(args.storage)
+    st = None if study.absent(url) else study.storage(url)  # opened once: a journal is read as it opens
     rows = []
-    for s in ([] if study.absent(url) else study.summaries(url)):
+    for s in ([] if st is None else optuna.get_all_study_summaries(st)):
         best = s.best_trial.value if s.best_trial is not None else None
-        rows.append({"study": s.study_name, "trials": s.n_trials, "best_us": best,
-                     "gpu": s.user_attrs.get("gpu", {}).get("gpu_name", "")})
+        # trials as --trials counts them; beside them, those a stopped search left running or failed
+        # as interrupted (the next search of the study runs their variants again)
+        tally = study.tally(optuna.load_study(study_name=s.study_name, storage=st))
+        rows.append({"study": s.study_name, "trials": tally.done, "unfinished": s.n_trials - tally.done - tally.waiting,
+                     "best_us": best, "gpu": s.user_attrs.get("gpu", {}).get("gpu_name", "")})
     if rows:
         print(pd.DataFrame(rows).to_string(index=False))
     else:
