@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from tuner.errors import SpaceError
@@ -187,3 +189,33 @@ def test_a_scalars_option_reads_its_type(parse, text, want):
             getattr(cli_args, parse)(text)
     else:
         assert getattr(cli_args, parse)(text) == want
+
+
+@pytest.mark.parametrize("family, fields, why", [
+    ("embedding_bag", {"rows": -5}, "rows must be a whole number from 1 to 2147483647, got -5"),
+    ("embedding_bag", {"dim": 1.5}, "dim must be a whole number from 1"),
+    ("embedding_bag", {"bags": True}, "bags must be a whole number from 1"),
+    ("embedding_bag", {"bag_size": -1}, "bag_size must be a whole number from 0"),
+    ("embedding_bag", {"rows": 2**31}, "rows must be a whole number from 1 to 2147483647"),
+    ("embedding_bag", {"mode": "avg"}, "mode must be one of sum, mean, max, got 'avg'"),
+    ("embedding_bag", {"distribution": "zipf"}, "distribution must be one of random, one_hot, multi_hot"),
+    ("embedding_bag", {"weight": 3}, "weight must be a word, got 3"),
+    ("giou", {"reduction": "max"}, "reduction must be one of"),
+    ("cross_entropy", {"label_smoothing": float("nan")}, "label_smoothing must be a number from 0 to 1, got nan"),
+    ("cross_entropy", {"label_smoothing": 1.5}, "label_smoothing must be a number from 0 to 1"),
+    ("rms_norm", {"width": "4096"}, "width must be a whole number from 1"),
+])
+def test_a_problem_built_in_python_takes_what_its_command_line_takes(family, fields, why):
+    """`Problem(rows=-5)` went on to fail later (or ran on); now it is refused as `--rows -5` is,
+    with a TunerError that is a ValueError too."""
+    import numpy as np
+
+    from tuner import families
+    from tuner.errors import ProblemError, TunerError
+
+    Problem = families.get(family).Problem
+    with pytest.raises(ProblemError, match=re.escape(f"{family}'s problem: {why}")) as caught:
+        Problem(**fields)
+    assert isinstance(caught.value, TunerError) and isinstance(caught.value, ValueError)
+    Problem()  # the defaults pass
+    assert families.get("embedding_bag").Problem(rows=np.int64(7), bag_size=0).rows == 7  # NumPy's ints are whole

@@ -29,6 +29,11 @@ class SpaceError(TunerError):
     """A variant or parameter value outside the family's search space."""
 
 
+class ProblemError(TunerError, ValueError):
+    """A Problem's field of the wrong type or outside its range (one built in Python: the command
+    line's parsers refuse the same values)."""
+
+
 class DtypeError(SpaceError, UsageError):
     """A dtype the family does not take (`--pred int8`): exit 2, as other usage errors."""
 

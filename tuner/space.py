@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from tuner import declare
-from tuner.errors import DtypeError, SpaceError
+from tuner.errors import DtypeError, ProblemError, SpaceError
 from tuner.variant import Variant
 
 _DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
@@ -284,9 +284,51 @@ def problem_class(op: declare.Op, family: str, defaults: Mapping[str, Any], help
     cls = dataclasses.make_dataclass("Problem", [("family", ClassVar[str], family)]
                                      + [(n, kind, f) for n, (kind, f) in made.items()],
                                      frozen=True, namespace={"key": key or made_key,
-                                                             "dtype_fields": dict(dtype_fields or {})})
+                                                             "dtype_fields": dict(dtype_fields or {}),
+                                                             "__post_init__": _checked_fields})
     cls.__module__ = sys._getframe(1).f_globals["__name__"]  # the family's: pickle finds it there as Problem
     return cls
+
+
+# The lowest value of an int field, by its command-line parser (tuner.cli.args; an int's default is
+# "size"); "whole": an int64 scalar
+_INT_LEAST = {"size": 1, "size_or_zero": 0, "whole": -2**63}
+
+
+def _checked_fields(problem) -> None:
+    """A Problem's fields as its command line would take them (`Problem(rows=-5)` in Python went on
+    to fail later, or not at all): an int a whole number in its parser's range (a size from 1, or 0,
+    to SIZE_MAX), a float finite (a fraction from 0 to 1), a bool a bool, a word a str among its
+    choices; else ProblemError naming the field."""
+    import math
+    import operator
+
+    for f in dataclasses.fields(problem):
+        meta, value = f.metadata.get("option"), getattr(problem, f.name)
+        if meta is None:
+            continue
+        kind, want = f.type if isinstance(f.type, type) else type(f.default), None
+        if kind is bool:
+            want = None if isinstance(value, bool) else "True or False"
+        elif kind is int:
+            least = _INT_LEAST.get(meta["parse"] or "size", -2**63)
+            most = 2**63 - 1 if least < 0 else SIZE_MAX
+            try:
+                whole = None if isinstance(value, bool) else operator.index(value)
+            except TypeError:
+                whole = None
+            want = None if whole is not None and least <= whole <= most else f"a whole number from {least} to {most}"
+        elif kind is float:
+            ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            if ok and meta["parse"] == "fraction":
+                ok = 0 <= value <= 1
+            want = None if ok else "a number from 0 to 1" if meta["parse"] == "fraction" else "a finite number"
+        elif not isinstance(value, str):
+            want = "a word"
+        if want is None and meta["choices"] and value not in meta["choices"]:
+            want = f"one of {', '.join(map(str, meta['choices']))}"
+        if want is not None:
+            raise ProblemError(f"{problem.family}'s problem: {f.name} must be {want}, got {value!r}")
 
 
 def describe(problem_class: type, problem: Mapping[str, Any]) -> str:
