@@ -120,10 +120,10 @@ def _spans(lines: list[int]) -> str:
 def cmd_list(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    import optuna
+
     from tuner.deploy import export
     from tuner.store import study
-
-    import optuna
 
     url = study.storage_url(args.storage)
     st = None if study.absent(url) else study.storage(url)  # opened once: a journal is read as it opens
