@@ -211,3 +211,6 @@ def test_a_search_that_names_no_problem_tunes_the_family_s_default_problems_shar
     cli_problems.search(SearchConfig(gpu="H100", problem=found[0][0], trials=args.trials), found, args, 0.0)
     assert [c.trials for c in seen] == [133, 67] and [c.problem for c in seen] == [p for p, _ in found]
     assert all(c.study is None for c in seen)
+    seen.clear()  # however few: a quick search stays quick
+    cli_problems.search(SearchConfig(gpu="H100", problem=found[0][0], trials=12), found, args, 0.0)
+    assert [c.trials for c in seen] == [8, 4]

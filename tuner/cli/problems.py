@@ -80,9 +80,11 @@ def search(base: SearchConfig, captured: list[tuple[object, float]], args, start
     from tuner.search import problems
 
     shares = [share for _, share in captured]
+    least = problems.LEAST
     if source_is_defaults := args.problems is None and getattr(args, "dtypes", None) is None:
-        base = dataclasses.replace(base, trials=max(1, round(base.trials / len(captured))))  # they share --trials
-    cfgs = problems.configs(base, [p for p, _ in captured], shares)
+        # they share --trials, however few (a quick `--trials 12` is 8 and 4, not twice the floor's 64)
+        base, least = dataclasses.replace(base, trials=max(1, round(base.trials / len(captured)))), 1
+    cfgs = problems.configs(base, [p for p, _ in captured], shares, least)
 
     source = (args.problems if args.problems is not None else "the family's defaults" if source_is_defaults
               else "--dtypes")
