@@ -213,7 +213,7 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     trials = getattr(families.get(family or families.DEFAULT), "SEARCH_TRIALS", 200)
     s.add_argument("--trials", type=cli_args.count, default=trials,
                    help=f"finished trials the study should reach (with --problems or --dtypes: per problem on average; "
-                        f"a family's default problems share them; default {trials})")
+                        f"a family's default problems each their share; default {trials})")
     s.add_argument("--problems", type=Path, metavar="FILE",
                    help="search every problem a capture recorded (tuner.capture), one study each, trials split "
                         "by their share of the captured time; the problem options are ignored")

@@ -2,7 +2,7 @@
 (tuner.search.problems), with a line per problem as it starts and a table at the end: each
 problem's winner beside torch's op, and which of the two the export will serve it with. `tuner
 search --dtypes ...`: the problems of those dtypes, the same way, each an even share. A family's
-`DEFAULT_PROBLEMS`: what a search that names no problem tunes, the same way, sharing --trials."""
+`DEFAULT_PROBLEMS`: what a search that names no problem tunes, the same way, each its share of --trials."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def named(args) -> list[tuple[object, float]] | None:
 
 
 def defaults(fam, args) -> list[tuple[object, float]] | None:
-    """The family's default problems (`DEFAULT_PROBLEMS`: (a change of its Problem's defaults, its
-    share of --trials) each), where the command names no problem: no problem option, no --study, no
+    """The family's default problems (`DEFAULT_PROBLEMS`: (a change of its Problem's defaults, the
+    share of --trials it gets) each), where the command names no problem: no problem option, no --study, no
     recording to replay or import (those are one study's); None otherwise, or where the family has one."""
     import dataclasses
 
@@ -80,11 +80,12 @@ def search(base: SearchConfig, captured: list[tuple[object, float]], args, start
     from tuner.search import problems
 
     shares = [share for _, share in captured]
-    least = problems.LEAST
     if source_is_defaults := args.problems is None and getattr(args, "dtypes", None) is None:
-        # they share --trials, however few (a quick `--trials 12` is 8 and 4, not twice the floor's 64)
-        base, least = dataclasses.replace(base, trials=max(1, round(base.trials / len(captured)))), 1
-    cfgs = problems.configs(base, [p for p, _ in captured], shares, least)
+        # each its share of --trials, however few (a quick `--trials 12`: 12 and 4, not the floor's 64)
+        cfgs = [dataclasses.replace(base, problem=p, trials=max(1, round(base.trials * share)), study=None)
+                for p, share in captured]
+    else:
+        cfgs = problems.configs(base, [p for p, _ in captured], shares)
 
     source = (args.problems if args.problems is not None else "the family's defaults" if source_is_defaults
               else "--dtypes")

@@ -30,10 +30,9 @@ def split(shares: list[float], each: int, least: int = LEAST) -> list[int]:
     return [min(max(least, round(total * s / whole)), max(2 * each, least)) for s in shares]
 
 
-def configs(base: SearchConfig, problems: list, shares: list[float], least: int = LEAST) -> list[SearchConfig]:
-    """One search per problem, with `base`'s settings and `base.trials` on average per problem, each
-    at least `least`."""
-    counts = split(shares, base.trials, least)
+def configs(base: SearchConfig, problems: list, shares: list[float]) -> list[SearchConfig]:
+    """One search per problem, with `base`'s settings and `base.trials` on average per problem."""
+    counts = split(shares, base.trials)
     return [dataclasses.replace(base, problem=p, trials=n, study=None) for p, n in zip(problems, counts)]
 
 
