@@ -192,16 +192,18 @@ def test_a_search_that_names_no_problem_tunes_the_family_s_default_problems_each
     from tuner.search.config import SearchConfig
 
     def named(*argv):
-        args = cli.parser("embedding_bag").parse_args(["search", "--family", "embedding_bag", "--gpu", "H100", *argv])
-        args.options = {a.split("=", 1)[0] for a in argv if a.startswith("--")} | {"--family", "--gpu"}
+        argv = ["search", "--family", "embedding_bag", "--gpu", "H100", *argv]
+        p = cli.parser("embedding_bag")
+        args = p.parse_args(argv)
+        args.options = cli.given_options(p, "search", argv)  # as the command makes it
         return args, cli_problems.named(args)
 
     args, found = named()
     assert [(p.key(), share) for p, share in found] == [(eb.Problem(**change).key(), share)
                                                        for change, share in eb.DEFAULT_PROBLEMS]
     assert found[0][0] == eb.Problem() and found[1][0].bag_size < 20
-    for given in (["--bag-size", "20"], ["--weight", "float16"], ["--study", "mine"], ["--import-records", "r.jsonl"],
-                  ["--simulate", "r.jsonl"]):
+    for given in (["--bag-size", "20"], ["--bag-s", "20"], ["--weight=float16"], ["--study", "mine"],
+                  ["--import-records", "r.jsonl"], ["--simulate", "r.jsonl"]):  # `--bag-s`: argparse's abbreviation
         assert named(*given)[1] is None, given  # a problem or one study named: that one alone
     assert named("--dtypes", "float16/int64")[1][0][0].bag_size == eb.Problem().bag_size  # --dtypes: the options' sizes
 

@@ -343,9 +343,24 @@ def main(argv: list[str] | None = None) -> int:
     return ending.leave(code) if command else code
 
 
+def given_options(p: argparse.ArgumentParser, command: str, argv: list[str]) -> set[str]:
+    """The options the user gave, each by every name of its action (`--bag-s 20`, which argparse
+    takes for `--bag-size`, is `--bag-size`; `--dtype` is `--dtypes` too): what a command asks of
+    `args.options` (did the user name the problem?) holds however an option was spelt."""
+    commands = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices
+    known = commands[command]._option_string_actions if command in commands else p._option_string_actions
+    given = set()
+    for word in (a.split("=", 1)[0] for a in argv if a.startswith("--")):
+        prefixed = [o for o in known if o.startswith(word)]
+        action = known.get(word) or (known[prefixed[0]] if len(prefixed) == 1 else None)
+        given |= set(action.option_strings) if action is not None else {word}
+    return given
+
+
 def _run(argv: list[str]) -> int:
-    args = parser(_family_of(argv)).parse_args(argv)
-    args.options = {a.split("=", 1)[0] for a in argv if a.startswith("--")}  # what the user gave
+    p = parser(_family_of(argv))
+    args = p.parse_args(argv)
+    args.options = given_options(p, args.command, argv)  # what the user gave
     try:
         with _one_line_warnings(args.command):
             return COMMANDS[args.command](args)
