@@ -186,6 +186,7 @@ def test_a_search_of_several_dtypes_makes_a_study_of_each(tmp_path):
 
 
 def test_a_search_that_names_no_problem_tunes_the_family_s_default_problems_each_its_share_of_trials(monkeypatch):
+    from tuner.cli import args as cli_args
     from tuner.cli import main as cli
     from tuner.cli import problems as cli_problems
     from tuner.families import embedding_bag as eb
@@ -195,7 +196,7 @@ def test_a_search_that_names_no_problem_tunes_the_family_s_default_problems_each
         argv = ["search", "--family", "embedding_bag", "--gpu", "H100", *argv]
         p = cli.parser("embedding_bag")
         args = p.parse_args(argv)
-        args.options = cli.given_options(p, "search", argv)  # as the command makes it
+        args.options = cli_args.given_options(p, "search", argv)  # as the command makes it
         return args, cli_problems.named(args)
 
     args, found = named()

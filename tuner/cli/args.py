@@ -214,3 +214,17 @@ def recording(path: Path | None, flag: str) -> None:
     from tuner.store import records
 
     records.read_some(path, flag)  # one record at least, its timings plain numbers: before any study is made
+
+
+def given_options(p: argparse.ArgumentParser, command: str, argv: list[str]) -> set[str]:
+    """The options the user gave, each by every name of its action (`--bag-s 20`, which argparse
+    takes for `--bag-size`, is `--bag-size`; `--dtype` is `--dtypes` too): what a command asks of
+    `args.options` (did the user name the problem?) holds however an option was spelt."""
+    commands = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices
+    known = commands[command]._option_string_actions if command in commands else p._option_string_actions
+    given = set()
+    for word in (a.split("=", 1)[0] for a in argv if a.startswith("--")):
+        prefixed = [o for o in known if o.startswith(word)]
+        action = known.get(word) or (known[prefixed[0]] if len(prefixed) == 1 else None)
+        given |= set(action.option_strings) if action is not None else {word}
+    return given

@@ -1,4 +1,4 @@
-"""How the `tuner` command ends: through os._exit once its exit handlers ran."""
+"""How the `tuner` command ends: through os._exit once its exit handlers ran; on SIGTERM as on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -25,3 +25,13 @@ def leave(code: int) -> int:
         with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
     os._exit(int(code or 0))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch job's time limit, `kill`), raised where Ctrl-C's KeyboardInterrupt would be,
+    so that a command ends as Ctrl-C ends it: its cleanup runs (a search's workers and compiles
+    stopped, its measurements told) and it says so, where SIGTERM's default ended it mid-step, silently."""
+
+
+def terminated(signum, frame):
+    raise Terminated()

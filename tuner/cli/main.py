@@ -312,21 +312,11 @@ def parser(family: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a batch job's time limit, `kill`), raised where Ctrl-C's KeyboardInterrupt would be,
-    so that a command ends as Ctrl-C ends it: its cleanup runs (a search's workers and compiles
-    stopped, its measurements told) and it says so, where SIGTERM's default ended it mid-step, silently."""
-
-
-def _terminated(signum, frame):
-    raise Terminated()
-
-
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the command itself, not a caller's process
         paths.keep_bytecode()
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # not where the caller chose otherwise
-            signal.signal(signal.SIGTERM, _terminated)
+            signal.signal(signal.SIGTERM, ending.terminated)
     command, argv = argv is None, sys.argv[1:] if argv is None else list(argv)
     try:
         try:
@@ -343,33 +333,19 @@ def main(argv: list[str] | None = None) -> int:
     return ending.leave(code) if command else code
 
 
-def given_options(p: argparse.ArgumentParser, command: str, argv: list[str]) -> set[str]:
-    """The options the user gave, each by every name of its action (`--bag-s 20`, which argparse
-    takes for `--bag-size`, is `--bag-size`; `--dtype` is `--dtypes` too): what a command asks of
-    `args.options` (did the user name the problem?) holds however an option was spelt."""
-    commands = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices
-    known = commands[command]._option_string_actions if command in commands else p._option_string_actions
-    given = set()
-    for word in (a.split("=", 1)[0] for a in argv if a.startswith("--")):
-        prefixed = [o for o in known if o.startswith(word)]
-        action = known.get(word) or (known[prefixed[0]] if len(prefixed) == 1 else None)
-        given |= set(action.option_strings) if action is not None else {word}
-    return given
-
-
 def _run(argv: list[str]) -> int:
     p = parser(_family_of(argv))
     args = p.parse_args(argv)
-    args.options = given_options(p, args.command, argv)  # what the user gave
+    args.options = cli_args.given_options(p, args.command, argv)  # what the user gave
     try:
         with _one_line_warnings(args.command):
             return COMMANDS[args.command](args)
     except KeyboardInterrupt as stop:
-        how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+        how = "terminated (SIGTERM)" if isinstance(stop, ending.Terminated) else "interrupted"
         kept = ("; its finished trials are kept, and the same command goes on from them"
                 if args.command == "search" else "")
         print(f"tuner {args.command}: {how}{kept}", file=sys.stderr)
-        return 128 + signal.SIGTERM if isinstance(stop, Terminated) else 130
+        return 128 + signal.SIGTERM if isinstance(stop, ending.Terminated) else 130
     except BrokenPipeError:
         raise
     except Exception as exc:
