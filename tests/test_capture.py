@@ -338,3 +338,18 @@ def test_a_declared_functional_s_torch_function_is_captured_by_the_op_s_served()
     assert norm((x, 16, w), {"eps": 1e-5})["rows"] == 15  # an int normalized_shape, as torch takes it
     assert norm((x, (3, 16), torch.randn(3, 16)), {}) is None  # two normalized dimensions: torch's alone
     assert norm((x.double(), (16,), w.double()), {}) is None
+
+
+def test_a_call_no_search_could_tune_is_left_out_and_goes_on(tmp_path):
+    """A table of 2**31 rows (beyond a problem's sizes): the call runs as torch runs it and the
+    capture leaves it out (a Problem's checks raised inside the user's call)."""
+    import torch
+    import torch.nn.functional as F
+
+    import tuner
+
+    w = torch.empty(2**31, 4, device="meta")
+    idx = torch.zeros(40, dtype=torch.long, device="meta")
+    with tuner.capture(tmp_path / "c.json"):
+        out = F.embedding_bag(idx, w, torch.arange(0, 40, 10, device="meta"), mode="sum")
+    assert out.shape == (4, 4)

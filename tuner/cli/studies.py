@@ -132,8 +132,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         best = s.best_trial.value if s.best_trial is not None else None
         # trials as --trials counts them; beside them, those a stopped search left running or failed
         # as interrupted (the next search of the study runs their variants again)
-        tally = study.tally(optuna.load_study(study_name=s.study_name, storage=st))
-        rows.append({"study": s.study_name, "trials": tally.done, "unfinished": s.n_trials - tally.done - tally.waiting,
+        loaded = optuna.load_study(study_name=s.study_name, storage=st)
+        tally, again = study.tally(loaded), study.retried(loaded)
+        left = sum(study.interrupted(t) and t.number not in again for t in loaded.get_trials(deepcopy=False))
+        rows.append({"study": s.study_name, "trials": tally.done, "unfinished": len(tally.running) + left,
                      "best_us": best, "gpu": s.user_attrs.get("gpu", {}).get("gpu_name", "")})
     if rows:
         print(pd.DataFrame(rows).to_string(index=False))

@@ -50,7 +50,7 @@ from torch.overrides import TorchFunctionMode
 
 from tuner import families
 from tuner.deploy.captured import FORMAT, with_shares, write_json
-from tuner.errors import SpaceError, TunerError
+from tuner.errors import ProblemError, SpaceError, TunerError
 from tuner.version import __version__
 
 DRAIN_AT = 1024  # CUDA event pairs waiting before the completed ones are read (keeps long runs small)
@@ -198,7 +198,10 @@ class Capture(TorchFunctionMode):
             ident = (family, tuple(problem.items()))
             entry = self._found.get(ident)
             if entry is None:
-                key = families.get(family).Problem(**problem).key()
+                try:
+                    key = families.get(family).Problem(**problem).key()
+                except ProblemError:  # a call no search could tune (a table of 2**31 rows): the user's call goes on
+                    continue
                 entry = self._found[ident] = {"family": family, "problem": problem, "key": key,
                                               "calls": 0, "time_us": 0.0, "ops": {}}
             entry["calls"] += 1
